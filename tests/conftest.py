@@ -1,0 +1,5 @@
+"""Shared test settings."""
+
+import torch
+
+torch.set_num_threads(1)

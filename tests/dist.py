@@ -1,0 +1,90 @@
+"""run_distributed: spawn gloo ranks from a test, each with a ParallelContext, and collect results.
+
+Ranks start from a forkserver that has already imported torch (fast, and fork-safe because the
+server never ran a parallel region), rendezvous through a file in a temp dir (no port races),
+and run with one intra-op thread each. A rank that raises fails the test with its traceback;
+a rank that hangs is killed at the deadline, so CI never waits forever.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tpformer.config.schema import ParallelConfig
+from tpformer.parallel.context import ParallelContext
+
+DEFAULT_TIMEOUT_S = 180.0
+
+
+def _worker(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, workdir: str,
+            config: ParallelConfig, timeout_s: float) -> None:
+    out = Path(workdir)
+    try:
+        torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        ctx = ParallelContext.create(config)
+        try:
+            result = fn(ctx, *args)
+        finally:
+            ctx.destroy()
+        torch.save(result, out / f"result{rank}.pt")
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
+        (out / f"error{rank}.txt").write_text(traceback.format_exc())
+        os._exit(1)
+
+
+def _context() -> mp.context.BaseContext:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "tpformer.parallel", "tests.dist"])
+    return ctx
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
+                    timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
+                    seed: int = 1234) -> list[Any]:
+    """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
+
+    fn and args must be picklable (a module-level function of a test module)."""
+    config = ParallelConfig(tensor=tensor, data=str(data), seed=seed)
+    workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
+    mpctx = _context()
+    procs = [mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
+             for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s + 30
+        while any(p.is_alive() for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                time.sleep(0.5 if failed else 0)  # let the first error file land
+                break
+            time.sleep(0.02)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        errors = sorted(Path(workdir).glob("error*.txt"))
+        if errors:
+            raise AssertionError(f"{errors[0].stem} failed:\n{errors[0].read_text()}")
+        hung = [r for r, p in enumerate(procs) if p.exitcode != 0]
+        if hung:
+            raise AssertionError(f"ranks {hung} did not finish within {timeout_s:.0f}s")
+        return [torch.load(Path(workdir) / f"result{r}.pt", weights_only=False)
+                for r in range(world_size)]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""ParallelContext over real gloo groups: mesh shape, group membership, teardown, bad input."""
+
+import os
+
+import pytest
+import torch
+
+from tests.dist import run_distributed
+from tpformer.config.schema import ParallelConfig
+from tpformer.parallel.comm import all_reduce
+from tpformer.parallel.context import GroupHandle, ParallelContext
+
+
+def _membership(ctx: ParallelContext) -> dict:
+    # Sum of global ranks over each group tells which ranks are in it.
+    tp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.tp).item()
+    dp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.dp).item()
+    return {"rank": ctx.rank, "tp": (ctx.tp.rank, ctx.tp.size), "dp": (ctx.dp.rank, ctx.dp.size),
+            "tp_sum": tp_sum, "dp_sum": dp_sum, "mesh": ctx.mesh.mesh_dim_names,
+            "shape": tuple(ctx.mesh.shape)}
+
+
+@pytest.mark.parametrize(("world", "tp"), [(1, 1), (2, 2), (2, 1), (4, 2), (4, 4), (4, 1)])
+def test_groups_follow_the_layout(world: int, tp: int) -> None:
+    results = run_distributed(_membership, world, tensor=tp)
+    dp = world // tp
+    for r, res in enumerate(results):
+        d, t = divmod(r, tp)
+        assert res["tp"] == (t, tp) and res["dp"] == (d, dp)
+        assert res["tp_sum"] == sum(d * tp + i for i in range(tp))
+        assert res["dp_sum"] == sum(j * tp + t for j in range(dp))
+        assert res["mesh"] == ("dp", "tp") and res["shape"] == (dp, tp)
+
+
+def _two_contexts_in_one_process(ctx: ParallelContext) -> float:
+    # Teardown then rebuild in the same process: the harness destroyed nothing yet.
+    ctx.destroy()
+    assert not torch.distributed.is_initialized()
+    return 1.0
+
+
+def test_destroy_releases_the_groups() -> None:
+    assert run_distributed(_two_contexts_in_one_process, 2, tensor=2) == [1.0, 1.0]
+
+
+def _bad_layout_raises(ctx: ParallelContext) -> str:
+    with pytest.raises(ValueError) as info:
+        ParallelContext.create(ParallelConfig(tensor=3))
+    return str(info.value)
+
+
+def test_tp_not_dividing_world_raises_before_collectives() -> None:
+    messages = run_distributed(_bad_layout_raises, 2, tensor=2)
+    assert all("parallel.tensor=3 does not divide world_size=2" in m for m in messages)
+
+
+def _wrong_group_size(ctx: ParallelContext) -> str:
+    with pytest.raises(ValueError) as info:
+        GroupHandle(group=ctx.tp.group, rank=0, size=4)
+    return str(info.value)
+
+
+def test_group_of_wrong_size_is_rejected() -> None:
+    messages = run_distributed(_wrong_group_size, 2, tensor=2)
+    assert all("process group has 2 ranks but the handle says size=4" in m for m in messages)
+
+
+def test_uninitialized_distributed_names_the_missing_variables(monkeypatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="torch.distributed is not initialized and RANK"):
+        ParallelContext.create(ParallelConfig(tensor=1))
+
+
+def test_single_context_has_trivial_groups() -> None:
+    ctx = ParallelContext.single(seed=3, device="cpu")
+    assert (ctx.tp.size, ctx.dp.size, ctx.tp.group) == (1, 1, None)
+    assert os.environ.get("RANK") is None or ctx.rank == 0

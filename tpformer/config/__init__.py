@@ -1,0 +1,1 @@
+"""Typed configuration: one dataclass per Hydra group."""

@@ -1,0 +1,74 @@
+"""Column- and row-parallel linear layers (Megatron's f/g pair).
+
+NOTE: parameters start at zero; a model initializes them with `initialize_parameters` (layout
+independent) or `load_full_state_dict`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tpformer.layers.base import TPModule
+from tpformer.parallel.comm import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
+from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.init import mark_sharded
+from tpformer.parallel.layout import divide
+
+
+class ColumnParallelLinear(TPModule):
+    """y = x @ W.T + b with W split along out_features across the TP group.
+
+    Input is replicated; output is sharded on its last dim unless gather_output=True.
+    Backward all-reduces the input gradient (copy_to_tp), forward issues no collective.
+    """
+
+    def __init__(self, in_features: int, out_features: int, tp: GroupHandle, *, bias: bool = True,
+                 gather_output: bool = False, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.tp, self.gather_output = tp, gather_output
+        self.in_features, self.out_features = in_features, out_features
+        self.out_per_rank = divide(out_features, tp.size, what="out_features")
+        kw = {"device": device, "dtype": dtype}
+        self.weight = mark_sharded(nn.Parameter(torch.zeros(self.out_per_rank, in_features, **kw)),
+                                   0, out_features)
+        self.bias = (mark_sharded(nn.Parameter(torch.zeros(self.out_per_rank, **kw)), 0, out_features)
+                     if bias else None)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
+        y = F.linear(copy_to_tp(x, self.tp), self.weight, self.bias)  # [..., out/tp]
+        return gather_from_tp(y, self.tp) if self.gather_output else y
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, tp={self.tp.size}"
+
+
+class RowParallelLinear(TPModule):
+    """y = x @ W.T + b with W split along in_features across the TP group.
+
+    Input is sharded on its last dim unless input_is_parallel=False; output is replicated.
+    The bias is replicated and added once, after the single forward all-reduce.
+    """
+
+    def __init__(self, in_features: int, out_features: int, tp: GroupHandle, *, bias: bool = True,
+                 input_is_parallel: bool = True, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.tp, self.input_is_parallel = tp, input_is_parallel
+        self.in_features, self.out_features = in_features, out_features
+        self.in_per_rank = divide(in_features, tp.size, what="in_features")
+        kw = {"device": device, "dtype": dtype}
+        self.weight = mark_sharded(nn.Parameter(torch.zeros(out_features, self.in_per_rank, **kw)),
+                                   1, in_features)
+        self.bias = nn.Parameter(torch.zeros(out_features, **kw)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [..., in/tp] (or [..., in] if not parallel)
+        if not self.input_is_parallel:
+            x = scatter_to_tp(x, self.tp)
+        y = reduce_from_tp(F.linear(x, self.weight), self.tp)  # [..., out]: one all-reduce
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, tp={self.tp.size}"

@@ -1,0 +1,129 @@
+"""Autograd-aware collectives over the TP group: the only place that calls torch.distributed ops.
+
+Each public function takes a GroupHandle and returns its input untouched when the group has
+size 1, so the single-process model runs the same code. Every collective issued is reported
+to the counters opened with `count_collectives()`, which the tests use to assert the exact
+communication of a layer or model.
+
+Sequence parallelism will add the pair reduce-scatter / all-gather along the sequence dim here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tpformer.parallel.context import GroupHandle
+
+_active_counters: list[Counter[str]] = []
+
+
+@contextmanager
+def count_collectives() -> Iterator[Counter[str]]:
+    """Count the collectives issued inside the block, keyed by op name ("all_reduce", ...)."""
+    counter: Counter[str] = Counter()
+    _active_counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _active_counters.remove(counter)
+
+
+def _record(op: str) -> None:
+    for counter in _active_counters:
+        counter[op] += 1
+
+
+def all_reduce(x: Tensor, handle: GroupHandle, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
+    """In-place all-reduce without autograd (for statistics such as a max or a norm)."""
+    if handle.size == 1:
+        return x
+    _record("all_reduce")
+    dist.all_reduce(x, op=op, group=handle.group)
+    return x
+
+
+def all_gather_dim(x: Tensor, handle: GroupHandle, dim: int = -1) -> Tensor:
+    """Concatenate every rank's x along `dim` (no autograd)."""
+    if handle.size == 1:
+        return x
+    _record("all_gather")
+    parts = [torch.empty_like(x) for _ in range(handle.size)]
+    dist.all_gather(parts, x.contiguous(), group=handle.group)
+    return torch.cat(parts, dim=dim)
+
+
+def _split_last_dim(x: Tensor, handle: GroupHandle) -> Tensor:
+    width = x.shape[-1]
+    if width % handle.size != 0:
+        raise ValueError(f"last dim {width} is not divisible by tp={handle.size}")
+    chunk = width // handle.size
+    return x[..., handle.rank * chunk : (handle.rank + 1) * chunk].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        ctx.handle = handle
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return all_reduce(grad.contiguous(), ctx.handle), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        return all_reduce(x.contiguous().clone(), handle)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        ctx.handle = handle
+        return _split_last_dim(x, handle)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return all_gather_dim(grad, ctx.handle), None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        ctx.handle = handle
+        return all_gather_dim(x, handle)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return _split_last_dim(grad, ctx.handle), None
+
+
+def copy_to_tp(x: Tensor, tp: GroupHandle) -> Tensor:
+    """Enter a TP region: identity forward, all-reduce of the gradient in backward."""
+    return x if tp.size == 1 else _CopyToTP.apply(x, tp)
+
+
+def reduce_from_tp(x: Tensor, tp: GroupHandle) -> Tensor:
+    """Leave a TP region by summing partial results: all-reduce forward, identity backward."""
+    return x if tp.size == 1 else _ReduceFromTP.apply(x, tp)
+
+
+def scatter_to_tp(x: Tensor, tp: GroupHandle) -> Tensor:
+    """Keep this rank's chunk of the last dim; backward all-gathers the gradient."""
+    return x if tp.size == 1 else _ScatterToTP.apply(x, tp)
+
+
+def gather_from_tp(x: Tensor, tp: GroupHandle) -> Tensor:
+    """All-gather the last dim from every TP rank; backward keeps this rank's chunk."""
+    return x if tp.size == 1 else _GatherFromTP.apply(x, tp)

@@ -1,0 +1,152 @@
+"""ParallelContext: the DeviceMesh ("dp", "tp"), its group handles and the RNG tracker.
+
+It is created once per run and passed explicitly: blocks take the context, linear/embedding/loss
+take `ctx.tp`. Nothing here is a module-level global, so tests create and destroy several
+contexts in one process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from tpformer.config.schema import ParallelConfig
+from tpformer.parallel.layout import Layout, resolve_layout
+from tpformer.parallel.random import RNGTracker
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class GroupHandle:
+    """A frozen (group, rank, size) view of one mesh dimension; group is None when size == 1."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"invalid group handle: rank={self.rank}, size={self.size}")
+        if self.group is None:
+            if self.size != 1:
+                raise ValueError(f"a group of size {self.size} needs a process group, got None")
+            return
+        actual = dist.get_world_size(self.group)
+        if actual != self.size:
+            raise ValueError(
+                f"process group has {actual} ranks but the handle says size={self.size}; "
+                "pass the group that matches the layout (ctx.tp or ctx.dp)"
+            )
+
+    @staticmethod
+    def single() -> GroupHandle:
+        return GroupHandle(group=None, rank=0, size=1)
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init_distributed(*, timeout_s: float = 600.0) -> None:
+    """Initialize torch.distributed from the variables torchrun sets; NCCL on CUDA, gloo on CPU.
+
+    A no-op when it is already initialized (tests initialize through a file store first).
+    """
+    if dist.is_initialized():
+        return
+    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
+    if missing:
+        raise ValueError(
+            f"torch.distributed is not initialized and {', '.join(missing)} is not set; "
+            "launch with torchrun (or launcher.nproc_per_node=N), or build the model with "
+            "ParallelContext.single() for one process"
+        )
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+@dataclass
+class ParallelContext:
+    """Process groups, layout, device and RNG of one rank.
+
+    `tp` and `dp` are GroupHandles; `mesh` is the DeviceMesh with dims ("dp", "tp") (None for
+    the single-process context). A future pipeline dimension becomes a third mesh dim.
+    """
+
+    layout: Layout
+    rank: int
+    tp: GroupHandle
+    dp: GroupHandle
+    rng: RNGTracker
+    device: torch.device
+    mesh: DeviceMesh | None = None
+
+    @classmethod
+    def single(cls, seed: int = 1234, device: torch.device | str | None = None) -> ParallelContext:
+        """The one-process context: no torch.distributed, every collective is the identity."""
+        return cls(
+            layout=Layout(dp=1, tp=1),
+            rank=0,
+            tp=GroupHandle.single(),
+            dp=GroupHandle.single(),
+            rng=RNGTracker(seed),
+            device=torch.device(device) if device is not None else _default_device(),
+        )
+
+    @classmethod
+    def create(cls, config: ParallelConfig, *, device: torch.device | None = None) -> ParallelContext:
+        """Validate the layout, initialize torch.distributed if needed, and build the mesh.
+
+        The layout is checked against the world size before any collective is issued.
+        """
+        if not dist.is_initialized():
+            world = int(os.environ.get("WORLD_SIZE", "0"))
+            if world:
+                resolve_layout(config.tensor, config.data, world)
+            init_distributed()
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+        layout = resolve_layout(config.tensor, config.data, world_size)
+        device = device if device is not None else _default_device()
+        mesh = init_device_mesh(
+            device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp")
+        )
+        dp_rank, tp_rank = layout.coords(rank)
+        return cls(
+            layout=layout,
+            rank=rank,
+            tp=_handle(mesh, "tp", tp_rank, layout.tp),
+            dp=_handle(mesh, "dp", dp_rank, layout.dp),
+            rng=RNGTracker(config.seed),
+            device=device,
+            mesh=mesh,
+        )
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0: the rank that logs and writes shared files."""
+        return self.rank == 0
+
+    def destroy(self) -> None:
+        """Destroy every process group so another context can be created in this process."""
+        if self.mesh is not None and dist.is_initialized():
+            dist.destroy_process_group()
+        self.mesh = None
+
+
+def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int) -> GroupHandle:
+    if size == 1:
+        return GroupHandle.single()
+    group = mesh.get_group(dim)
+    if dist.get_rank(group) != rank:
+        raise RuntimeError(f"mesh dim {dim!r}: rank {dist.get_rank(group)} != layout rank {rank}")
+    return GroupHandle(group=group, rank=rank, size=size)

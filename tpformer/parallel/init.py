@@ -1,0 +1,145 @@
+"""Layout-independent parameters: full tensors in, this rank's slice kept; slices in, full out.
+
+A sharded parameter carries two attributes, set by the layer that owns it:
+`tp_dim` (the dim split across TP) and `tp_logical_size` (the unpadded size of that dim, for
+the vocabulary). Everything else is replicated. Initialization draws the *full logical* tensor
+from a generator seeded by (seed, parameter name) and keeps this rank's slice, so a model built
+with seed S at TP=t holds exactly the slices of the model built with seed S at TP=1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from tpformer.parallel.comm import all_gather_dim
+from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.random import RNGTracker
+
+InitMethod = Callable[[Tensor, torch.Generator], None]
+
+
+def mark_sharded(param: nn.Parameter, dim: int, logical_size: int) -> nn.Parameter:
+    """Record that `param` is this rank's chunk of a tensor whose `dim` has `logical_size` rows."""
+    param.tp_dim = dim  # type: ignore[attr-defined]
+    param.tp_logical_size = logical_size  # type: ignore[attr-defined]
+    return param
+
+
+def set_init(param: nn.Parameter, method: InitMethod) -> nn.Parameter:
+    """Override the default initialization (normal(0, std) for matrices, zeros for vectors)."""
+    param.init_method = method  # type: ignore[attr-defined]
+    return param
+
+
+def sharded_dim(param: Tensor) -> int | None:
+    return getattr(param, "tp_dim", None)
+
+
+def logical_shape(param: Tensor) -> torch.Size:
+    """Shape of the full, unpadded tensor of which `param` is one TP chunk."""
+    dim = sharded_dim(param)
+    if dim is None:
+        return param.shape
+    shape = list(param.shape)
+    shape[dim] = param.tp_logical_size  # type: ignore[attr-defined]
+    return torch.Size(shape)
+
+
+def shard_full(full: Tensor, param: Tensor, tp: GroupHandle) -> Tensor:
+    """This rank's chunk of `full` in the layout of `param` (zero padding past the logical size)."""
+    dim = sharded_dim(param)
+    if dim is None:
+        return full
+    expected = logical_shape(param)
+    if full.shape != expected:
+        raise ValueError(f"full tensor has shape {tuple(full.shape)}, expected {tuple(expected)}")
+    chunk = param.shape[dim]
+    padded = chunk * tp.size
+    if padded > full.shape[dim]:
+        pad_shape = list(full.shape)
+        pad_shape[dim] = padded - full.shape[dim]
+        full = torch.cat([full, full.new_zeros(pad_shape)], dim=dim)
+    return full.narrow(dim, tp.rank * chunk, chunk)
+
+
+def gather_full(param: Tensor, tp: GroupHandle) -> Tensor:
+    """The full logical tensor from every rank's chunk (one all-gather for a sharded param)."""
+    dim = sharded_dim(param)
+    if dim is None:
+        return param.detach()
+    full = all_gather_dim(param.detach(), tp, dim)
+    return full.narrow(dim, 0, param.tp_logical_size)  # type: ignore[attr-defined]
+
+
+def normal_init(std: float) -> InitMethod:
+    """normal(0, std) drawn from the parameter's own generator."""
+
+    def init(t: Tensor, g: torch.Generator) -> None:
+        t.normal_(0.0, std, generator=g)
+
+    return init
+
+
+def ones_init(t: Tensor, g: torch.Generator) -> None:
+    t.fill_(1.0)
+
+
+def zeros_init(t: Tensor, g: torch.Generator) -> None:
+    t.zero_()
+
+
+@torch.no_grad()
+def initialize_parameters(module: nn.Module, rng: RNGTracker, tp: GroupHandle, *, std: float) -> None:
+    """Initialize every parameter layout-independently (see the module docstring).
+
+    Defaults: LayerNorm weight 1 and bias 0, other vectors 0, matrices normal(0, std); a
+    parameter's own `init_method` wins.
+    """
+    layer_norm_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.LayerNorm)}
+    for name, param in module.named_parameters():
+        method = getattr(param, "init_method", None)
+        if method is None:
+            if id(param) in layer_norm_weights:
+                method = ones_init
+            elif param.dim() == 1:
+                method = zeros_init
+            else:
+                method = normal_init(std)
+        full = torch.empty(logical_shape(param), dtype=torch.float32)
+        method(full, rng.init_generator(name))
+        param.copy_(shard_full(full, param, tp))
+
+
+@torch.no_grad()
+def load_full_state_dict(module: nn.Module, state: Mapping[str, Tensor], tp: GroupHandle) -> None:
+    """Load full (unsharded, unpadded) tensors; each parameter keeps its own TP slice.
+
+    Raises a ValueError naming the missing and unexpected keys and any shape mismatch.
+    """
+    own = dict(module.named_parameters())
+    buffers = {k: v for k, v in module.named_buffers() if k in state}
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own) - set(buffers))
+    if missing or unexpected:
+        raise ValueError(f"state dict does not match the model: missing keys {missing}, "
+                         f"unexpected keys {unexpected}")
+    mismatched = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(logical_shape(p))}"
+        for k, p in own.items()
+        if tuple(state[k].shape) != tuple(logical_shape(p))
+    ]
+    if mismatched:
+        raise ValueError("shape mismatch: " + "; ".join(mismatched))
+    for name, param in own.items():
+        param.copy_(shard_full(state[name].to(param.dtype), param, tp))
+    for name, buf in buffers.items():
+        buf.copy_(state[name])
+
+
+@torch.no_grad()
+def full_state_dict(module: nn.Module, tp: GroupHandle) -> dict[str, Tensor]:
+    """Full logical tensors of every parameter, identical on every TP rank (tied ones once)."""
+    return {name: gather_full(param, tp).clone() for name, param in module.named_parameters()}

@@ -1,0 +1,87 @@
+"""Pure layout arithmetic: no process groups, no torch.distributed calls.
+
+Everything here is checked before the first collective, so a bad layout fails with a
+message that names the values instead of hanging a rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of n, ascending (used in error messages)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def divide(numerator: int, denominator: int, *, what: str = "value") -> int:
+    """numerator // denominator, raising a ValueError that names both when it is not exact."""
+    if denominator < 1:
+        raise ValueError(f"cannot split {what}={numerator} into {denominator} parts")
+    if numerator % denominator != 0:
+        raise ValueError(
+            f"{what}={numerator} is not divisible by tp={denominator}; "
+            f"valid tp degrees for it are {divisors(numerator)}"
+        )
+    return numerator // denominator
+
+
+def pad_to_multiple(n: int, multiple: int) -> int:
+    """Smallest multiple of `multiple` that is >= n."""
+    return -(-n // multiple) * multiple
+
+
+def shard_range(size: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, stop) of chunk `index` when `size` is split into `parts` equal chunks."""
+    chunk = divide(size, parts, what="size")
+    return index * chunk, (index + 1) * chunk
+
+
+@dataclass(frozen=True)
+class Layout:
+    """World = dp x tp; TP ranks are adjacent (global rank = dp_rank * tp + tp_rank), as in Megatron.
+
+    Adjacent TP ranks keep a TP group inside one node, where the bandwidth is.
+    """
+
+    dp: int
+    tp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+    def tp_groups(self) -> list[list[int]]:
+        """Global ranks of each TP group (one group per DP replica)."""
+        return [[d * self.tp + t for t in range(self.tp)] for d in range(self.dp)]
+
+    def dp_groups(self) -> list[list[int]]:
+        """Global ranks of each DP group (one group per TP rank)."""
+        return [[d * self.tp + t for d in range(self.dp)] for t in range(self.tp)]
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(dp_rank, tp_rank) of a global rank."""
+        return divmod(rank, self.tp)
+
+
+def resolve_layout(tensor: int, data: int | str, world_size: int) -> Layout:
+    """Turn parallel.tensor / parallel.data (int or "auto") into a Layout for this world size."""
+    if tensor < 1:
+        raise ValueError(f"parallel.tensor={tensor} must be >= 1")
+    if world_size % tensor != 0:
+        raise ValueError(
+            f"parallel.tensor={tensor} does not divide world_size={world_size}; "
+            f"valid values are {divisors(world_size)}"
+        )
+    if data == "auto":
+        return Layout(dp=world_size // tensor, tp=tensor)
+    if isinstance(data, str):
+        if not data.isdigit():
+            raise ValueError(f"parallel.data={data!r} must be a positive integer or 'auto'")
+        data = int(data)
+    if data < 1 or data * tensor != world_size:
+        raise ValueError(
+            f"parallel.data={data} x parallel.tensor={tensor} = {data * tensor} must equal "
+            f"world_size={world_size}; use parallel.data=auto (= {world_size // tensor})"
+        )
+    return Layout(dp=data, tp=tensor)
