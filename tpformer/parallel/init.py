@@ -65,12 +65,14 @@ def shard_full(full: Tensor, param: Tensor, tp: GroupHandle) -> Tensor:
     return full.narrow(dim, tp.rank * chunk, chunk)
 
 
-def gather_full(param: Tensor, tp: GroupHandle) -> Tensor:
-    """The full logical tensor from every rank's chunk (one all-gather for a sharded param)."""
+def gather_full(param: Tensor, tp: GroupHandle, tensor: Tensor | None = None) -> Tensor:
+    """The full logical tensor from every rank's chunk of `param` (or of `tensor`, laid out like
+    param, e.g. its gradient): one all-gather for a sharded parameter, none for a replicated one."""
+    local = (param if tensor is None else tensor).detach()
     dim = sharded_dim(param)
     if dim is None:
-        return param.detach()
-    full = all_gather_dim(param.detach(), tp, dim)
+        return local
+    full = all_gather_dim(local, tp, dim)
     return full.narrow(dim, 0, param.tp_logical_size)  # type: ignore[attr-defined]
 
 

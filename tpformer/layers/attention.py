@@ -1,0 +1,59 @@
+"""Self-attention with heads sharded across the TP group."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import divide
+
+
+class ParallelSelfAttention(nn.Module):
+    """Fused QKV column-parallel projection, SDPA core, row-parallel output.
+
+    The QKV weight's rows are laid out per head as [head, (q, k, v), head_dim], so a contiguous
+    TP slice holds num_heads / tp whole heads with their q, k and v. Input and output are
+    replicated [b, s, hidden]; one all-reduce forward (output) and one backward (input).
+    With attention dropout active in training the core is computed explicitly, so the mask can
+    be drawn per global head; otherwise `scaled_dot_product_attention` (flash/efficient kernels).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, ctx: ParallelContext, *,
+                 attention_dropout: float, causal: bool) -> None:
+        super().__init__()
+        self.tp, self.causal = ctx.tp, causal
+        self.head_dim = divide(hidden_size, num_heads, what="hidden_size")
+        self.local_heads = divide(num_heads, ctx.tp.size, what="num_heads")
+        self.head_offset = ctx.tp.rank * self.local_heads
+        self.qkv = ColumnParallelLinear(hidden_size, 3 * hidden_size, ctx.tp)
+        self.out = RowParallelLinear(hidden_size, hidden_size, ctx.tp)
+        self.dropout = ParallelDropout(attention_dropout, ctx.rng, per_head=True)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x: [b, s, hidden]; mask: bool [b, 1, 1|s, s], True = attend (None: all, or causal)."""
+        b, s, _ = x.shape
+        qkv = self.qkv(x).view(b, s, self.local_heads, 3, self.head_dim)
+        q, k, v = (qkv.select(3, i).transpose(1, 2) for i in range(3))  # [b, h/tp, s, d]
+        if self.training and self.dropout.p > 0:
+            ctx = self._explicit_core(q, k, v, mask)
+        else:
+            ctx = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=self.causal and mask is None)
+        ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
+        return self.out(ctx)
+
+    def _explicit_core(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        if mask is None and self.causal:
+            s = q.shape[-2]
+            mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = self.dropout(torch.softmax(scores, dim=-1), head_offset=self.head_offset)
+        return torch.matmul(probs, v)

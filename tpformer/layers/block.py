@@ -1,0 +1,58 @@
+"""TransformerLayer (post- or pre-LayerNorm) and TransformerStack.
+
+LayerNorms and the row-parallel biases are replicated across TP; a layer issues exactly two
+all-reduces forward (attention and MLP outputs) and two backward (their inputs).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from tpformer.config.schema import ModelConfig
+from tpformer.layers.attention import ParallelSelfAttention
+from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.mlp import ParallelMLP
+from tpformer.parallel.context import ParallelContext
+
+
+class TransformerLayer(nn.Module):
+    """post-LN (BERT): x = LN(x + drop(attn(x))); x = LN(x + drop(mlp(x))).
+    pre-LN (GPT-2):   x = x + drop(attn(LN(x))); x = x + drop(mlp(LN(x))).
+    """
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool,
+                 causal: bool) -> None:
+        super().__init__()
+        self.pre_norm = pre_norm
+        h = config.hidden_size
+        self.attention = ParallelSelfAttention(h, config.num_heads, ctx, causal=causal,
+                                               attention_dropout=config.attention_dropout)
+        self.attention_dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.mlp = ParallelMLP(h, config.intermediate_size, ctx.tp, activation=config.activation)
+        self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.mlp_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.pre_norm:
+            x = x + self.attention_dropout(self.attention(self.attention_norm(x), mask))
+            return x + self.mlp_dropout(self.mlp(self.mlp_norm(x)))
+        x = self.attention_norm(x + self.attention_dropout(self.attention(x, mask)))
+        return self.mlp_norm(x + self.mlp_dropout(self.mlp(x)))
+
+
+class TransformerStack(nn.Module):
+    """num_layers TransformerLayers applied in order; `layers` is what recomputation wraps."""
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool,
+                 causal: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            TransformerLayer(config, ctx, pre_norm=pre_norm, causal=causal)
+            for _ in range(config.num_layers)
+        )
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x

@@ -1,0 +1,44 @@
+"""Architectures assembled from tpformer.layers, and the factory that initializes them."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from tpformer.config.schema import ModelConfig
+from tpformer.config.validate import validate_model
+from tpformer.layers.dropout import assign_dropout_sites
+from tpformer.models.bert import BertForPreTraining, BertForSequenceClassification, BertModel
+from tpformer.models.gpt import GPTForCausalLM, GPTModel
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import initialize_parameters
+
+TASKS = {
+    ("bert", "base"): BertModel,
+    ("bert", "pretraining"): BertForPreTraining,
+    ("bert", "classification"): BertForSequenceClassification,
+    ("gpt", "base"): GPTModel,
+    ("gpt", "causal_lm"): GPTForCausalLM,
+}
+
+
+def build_model(config: ModelConfig, ctx: ParallelContext, *, task: str, initialize: bool = True,
+                **kwargs: object) -> nn.Module:
+    """Validate, construct, key the dropout sites by module name and (optionally) initialize.
+
+    The initialization is layout independent: the same seed gives the TP=1 weights' slices.
+    Pass initialize=False when a checkpoint will be loaded next.
+    """
+    validate_model(config, ctx.tp.size)
+    cls = TASKS.get((config.arch, task))
+    if cls is None:
+        valid = [t for a, t in TASKS if a == config.arch]
+        raise ValueError(f"task={task!r} is not available for arch={config.arch!r}; valid: {valid}")
+    model = cls(config, ctx, **kwargs).to(ctx.device)
+    assign_dropout_sites(model)
+    if initialize:
+        initialize_parameters(model, ctx.rng, ctx.tp, std=config.init_std)
+    return model
+
+
+__all__ = ["BertForPreTraining", "BertForSequenceClassification", "BertModel", "GPTForCausalLM",
+           "GPTModel", "build_model"]

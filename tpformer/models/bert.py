@@ -1,0 +1,171 @@
+"""BERT on the tensor-parallel layers: encoder, pretraining heads, sequence classification.
+
+Models know only layers and the context; they never import torch.distributed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tpformer.config.schema import ModelConfig
+from tpformer.layers.base import TPModule
+from tpformer.layers.block import TransformerStack
+from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.embedding import VocabParallelEmbedding
+from tpformer.layers.loss import vocab_parallel_cross_entropy
+from tpformer.layers.mlp import activation_fn
+from tpformer.parallel.comm import copy_to_tp
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import mark_sharded
+
+
+def check_sequence_length(seq_len: int, config: ModelConfig) -> None:
+    if seq_len > config.max_position_embeddings:
+        raise ValueError(f"sequence length {seq_len} exceeds model.max_position_embeddings="
+                         f"{config.max_position_embeddings}; shorten the input or raise the limit")
+
+
+def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
+    """[b, s] with 1 = token, 0 = padding -> bool [b, 1, 1, s] (True = attend), or None."""
+    if attention_mask is None:
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
+class BertEmbeddings(nn.Module):
+    """word (vocab-parallel) + position + token type, then LayerNorm and dropout; replicated out."""
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.word_embeddings = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, ctx.tp, pad_to_multiple_of=config.pad_vocab_to)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = ParallelDropout(config.dropout, ctx.rng)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class BertModel(TPModule):
+    """Embeddings, post-LayerNorm encoder and the tanh pooler over the first token."""
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pooler: bool = True) -> None:
+        super().__init__()
+        self.config, self.tp = config, ctx.tp
+        self.embeddings = BertEmbeddings(config, ctx)
+        self.encoder = TransformerStack(config, ctx, pre_norm=False, causal=False)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated."""
+        check_sequence_length(input_ids.shape[1], self.config)
+        x = self.encoder(self.embeddings(input_ids, token_type_ids), padding_mask(attention_mask))
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+        return x, pooled
+
+
+@dataclass
+class PretrainingOutput:
+    """Losses are means over this micro-batch; the *_sum/_count pairs let a trainer normalize
+    over the global batch. mlm_logits is this rank's vocab shard, filled when no labels are given."""
+
+    loss: Tensor | None = None
+    mlm_loss: Tensor | None = None
+    nsp_loss: Tensor | None = None
+    mlm_loss_sum: Tensor | None = None
+    mlm_count: Tensor | None = None
+    mlm_logits: Tensor | None = None
+    nsp_logits: Tensor | None = None
+
+
+class BertForPreTraining(TPModule):
+    """MLM head tied to the word embedding (vocab-parallel loss) plus the NSP/SOP head.
+
+    With labels, the MLM transform and vocab projection run only at masked positions
+    (labels != -100), about 15% of tokens; without labels, over every position.
+    """
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.config, self.tp = config, ctx.tp
+        self.bert = BertModel(config, ctx)
+        h = config.hidden_size
+        self.mlm_transform = nn.Linear(h, h)
+        self.mlm_act = activation_fn(config.activation)
+        self.mlm_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        embedding = self.bert.embeddings.word_embeddings
+        self.mlm_bias = mark_sharded(nn.Parameter(torch.zeros(embedding.rows_per_rank)), 0,
+                                     config.vocab_size)
+        self.nsp = nn.Linear(h, 2)
+
+    def mlm_logits(self, hidden: Tensor) -> Tensor:
+        """[..., hidden] -> this rank's logits [..., padded_vocab / tp]."""
+        hidden = self.mlm_norm(self.mlm_act(self.mlm_transform(hidden)))
+        weight = self.bert.embeddings.word_embeddings.weight
+        return F.linear(copy_to_tp(hidden, self.tp), weight, self.mlm_bias)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
+                nsp_labels: Tensor | None = None) -> PretrainingOutput:
+        sequence, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        out = PretrainingOutput(nsp_logits=self.nsp(pooled))
+        if mlm_labels is None:
+            out.mlm_logits = self.mlm_logits(sequence)
+            return out
+        flat_labels = mlm_labels.reshape(-1)
+        masked = (flat_labels != -100).nonzero().squeeze(-1)   # gather before the transform
+        logits = self.mlm_logits(sequence.reshape(-1, sequence.shape[-1]).index_select(0, masked))
+        losses = vocab_parallel_cross_entropy(logits, flat_labels.index_select(0, masked), self.tp,
+                                              vocab_size=self.config.vocab_size)
+        out.mlm_loss_sum, out.mlm_count = losses.sum(), torch.tensor(masked.numel())
+        out.mlm_loss = out.mlm_loss_sum / max(masked.numel(), 1)
+        out.loss = out.mlm_loss
+        if nsp_labels is not None:
+            out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), nsp_labels)
+            out.loss = out.loss + out.nsp_loss
+        return out
+
+
+@dataclass
+class ClassificationOutput:
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+class BertForSequenceClassification(TPModule):
+    """Pooler -> dropout -> linear; cross-entropy, or MSE regression when num_labels == 1."""
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, num_labels: int = 2) -> None:
+        super().__init__()
+        if num_labels < 1:
+            raise ValueError(f"num_labels={num_labels} must be >= 1 (1 = regression)")
+        self.config, self.tp, self.num_labels = config, ctx.tp, num_labels
+        self.bert = BertModel(config, ctx)
+        self.dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
+                labels: Tensor | None = None) -> ClassificationOutput:
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(pooled))
+        if labels is None:
+            return ClassificationOutput(logits)
+        if self.num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+        else:
+            loss = F.cross_entropy(logits.float(), labels)
+        return ClassificationOutput(logits, loss)

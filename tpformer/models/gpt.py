@@ -1,0 +1,80 @@
+"""GPT-2 on the tensor-parallel layers: pre-LayerNorm causal decoder and a tied LM head."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tpformer.config.schema import ModelConfig
+from tpformer.layers.base import TPModule
+from tpformer.layers.block import TransformerStack
+from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.embedding import VocabParallelEmbedding
+from tpformer.layers.loss import vocab_parallel_cross_entropy
+from tpformer.models.bert import check_sequence_length
+from tpformer.parallel.comm import copy_to_tp
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import normal_init, set_init
+
+
+class GPTModel(TPModule):
+    """Token (vocab-parallel) + position embeddings, pre-LN causal stack, final LayerNorm."""
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.config, self.tp = config, ctx.tp
+        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size, ctx.tp,
+                                          pad_to_multiple_of=config.pad_vocab_to)
+        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.decoder = TransformerStack(config, ctx, pre_norm=True, causal=True)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # GPT-2: residual output projections start at std / sqrt(2 * layers).
+        scaled = normal_init(config.init_std / math.sqrt(2 * config.num_layers))
+        for layer in self.decoder.layers:
+            set_init(layer.attention.out.weight, scaled)
+            set_init(layer.mlp.fc_out.weight, scaled)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """-> hidden states [b, s, hidden], replicated."""
+        b, s = input_ids.shape
+        check_sequence_length(s, self.config)
+        positions = torch.arange(s, device=input_ids.device)
+        x = self.dropout(self.wte(input_ids) + self.wpe(positions))
+        mask = None
+        if attention_mask is not None:  # causal and key padding together
+            causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
+            mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        return self.norm(self.decoder(x, mask))
+
+
+@dataclass
+class CausalLMOutput:
+    logits: Tensor
+    """This rank's vocab shard [b, s, padded_vocab / tp]."""
+    loss: Tensor | None = None
+
+
+class GPTForCausalLM(TPModule):
+    """LM head tied to wte; labels are aligned with input_ids and shifted inside, as in HF."""
+
+    def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.config, self.tp = config, ctx.tp
+        self.transformer = GPTModel(config, ctx)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None) -> CausalLMOutput:
+        hidden = self.transformer(input_ids, attention_mask)
+        logits = F.linear(copy_to_tp(hidden, self.tp), self.transformer.wte.weight)
+        if labels is None:
+            return CausalLMOutput(logits)
+        shifted = logits[:, :-1].reshape(-1, logits.shape[-1])
+        targets = labels[:, 1:].reshape(-1)
+        losses = vocab_parallel_cross_entropy(shifted, targets, self.tp,
+                                              vocab_size=self.config.vocab_size)
+        return CausalLMOutput(logits, losses.sum() / (targets != -100).sum().clamp(min=1))
