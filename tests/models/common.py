@@ -16,9 +16,10 @@ BATCH, SEQ = 4, 12
 
 def tiny_bert(dropout: float = 0.0, **overrides: object) -> ModelConfig:
     """4 heads so tp=4 still has one whole head per rank; vocab 99 exercises padding."""
-    return preset("bert_tiny", vocab_size=99, hidden_size=32, num_heads=4, intermediate_size=64,
-                  max_position_embeddings=32, dropout=dropout, attention_dropout=dropout,
-                  pad_vocab_to=8, **overrides)
+    fields = {"vocab_size": 99, "hidden_size": 32, "num_heads": 4, "intermediate_size": 64,
+              "max_position_embeddings": 32, "dropout": dropout, "attention_dropout": dropout,
+              "pad_vocab_to": 8}
+    return preset("bert_tiny", **{**fields, **overrides})
 
 
 def tiny_gpt(dropout: float = 0.0) -> ModelConfig:
