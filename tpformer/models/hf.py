@@ -1,0 +1,447 @@
+"""Hugging Face interop: load `save_pretrained` directories at any TP degree, export back.
+
+Loading reads only this rank's slices (safetensors slices, or an mmap'ed pytorch_model.bin),
+so no rank materializes the full checkpoint. Export gathers full tensors, maps them to HF keys
+and lets `transformers` write the directory with `save_pretrained`, so `from_pretrained` loads it.
+Our fused QKV rows are laid out per head as [head, (q, k, v), head_dim]; HF keeps q, k and v
+apart (BERT) or as [q | k | v] blocks of a transposed Conv1D (GPT-2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from tpformer.config.schema import ModelConfig
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import full_state_dict, logical_shape, sharded_dim
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = {
+    "BertModel": ("bert", "base"),
+    "BertForMaskedLM": ("bert", "pretraining"),
+    "BertForPreTraining": ("bert", "pretraining"),
+    "BertForSequenceClassification": ("bert", "classification"),
+    "GPT2Model": ("gpt", "base"),
+    "GPT2LMHeadModel": ("gpt", "causal_lm"),
+}
+IGNORED_KEYS = ("position_ids", "attn.bias", "attn.masked_bias")
+HEAD_KEYS = ("cls.", "classifier.", "lm_head.", "qa_outputs.")
+"""Heads of other HF tasks: a BertForPreTraining checkpoint loads into BertModel, say."""
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class CheckpointFiles:
+    """Tensors of a HF directory, read by slice: safetensors (single or sharded) or .bin."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: dict[str, str] = {}
+        self._handles: dict[str, object] = {}
+        index = directory / "model.safetensors.index.json"
+        if index.exists():
+            self._files = dict(json.loads(index.read_text())["weight_map"])
+        elif (directory / "model.safetensors").exists():
+            from safetensors import safe_open
+
+            with safe_open(directory / "model.safetensors", "pt") as f:
+                self._files = dict.fromkeys(f.keys(), "model.safetensors")
+        elif (directory / "pytorch_model.bin").exists():
+            self._bin = torch.load(directory / "pytorch_model.bin", map_location="cpu",
+                                   mmap=True, weights_only=True)
+            self._files = dict.fromkeys(self._bin, "pytorch_model.bin")
+        else:
+            present = sorted(p.name for p in directory.iterdir())
+            raise FileNotFoundError(
+                f"{directory} has no model.safetensors, model.safetensors.index.json or "
+                f"pytorch_model.bin (it contains {present}); pass a save_pretrained directory")
+
+    def keys(self) -> list[str]:
+        return list(self._files)
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> Tensor:
+        """The stored tensor `name`, or its [start, stop) slice along `dim`."""
+        file = self._files[name]
+        if file == "pytorch_model.bin":
+            t = self._bin[name]
+            return (t if dim is None else t.narrow(dim, start, stop - start)).clone()
+        if file not in self._handles:
+            from safetensors import safe_open
+
+            self._handles[file] = safe_open(self.directory / file, "pt")
+        sliced = self._handles[file].get_slice(name)  # type: ignore[attr-defined]
+        if dim is None:
+            return sliced[:]
+        index = [slice(None)] * len(sliced.get_shape())
+        index[dim] = slice(start, stop)
+        return sliced[tuple(index)]
+
+    def shape(self, name: str) -> list[int]:
+        if self._files[name] == "pytorch_model.bin":
+            return list(self._bin[name].shape)
+        self.read(name, 0, 0, 0)  # opens the handle
+        return list(self._handles[self._files[name]].get_slice(name).get_shape())  # type: ignore
+
+
+# ----------------------------------------------------------------------------- key maps
+
+
+@dataclass(frozen=True)
+class Plain:
+    """One HF tensor; `transposed` for GPT-2's Conv1D ([in, out] instead of [out, in])."""
+
+    key: str
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
+class FusedQKV:
+    """Our per-head interleaved QKV from HF's q, k, v: three keys, or one [q|k|v] key."""
+
+    keys: tuple[str, ...]
+    transposed: bool = False
+
+
+Rule = Plain | FusedQKV
+
+
+def _linear(ours: str, theirs: str, transposed: bool = False) -> dict[str, Rule]:
+    return {f"{ours}.weight": Plain(f"{theirs}.weight", transposed),
+            f"{ours}.bias": Plain(f"{theirs}.bias")}
+
+
+def _norm(ours: str, theirs: str) -> dict[str, Rule]:
+    return {f"{ours}.weight": Plain(f"{theirs}.weight"), f"{ours}.bias": Plain(f"{theirs}.bias")}
+
+
+def bert_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Rule]:
+    """Our parameter name -> rule, for BertModel / BertForPreTraining / ...Classification."""
+    ours = "" if task == "base" else "bert."
+    p = hf_prefix
+    rules: dict[str, Rule] = {
+        f"{ours}embeddings.word_embeddings.weight": Plain(f"{p}embeddings.word_embeddings.weight"),
+        f"{ours}embeddings.position_embeddings.weight": Plain(f"{p}embeddings.position_embeddings.weight"),
+        f"{ours}embeddings.token_type_embeddings.weight": Plain(f"{p}embeddings.token_type_embeddings.weight"),
+        **_norm(f"{ours}embeddings.norm", f"{p}embeddings.LayerNorm"),
+        **_linear(f"{ours}pooler", f"{p}pooler.dense"),
+    }
+    for i in range(config.num_layers):
+        o, t = f"{ours}encoder.layers.{i}", f"{p}encoder.layer.{i}"
+        for kind in ("weight", "bias"):
+            rules[f"{o}.attention.qkv.{kind}"] = FusedQKV(
+                tuple(f"{t}.attention.self.{x}.{kind}" for x in ("query", "key", "value")))
+        rules.update(_linear(f"{o}.attention.out", f"{t}.attention.output.dense"))
+        rules.update(_norm(f"{o}.attention_norm", f"{t}.attention.output.LayerNorm"))
+        rules.update(_linear(f"{o}.mlp.fc_in", f"{t}.intermediate.dense"))
+        rules.update(_linear(f"{o}.mlp.fc_out", f"{t}.output.dense"))
+        rules.update(_norm(f"{o}.mlp_norm", f"{t}.output.LayerNorm"))
+    if task == "pretraining":
+        rules.update(_linear("mlm_transform", "cls.predictions.transform.dense"))
+        rules.update(_norm("mlm_norm", "cls.predictions.transform.LayerNorm"))
+        rules["mlm_bias"] = Plain("cls.predictions.bias")
+        rules.update(_linear("nsp", "cls.seq_relationship"))
+    if task == "classification":
+        rules.update(_linear("classifier", "classifier"))
+    return rules
+
+
+def gpt_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Rule]:
+    ours = "" if task == "base" else "transformer."
+    p = hf_prefix
+    rules: dict[str, Rule] = {
+        f"{ours}wte.weight": Plain(f"{p}wte.weight"),
+        f"{ours}wpe.weight": Plain(f"{p}wpe.weight"),
+        **_norm(f"{ours}norm", f"{p}ln_f"),
+    }
+    for i in range(config.num_layers):
+        o, t = f"{ours}decoder.layers.{i}", f"{p}h.{i}"
+        rules[f"{o}.attention.qkv.weight"] = FusedQKV((f"{t}.attn.c_attn.weight",), transposed=True)
+        rules[f"{o}.attention.qkv.bias"] = FusedQKV((f"{t}.attn.c_attn.bias",))
+        rules.update(_linear(f"{o}.attention.out", f"{t}.attn.c_proj", transposed=True))
+        rules.update(_norm(f"{o}.attention_norm", f"{t}.ln_1"))
+        rules.update(_linear(f"{o}.mlp.fc_in", f"{t}.mlp.c_fc", transposed=True))
+        rules.update(_linear(f"{o}.mlp.fc_out", f"{t}.mlp.c_proj", transposed=True))
+        rules.update(_norm(f"{o}.mlp_norm", f"{t}.ln_2"))
+    return rules
+
+
+KEY_MAPS: dict[str, Callable[[ModelConfig, str, str], dict[str, Rule]]] = {
+    "bert": bert_key_map, "gpt": gpt_key_map}
+"""The HF tensors each HF architecture carries besides the body, tied copies included."""
+HF_TIED = {"BertForMaskedLM": {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+                               "cls.predictions.decoder.bias": "cls.predictions.bias"},
+           "BertForPreTraining": {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+                                  "cls.predictions.decoder.bias": "cls.predictions.bias"},
+           "GPT2LMHeadModel": {"lm_head.weight": "transformer.wte.weight"}}
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def model_config_from_hf(hf: dict) -> ModelConfig:
+    """ModelConfig from a HF config.json dict (BERT or GPT-2)."""
+    if hf.get("model_type") == "bert":
+        if hf.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"position_embedding_type={hf['position_embedding_type']!r} is not "
+                             "supported; only 'absolute'")
+        if hf.get("hidden_act", "gelu") != "gelu":
+            raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported; only 'gelu'")
+        return ModelConfig(
+            arch="bert", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+            intermediate_size=hf["intermediate_size"],
+            max_position_embeddings=hf["max_position_embeddings"],
+            type_vocab_size=hf["type_vocab_size"], dropout=hf["hidden_dropout_prob"],
+            attention_dropout=hf["attention_probs_dropout_prob"], activation="gelu",
+            layer_norm_eps=hf["layer_norm_eps"], init_std=hf.get("initializer_range", 0.02))
+    if hf.get("model_type") == "gpt2":
+        return ModelConfig(
+            arch="gpt", vocab_size=hf["vocab_size"], hidden_size=hf["n_embd"],
+            num_layers=hf["n_layer"], num_heads=hf["n_head"],
+            intermediate_size=hf.get("n_inner") or 4 * hf["n_embd"],
+            max_position_embeddings=hf["n_positions"], type_vocab_size=0,
+            dropout=hf["resid_pdrop"], attention_dropout=hf["attn_pdrop"], activation="gelu_tanh",
+            layer_norm_eps=hf["layer_norm_epsilon"], init_std=hf.get("initializer_range", 0.02))
+    raise ValueError(f"model_type={hf.get('model_type')!r} is not supported; use a BERT or GPT-2 "
+                     "checkpoint")
+
+
+def hf_config_from_model(config: ModelConfig, architecture: str, **extra: object):
+    """A transformers config object for `config` (used by export)."""
+    from transformers import BertConfig, GPT2Config
+
+    if config.arch == "bert":
+        return BertConfig(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+            intermediate_size=config.intermediate_size, hidden_act="gelu",
+            max_position_embeddings=config.max_position_embeddings,
+            type_vocab_size=config.type_vocab_size, hidden_dropout_prob=config.dropout,
+            attention_probs_dropout_prob=config.attention_dropout,
+            layer_norm_eps=config.layer_norm_eps, initializer_range=config.init_std,
+            architectures=[architecture], **extra)
+    return GPT2Config(
+        vocab_size=config.vocab_size, n_embd=config.hidden_size, n_layer=config.num_layers,
+        n_head=config.num_heads, n_inner=config.intermediate_size,
+        n_positions=config.max_position_embeddings, resid_pdrop=config.dropout,
+        embd_pdrop=config.dropout, attn_pdrop=config.attention_dropout,
+        activation_function="gelu_new", layer_norm_epsilon=config.layer_norm_eps,
+        initializer_range=config.init_std, architectures=[architecture], **extra)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _stored_shape(files: CheckpointFiles, rule: Rule) -> list[int]:
+    """The shape `rule` assembles, in our [out, in] orientation, from the stored tensors."""
+    if isinstance(rule, Plain):
+        shape = files.shape(rule.key)
+        return shape[::-1] if rule.transposed else shape
+    shapes = [files.shape(k) for k in rule.keys]
+    if rule.transposed:
+        shapes = [s[::-1] for s in shapes]
+    return [sum(s[0] for s in shapes), *shapes[0][1:]]
+
+
+def _read_rows(files: CheckpointFiles, key: str, transposed: bool, start: int, stop: int) -> Tensor:
+    """Rows [start, stop) of the stored tensor in our orientation (its columns if transposed)."""
+    if transposed:
+        return files.read(key, 1, start, stop).t().contiguous()
+    return files.read(key, 0, start, stop)
+
+
+def _local_tensor(files: CheckpointFiles, rule: Rule, param: Tensor, model_cfg: ModelConfig,
+                  rank: int) -> Tensor:
+    """This rank's slice of the tensor `rule` describes, read without the rest."""
+    dim = sharded_dim(param)
+    if isinstance(rule, FusedQKV):
+        hidden, head_dim = model_cfg.hidden_size, model_cfg.hidden_size // model_cfg.num_heads
+        heads = param.shape[0] // (3 * head_dim)
+        first, last = rank * heads * head_dim, (rank + 1) * heads * head_dim
+        parts = []
+        for j in range(3):
+            key, offset = (rule.keys[j], 0) if len(rule.keys) == 3 else (rule.keys[0], j * hidden)
+            transposed = rule.transposed and param.dim() == 2
+            part = _read_rows(files, key, transposed, offset + first, offset + last)
+            parts.append(part.reshape(heads, head_dim, *part.shape[1:]))
+        return torch.stack(parts, dim=1).reshape(param.shape)
+    transposed = rule.transposed and param.dim() == 2
+    if dim is None:
+        full = files.read(rule.key)
+        return full.t() if transposed else full
+    chunk, logical = param.shape[dim], param.tp_logical_size  # type: ignore[attr-defined]
+    start, stop = rank * chunk, min((rank + 1) * chunk, logical)
+    if dim == 0:
+        local = _read_rows(files, rule.key, transposed, start, max(start, stop))
+    else:  # a row-parallel weight: our columns are the stored rows when transposed
+        local = (files.read(rule.key, 0, start, stop).t() if transposed
+                 else files.read(rule.key, 1, start, stop))
+    if local.shape[dim] < chunk:  # vocabulary padding rows
+        pad = list(local.shape)
+        pad[dim] = chunk - local.shape[dim]
+        local = torch.cat([local, local.new_zeros(pad)], dim=dim)
+    return local
+
+
+def _hf_prefix(keys: list[str], arch: str) -> str:
+    body = "bert." if arch == "bert" else "transformer."
+    return body if any(k.startswith(body) for k in keys) else ""
+
+
+def read_hf_config(directory: str | Path) -> dict:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory; pass a save_pretrained directory")
+    path = directory / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{directory} has no config.json; pass a save_pretrained directory")
+    return json.loads(path.read_text())
+
+
+@torch.no_grad()
+def load_hf_weights(model: nn.Module, directory: str | Path, ctx: ParallelContext) -> list[str]:
+    """Copy a HF checkpoint into `model`, each rank reading only its own slices.
+
+    Returns the head parameters the checkpoint lacks (they keep their initialization), e.g.
+    the NSP head when loading BertForMaskedLM. Raises ValueError naming missing body keys,
+    unexpected keys and shape mismatches.
+    """
+    directory = Path(directory)
+    files = CheckpointFiles(directory)
+    config: ModelConfig = model.config  # type: ignore[assignment]
+    task = _task_of(model)
+    keys = files.keys()
+    rules = KEY_MAPS[config.arch](config, task, _hf_prefix(keys, config.arch))
+    available = set(keys)
+    body = "" if task == "base" else ("bert." if config.arch == "bert" else "transformer.")
+    missing = {name: [k for k in _rule_keys(rule) if k not in available]
+               for name, rule in rules.items()}
+    optional = {n for n in rules if not n.startswith(body) or ".pooler." in f".{n}"}  # heads
+    skipped = [n for n, ks in missing.items() if ks and n in optional]
+    missing_body = sorted(k for n, ks in missing.items() if n not in optional for k in ks)
+    needed = {k for rule in rules.values() for k in _rule_keys(rule)}
+    unexpected = sorted(k for k in available - needed
+                        if not k.endswith(IGNORED_KEYS) and not k.startswith(HEAD_KEYS))
+    if missing_body or unexpected:
+        raise ValueError(f"checkpoint {directory} does not match the model: missing keys "
+                         f"{missing_body}, unexpected keys {unexpected}")
+    params = dict(model.named_parameters())
+    mismatched = []
+    for name, rule in rules.items():
+        if name in skipped:
+            continue
+        expected = list(logical_shape(params[name]))
+        stored = _stored_shape(files, rule)
+        if stored != expected:
+            mismatched.append(f"{name} <- {_rule_keys(rule)[0]}: checkpoint {stored} vs model "
+                              f"{expected}")
+    if mismatched:
+        raise ValueError(f"checkpoint {directory} has other shapes than the model: "
+                         + "; ".join(mismatched))
+    for name, rule in rules.items():
+        if name not in skipped:
+            params[name].copy_(_local_tensor(files, rule, params[name], config, ctx.tp.rank))
+    if skipped:
+        log.warning("not in %s, left at their initialization: %s", directory, skipped)
+    return skipped
+
+
+def _task_of(model: nn.Module) -> str:
+    from tpformer.models import TASKS
+
+    return next(task for (_, task), cls in TASKS.items() if type(model) is cls)
+
+
+def _rule_keys(rule: Rule) -> tuple[str, ...]:
+    return (rule.key,) if isinstance(rule, Plain) else rule.keys
+
+
+def load_hf_model(directory: str | Path, ctx: ParallelContext, *, task: str | None = None,
+                  **kwargs: object) -> nn.Module:
+    """Build the tpformer model of a HF directory at ctx's layout and load its weights.
+
+    `task` defaults to the checkpoint's own (BertForMaskedLM -> pretraining, ...); classifiers
+    take num_labels from the checkpoint unless given.
+    """
+    from tpformer.models import build_model
+
+    hf = read_hf_config(directory)
+    default = {"bert": "BertModel", "gpt2": "GPT2LMHeadModel"}.get(hf.get("model_type", ""), "?")
+    architecture = (hf.get("architectures") or [default])[0]
+    if architecture not in SUPPORTED:
+        raise ValueError(f"architecture {architecture!r} in {directory}/config.json is not "
+                         f"supported; supported: {sorted(SUPPORTED)}")
+    config = model_config_from_hf(hf)
+    task = task or SUPPORTED[architecture][1]
+    if task == "classification" and "num_labels" not in kwargs:
+        kwargs["num_labels"] = len(hf.get("id2label") or {0: 0, 1: 1})
+    model = build_model(config, ctx, task=task, **kwargs)
+    load_hf_weights(model, directory, ctx)
+    return model
+
+
+# ----------------------------------------------------------------------------- export
+
+
+HF_ARCHITECTURE = {"BertModel": "BertModel", "BertForPreTraining": "BertForPreTraining",
+                   "BertForSequenceClassification": "BertForSequenceClassification",
+                   "GPTModel": "GPT2Model", "GPTForCausalLM": "GPT2LMHeadModel"}
+
+
+def to_hf_state_dict(model: nn.Module, ctx: ParallelContext, architecture: str) -> dict[str, Tensor]:
+    """Full HF-named tensors of `model` (all-gathers over TP; same on every TP rank)."""
+    config: ModelConfig = model.config  # type: ignore[assignment]
+    task = _task_of(model)
+    prefix = "" if task == "base" else ("bert." if config.arch == "bert" else "transformer.")
+    full = full_state_dict(model, ctx.tp)
+    head_dim = config.hidden_size // config.num_heads
+    out: dict[str, Tensor] = {}
+    for name, rule in KEY_MAPS[config.arch](config, task, prefix).items():
+        t = full[name]
+        if isinstance(rule, Plain):
+            out[rule.key] = t.t().contiguous() if rule.transposed and t.dim() == 2 else t
+            continue
+        qkv = t.reshape(config.num_heads, 3, head_dim, *t.shape[1:])
+        parts = [qkv[:, j].reshape(config.hidden_size, *t.shape[1:]) for j in range(3)]
+        if len(rule.keys) == 3:
+            out.update(zip(rule.keys, parts))
+        else:
+            fused = torch.cat(parts, dim=0)
+            out[rule.keys[0]] = fused.t().contiguous() if rule.transposed and t.dim() == 2 else fused
+    for copy, source in HF_TIED.get(architecture, {}).items():
+        out[copy] = out[source]
+    return out
+
+
+def save_hf_checkpoint(model: nn.Module, ctx: ParallelContext, directory: str | Path) -> None:
+    """Write `model` as a HF directory that transformers' from_pretrained loads.
+
+    Every TP rank takes part in the gathers; global rank 0 writes through `save_pretrained`.
+    """
+    import transformers
+
+    architecture = HF_ARCHITECTURE[type(model).__name__]
+    state = to_hf_state_dict(model, ctx, architecture)
+    if not ctx.is_main:
+        return
+    extra = {}
+    if architecture == "BertForSequenceClassification":
+        extra["num_labels"] = model.num_labels  # type: ignore[attr-defined]
+        if model.num_labels == 1:  # type: ignore[attr-defined]
+            extra["problem_type"] = "regression"
+    hf_config = hf_config_from_model(model.config, architecture, **extra)  # type: ignore[arg-type]
+    hf_model = getattr(transformers, architecture)(hf_config)
+    result = hf_model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise RuntimeError(f"export mapping incomplete: missing {result.missing_keys}, "
+                           f"unexpected {result.unexpected_keys}")
+    hf_model.save_pretrained(directory)
