@@ -15,6 +15,12 @@ class ParallelConfig:
     """DP degree, or "auto" = world_size / tensor."""
     seed: int = 1234
     """Seeds weight init and every dropout mask; masks do not depend on the layout."""
+    zero_stage: int = 0
+    """0: plain DP; 1: shard optimizer state; 2: + gradients; 3: + parameters (over DP)."""
+    cpu_offload: str = "none"
+    """none, optimizer (state, master weights and step on CPU) or optimizer+params (ZeRO-3)."""
+    precision: str = "fp32"
+    """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
 
 
 @dataclass
@@ -45,3 +51,23 @@ class ModelConfig:
     init_std: float = 0.02
     pad_vocab_to: int = 128
     """Pad the vocabulary to a multiple of this times tp (0: no padding, tp must divide vocab)."""
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer, clipping and loss-scaling settings the engine applies."""
+
+    name: str = "adamw"
+    """adamw (decoupled weight decay; biases and LayerNorms are not decayed)."""
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    """Clip the global gradient norm (over TP and DP) to this; 0 turns clipping off."""
+    initial_loss_scale: float = 65536.0
+    """fp16 only: starting loss scale; halved on inf/nan, doubled after loss_scale_window clean steps."""
+    loss_scale_window: int = 1000
+    max_nonfinite_steps: int = 10
+    """Stop with an error after this many consecutive steps with non-finite gradients."""

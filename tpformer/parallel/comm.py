@@ -127,3 +127,42 @@ def scatter_to_tp(x: Tensor, tp: GroupHandle) -> Tensor:
 def gather_from_tp(x: Tensor, tp: GroupHandle) -> Tensor:
     """All-gather the last dim from every TP rank; backward keeps this rank's chunk."""
     return x if tp.size == 1 else _GatherFromTP.apply(x, tp)
+
+
+# ----------------------------------------------------------------------------- data parallel
+# Flat-buffer collectives of the DP/ZeRO engine. They return a work handle (or None when the
+# group has size 1) so the engine can overlap them with backward; `wait(handle)` completes one.
+
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def all_reduce_async(x: Tensor, handle: GroupHandle) -> dist.Work | None:
+    """Start an in-place SUM all-reduce of a flat buffer."""
+    if handle.size == 1:
+        return None
+    _record("all_reduce")
+    return dist.all_reduce(x, group=handle.group, async_op=True)
+
+
+def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Work | None:
+    """Start a SUM reduce-scatter: `out` (numel x.numel() / size) gets this rank's chunk."""
+    if handle.size == 1:
+        out.copy_(x)
+        return None
+    _record("reduce_scatter")
+    return _reduce_scatter(out, x, group=handle.group, async_op=True)
+
+
+def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> dist.Work | None:
+    """Start an all-gather of equal flat shards into `out` (numel shard.numel() * size)."""
+    if handle.size == 1:
+        out.copy_(shard)
+        return None
+    _record("all_gather")
+    return _all_gather(out, shard, group=handle.group, async_op=True)
+
+
+def wait(work: dist.Work | None) -> None:
+    if work is not None:
+        work.wait()

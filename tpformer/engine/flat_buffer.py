@@ -1,0 +1,66 @@
+"""FlatBucket: parameters of one unit laid out back to back, padded to a multiple of dp.
+
+Every collective of the engine runs on these flat buffers (one call per bucket, never per
+tensor), and each DP rank owns the contiguous chunk [shard_start, shard_start + shard_size).
+Padding makes any parameter shape partitionable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tpformer.parallel.init import sharded_dim
+from tpformer.parallel.layout import pad_to_multiple
+
+
+@dataclass
+class Segment:
+    """Where one parameter lives in its bucket's flat buffer."""
+
+    name: str
+    param: nn.Parameter
+    offset: int
+    numel: int
+    shape: torch.Size
+    decay: bool
+    """Weight decay applies (matrices and embeddings; not biases or LayerNorms)."""
+    tp_sharded: bool
+    """Different on every TP rank; replicated ones are counted once in the global norm."""
+
+
+class FlatBucket:
+    """One unit's parameters (a transformer layer, or everything else) in a flat layout."""
+
+    def __init__(self, named_params: list[tuple[str, nn.Parameter]], dp_size: int, dp_rank: int,
+                 *, module: nn.Module | None = None) -> None:
+        self.module = module
+        self.segments: list[Segment] = []
+        offset = 0
+        for name, p in named_params:
+            self.segments.append(Segment(name, p, offset, p.numel(), p.shape, p.dim() >= 2,
+                                         sharded_dim(p) is not None))
+            offset += p.numel()
+        self.numel = offset
+        self.padded_numel = pad_to_multiple(max(offset, 1), dp_size)
+        self.shard_size = self.padded_numel // dp_size
+        self.shard_start = dp_rank * self.shard_size
+
+    def shard_of(self, flat: Tensor) -> Tensor:
+        """This DP rank's chunk of a full flat buffer (a view)."""
+        return flat.narrow(0, self.shard_start, self.shard_size)
+
+    def view(self, flat: Tensor, segment: Segment) -> Tensor:
+        return flat.narrow(0, segment.offset, segment.numel).view(segment.shape)
+
+    def shard_ranges(self) -> list[tuple[Segment, int, int]]:
+        """(segment, start, stop) of each segment's part inside this rank's shard, shard-local."""
+        lo, hi = self.shard_start, self.shard_start + self.shard_size
+        ranges = []
+        for seg in self.segments:
+            a, b = max(lo, seg.offset), min(hi, seg.offset + seg.numel)
+            if a < b:
+                ranges.append((seg, a - lo, b - lo))
+        return ranges

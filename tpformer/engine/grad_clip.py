@@ -1,0 +1,30 @@
+"""Global gradient norm over TP and DP, counting TP-replicated parameters once."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from tpformer.engine.flat_buffer import FlatBucket
+from tpformer.parallel.comm import all_reduce
+from tpformer.parallel.context import GroupHandle
+
+
+def global_grad_norm(buckets: list[FlatBucket], shard_grads: list[Tensor], tp: GroupHandle,
+                     dp: GroupHandle) -> float:
+    """L2 norm of the full gradient, from each rank's DP shard of each bucket.
+
+    Each DP rank sums squares over its own shard (so DP ranks never double count); TP-sharded
+    segments count on every TP rank, replicated ones only on TP rank 0.
+    """
+    total = torch.zeros((), dtype=torch.float64, device=shard_grads[0].device)
+    for bucket, grad in zip(buckets, shard_grads):
+        for seg, a, b in bucket.shard_ranges():
+            if seg.tp_sharded or tp.rank == 0:
+                total += grad[a:b].double().pow(2).sum()
+    total = total.reshape(1)
+    all_reduce(total, dp)
+    all_reduce(total, tp)
+    return math.sqrt(total.item()) if math.isfinite(total.item()) else float("nan")

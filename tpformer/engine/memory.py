@@ -1,0 +1,55 @@
+"""Per-rank bytes held in parameters, gradients and optimizer state, next to the ZeRO formula."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tpformer.engine.zero import ZeroEngine
+
+
+@dataclass(frozen=True)
+class MemoryBytes:
+    params: int
+    grads: int
+    optimizer: int
+    """AdamW moments plus the fp32 master weights when they are a separate copy."""
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def zero_memory_bytes(stage: int, n_params: int, dp: int, *, param_bytes: int = 4,
+                      mixed: bool = False) -> MemoryBytes:
+    """The ZeRO paper's model-state bytes per rank for `n_params` (this rank's TP share).
+
+    Parameters (param_bytes each) are divided by dp at stage 3, fp32 gradients (4 bytes; this
+    engine accumulates in fp32) at stage >= 2, and the optimizer state (2 fp32 moments, plus an
+    fp32 master copy when mixed) at stage >= 1.
+    """
+    optimizer = n_params * (8 + (4 if mixed else 0))
+    return MemoryBytes(
+        params=n_params * param_bytes // (dp if stage >= 3 else 1),
+        grads=n_params * 4 // (dp if stage >= 2 else 1),
+        optimizer=optimizer // (dp if stage >= 1 else 1),
+    )
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def memory_report(engine: ZeroEngine) -> MemoryBytes:
+    """Bytes this rank holds between steps, measured from the engine's own tensors."""
+    params = grads = optimizer = 0
+    for state in engine.states:
+        params += _nbytes(state.param_shard) if engine.stage == 3 else _nbytes(state.full)
+        grads += _nbytes(state.grad_shard if engine.stage >= 2 else state.grad)
+        if not state.master_aliased:
+            optimizer += _nbytes(state.master)
+        for value in engine.optimizer.state.get(state.master, {}).values():
+            if isinstance(value, torch.Tensor) and value.numel() > 1:
+                optimizer += _nbytes(value)
+    return MemoryBytes(params, grads, optimizer)
