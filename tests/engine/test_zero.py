@@ -177,3 +177,24 @@ def test_bf16_follows_fp32_with_fp32_masters() -> None:
     fp32, bf16 = _losses("fp32"), _losses("bf16")
     assert fp32[-1] < fp32[0] - 0.1, fp32  # it learns the batch
     assert max(abs(a - b) for a, b in zip(fp32, bf16)) < BF16_LOSS_ABS, (fp32, bf16)
+
+
+def _overlap(ctx: ParallelContext) -> dict[str, int]:
+    from tpformer.parallel.comm import count_collectives
+
+    model = _model(ctx)
+    engine = build_engine(model, OPTIM, ParallelConfig(zero_stage=0), ctx)
+    batch = {k: v[:2] for k, v in _batch(0).items()}
+    with count_collectives() as no_sync:
+        engine.backward(model(**batch).loss, sync=False)
+    with count_collectives() as during_backward:
+        engine.backward(model(**batch).loss, sync=True)
+    engine.step()
+    return {"no_sync": no_sync["all_reduce"], "backward": during_backward["all_reduce"],
+            "buckets": len(engine.buckets)}
+
+
+def test_gradients_are_reduced_during_backward_once_per_bucket() -> None:
+    for counts in run_distributed(_overlap, 2, tensor=1):
+        assert counts["no_sync"] == 0
+        assert counts["backward"] == counts["buckets"] == 3  # 2 layers + the rest

@@ -39,11 +39,14 @@ class FlatBucket:
         self.module = module
         self.segments: list[Segment] = []
         offset = 0
-        for name, p in named_params:
+        # Decayed parameters first: the optimizer then sees at most two contiguous pieces of a
+        # shard, one per weight-decay group, and decays inside its fused kernel.
+        for name, p in sorted(named_params, key=lambda np: np[1].dim() < 2):
             self.segments.append(Segment(name, p, offset, p.numel(), p.shape, p.dim() >= 2,
                                          sharded_dim(p) is not None))
             offset += p.numel()
         self.numel = offset
+        self.decay_numel = sum(seg.numel for seg in self.segments if seg.decay)
         self.padded_numel = pad_to_multiple(max(offset, 1), dp_size)
         self.shard_size = self.padded_numel // dp_size
         self.shard_start = dp_rank * self.shard_size
@@ -54,6 +57,14 @@ class FlatBucket:
 
     def view(self, flat: Tensor, segment: Segment) -> Tensor:
         return flat.narrow(0, segment.offset, segment.numel).view(segment.shape)
+
+    def decay_split(self, *, whole: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+        """[start, stop) of the decayed and the non-decayed part of the whole buffer
+        (whole=True) or of this rank's shard, in that tensor's own coordinates."""
+        size = self.padded_numel if whole else self.shard_size
+        boundary = self.decay_numel - (0 if whole else self.shard_start)
+        boundary = min(max(boundary, 0), size)
+        return (0, boundary), (boundary, size)
 
     def shard_ranges(self) -> list[tuple[Segment, int, int]]:
         """(segment, start, stop) of each segment's part inside this rank's shard, shard-local."""

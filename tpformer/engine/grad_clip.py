@@ -23,7 +23,7 @@ def global_grad_norm(buckets: list[FlatBucket], shard_grads: list[Tensor], tp: G
     for bucket, grad in zip(buckets, shard_grads):
         for seg, a, b in bucket.shard_ranges():
             if seg.tp_sharded or tp.rank == 0:
-                total += grad[a:b].double().pow(2).sum()
+                total += torch.linalg.vector_norm(grad[a:b]).double() ** 2
     total = total.reshape(1)
     all_reduce(total, dp)
     all_reduce(total, tp)

@@ -49,7 +49,8 @@ def memory_report(engine: ZeroEngine) -> MemoryBytes:
         grads += _nbytes(state.grad_shard if engine.stage >= 2 else state.grad)
         if not state.master_aliased:
             optimizer += _nbytes(state.master)
-        for value in engine.optimizer.state.get(state.master, {}).values():
-            if isinstance(value, torch.Tensor) and value.numel() > 1:
-                optimizer += _nbytes(value)
+        for param, _, _, _ in state.opt_params:
+            for value in engine.optimizer.state.get(param, {}).values():
+                if isinstance(value, torch.Tensor) and value.numel() > 1:
+                    optimizer += _nbytes(value)
     return MemoryBytes(params, grads, optimizer)

@@ -40,8 +40,10 @@ OPTIMIZERS = ("adamw",)
 class BucketState:
     """What the engine holds for one bucket besides the layout."""
 
-    master: nn.Parameter
+    master: Tensor
     """fp32 optimizer copy: the whole bucket at stage 0, this rank's shard at stages 1-3."""
+    opt_params: list[tuple[nn.Parameter, int, int, bool]]
+    """Views of the master the optimizer steps: (view, start, stop, decayed)."""
     master_aliased: bool
     """The master is the compute storage itself (fp32, no offload): no copy back after a step."""
     full: Tensor | None = None
@@ -102,14 +104,18 @@ class ZeroEngine:
                         for module, params in split_units(model) if params]
         self.states = [self._materialize(bucket) for bucket in self.buckets]
         fused = self.state_device.type in ("cpu", "cuda")
-        self.optimizer = torch.optim.AdamW([st.master for st in self.states], lr=optim.lr,
+        groups = [{"params": [p for st in self.states for p, _, _, d in st.opt_params if d == decay],
+                   "weight_decay": optim.weight_decay if decay else 0.0} for decay in (True, False)]
+        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=optim.lr,
                                            betas=(optim.beta1, optim.beta2), eps=optim.eps,
-                                           weight_decay=0.0, fused=fused)
+                                           fused=fused)
         for bucket, state in zip(self.buckets, self.states):
             for seg in bucket.segments:
                 seg.param.register_post_accumulate_grad_hook(self._grad_hook(bucket, state, seg))
         if self.stage == 3:
             self._install_stage3_hooks()
+        elif self.stage in (1, 2):
+            self._install_param_wait_hooks()
 
     # ------------------------------------------------------------------ storage
 
@@ -124,19 +130,24 @@ class ZeroEngine:
             aliased = aliased and self.param_device == self.device
             shard = bucket.shard_of(full).clone().to(self.param_device)
             master = shard if aliased else shard.float().to(self.state_device, copy=True)
-            state = BucketState(nn.Parameter(master, requires_grad=False), aliased,
+            state = BucketState(master, self._opt_views(bucket, master), aliased,
                                 param_shard=shard)
             self._free(bucket, state)
         else:
             source = full if self.stage == 0 else bucket.shard_of(full)
             master = source if aliased else source.float().to(self.state_device, copy=True)
-            state = BucketState(nn.Parameter(master, requires_grad=False), aliased, full=full)
+            state = BucketState(master, self._opt_views(bucket, master), aliased, full=full)
             for seg in bucket.segments:
                 seg.param.data = bucket.view(full, seg)
         if self.stage >= 2:
             state.grad_shard = torch.zeros(bucket.shard_size, dtype=torch.float32,
                                            device=self.device)
         return state
+
+    def _opt_views(self, bucket: FlatBucket, master: Tensor) -> list[tuple[nn.Parameter, int, int, bool]]:
+        split = bucket.decay_split(whole=self.stage == 0)
+        return [(nn.Parameter(master[a:b], requires_grad=False), a, b, decay)
+                for (a, b), decay in zip(split, (True, False)) if b > a]
 
     def _free(self, bucket: FlatBucket, state: BucketState) -> None:
         empty = torch.empty(0, dtype=self.dtype, device=self.device)
@@ -163,6 +174,18 @@ class ZeroEngine:
         state.pending, state.full = None, full
         for seg in bucket.segments:
             seg.param.data = bucket.view(full, seg)
+
+    def _install_param_wait_hooks(self) -> None:
+        """Stages 1-2: the post-step all-gather of a bucket overlaps the forward before it;
+        each unit waits for its own parameters just before its forward."""
+        for bucket, state in zip(self.buckets, self.states):
+            module = bucket.module if bucket.module is not None else self.model
+            module.register_forward_pre_hook(lambda m, args, state=state: self._wait_params(state))
+
+    def _wait_params(self, state: BucketState) -> None:
+        if self.stage in (1, 2) and state.pending is not None:
+            wait(state.pending[0])
+            state.pending = None
 
     def _install_stage3_hooks(self) -> None:
         units = list(zip(self.buckets, self.states))
@@ -268,6 +291,8 @@ class ZeroEngine:
     @torch.no_grad()
     def step(self) -> dict[str, float]:
         """Reduce, unscale, clip, update and redistribute. Returns grad_norm and skipped."""
+        for state in self.states:  # a step without a forward in between
+            self._wait_params(state)
         grads = self._reduced_grads()
         shard_grads = grads if self.stage >= 1 else [b.shard_of(g) for b, g in zip(self.buckets, grads)]
         norm = global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp)
@@ -285,16 +310,12 @@ class ZeroEngine:
         self.nonfinite_steps = 0
         clip = self.optim.clip_grad
         coef = clip / (norm + 1e-6) if clip > 0 and norm > clip else 1.0
-        decay = 1.0 - self.lr * self.optim.weight_decay
-        for bucket, state, grad in zip(self.buckets, self.states, grads):
+        for state, grad in zip(self.states, grads):
             if coef != 1.0:
                 grad.mul_(coef)
-            state.master.grad = grad.to(self.state_device, non_blocking=True)
-            ranges = ([(s, s.offset, s.offset + s.numel) for s in bucket.segments]
-                      if self.stage == 0 else bucket.shard_ranges())
-            for seg, a, b in ranges:  # decoupled weight decay, as AdamW applies it first
-                if seg.decay and decay != 1.0:
-                    state.master.data[a:b].mul_(decay)
+            grad = grad.to(self.state_device, non_blocking=True)
+            for param, a, b, _ in state.opt_params:
+                param.grad = grad[a:b]
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         self.optimizer.step()
@@ -304,21 +325,20 @@ class ZeroEngine:
 
     def _redistribute(self) -> None:
         """Write the updated masters back to the compute parameters."""
-        works = []
         for state in self.states:
-            state.master.grad = None
+            for param, _, _, _ in state.opt_params:
+                param.grad = None
             if state.master_aliased:
                 continue
             if self.stage == 3:
-                state.param_shard.copy_(state.master.data)
+                state.param_shard.copy_(state.master)
             elif self.stage == 0:
-                state.full.copy_(state.master.data)
-        if self.stage in (1, 2):
-            for state in self.states:
-                shard = state.master.data.to(self.device, self.dtype, copy=True)
-                works.append(all_gather_async(state.full, shard, self.ctx.dp))
-        for work in works:
-            wait(work)
+                state.full.copy_(state.master)
+        if self.stage in (1, 2):  # waited for in the next forward (or by gathered())
+            root_first = sorted(zip(self.buckets, self.states), key=lambda bs: bs[0].module is not None)
+            for _, state in root_first:
+                shard = state.master.to(self.device, self.dtype, copy=True)
+                state.pending = (all_gather_async(state.full, shard, self.ctx.dp), None, shard)
 
     def _zero_grads(self) -> None:
         for state in self.states:
@@ -334,7 +354,9 @@ class ZeroEngine:
 
     @contextmanager
     def gathered(self) -> Iterator[None]:
-        """Stage 3: every parameter whole inside the block (for export, checkpoints, tests)."""
+        """Every parameter whole and current inside the block (export, checkpoints, tests)."""
+        for state in self.states:
+            self._wait_params(state)
         if self.stage == 3:
             for bucket, state in zip(self.buckets, self.states):
                 self._gather(bucket, state)
