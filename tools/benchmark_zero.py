@@ -111,7 +111,7 @@ class Contender:
             return memory_report(self.engine).total
         params = list(self.model.parameters())
         grads = [p.grad for p in params if p.grad is not None]
-        return _bytes(params) + _bytes(grads) + _optimizer_bytes(self.opt)
+        return _bytes(params) + _bytes(grads) + _optimizer_bytes(getattr(self.opt, "optim", self.opt))
 
 
 def _init(rank: int, world: int, store: str) -> ParallelContext:

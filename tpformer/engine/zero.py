@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig
-from tpformer.engine.flat_buffer import FlatBucket, Segment
+from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
 from tpformer.engine.precision import LossScaler, compute_dtype
 from tpformer.layers.block import TransformerLayer
@@ -100,6 +100,7 @@ class ZeroEngine:
         self.nonfinite_steps = 0
         self.sync = True
         self._callback_queued = False
+        self.pool = BufferPool()
         self.buckets = [FlatBucket(params, ctx.dp.size, ctx.dp.rank, module=module)
                         for module, params in split_units(model) if params]
         self.states = [self._materialize(bucket) for bucket in self.buckets]
@@ -150,17 +151,19 @@ class ZeroEngine:
                 for (a, b), decay in zip(split, (True, False)) if b > a]
 
     def _free(self, bucket: FlatBucket, state: BucketState) -> None:
+        """Stage 3: drop the whole parameters (the buffer goes back to the pool)."""
         empty = torch.empty(0, dtype=self.dtype, device=self.device)
         for seg in bucket.segments:
             seg.param.data = empty
+        self.pool.give(state.full)
         state.full = None
 
     def _prefetch(self, state: BucketState) -> None:
         """Start the all-gather of a stage-3 bucket's parameters (no wait)."""
         if state.full is not None or state.pending is not None:
             return
-        full = torch.empty(state.param_shard.numel() * self.ctx.dp.size, dtype=self.dtype,
-                           device=self.device)
+        full = self.pool.take(state.param_shard.numel() * self.ctx.dp.size, self.dtype,
+                              self.device, zero=False)
         shard = state.param_shard.to(self.device, non_blocking=True)
         state.pending = (all_gather_async(full, shard, self.ctx.dp), full, shard)
 
@@ -235,8 +238,8 @@ class ZeroEngine:
                 self._callback_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             if state.grad is None:
-                state.grad = torch.zeros(bucket.padded_numel, dtype=torch.float32,
-                                         device=self.device)
+                state.grad = self.pool.take(bucket.padded_numel, torch.float32, self.device,
+                                            zero=True)
             bucket.view(state.grad, seg).add_(param.grad)
             param.grad = None
             state.ready += 1
@@ -282,7 +285,8 @@ class ZeroEngine:
             state.work, state.launched = None, False
             if self.stage >= 2:
                 grad = state.grad_shard
-                state.grad = None  # the transient full buffer goes as soon as it is reduced
+                self.pool.give(state.grad)  # the transient full buffer goes once reduced
+                state.grad = None
             else:
                 grad = state.grad if self.stage == 0 else bucket.shard_of(state.grad)
             grads.append(grad.mul_(scale))
@@ -344,6 +348,7 @@ class ZeroEngine:
         for state in self.states:
             if self.stage >= 2:
                 state.grad_shard.zero_()
+                self.pool.give(state.grad)
                 state.grad = None
             elif state.grad is not None:
                 state.grad.zero_()
