@@ -21,6 +21,14 @@ class ParallelConfig:
     """none, optimizer (state, master weights and step on CPU) or optimizer+params (ZeRO-3)."""
     precision: str = "fp32"
     """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
+    activation_checkpointing: str = "none"
+    """none; selective (recompute the attention core); full (recompute whole layers)."""
+    checkpoint_num_layers: int = 0
+    """full: checkpoint only the first N layers (0 = all of them)."""
+    checkpoint_every: int = 1
+    """full: checkpoint every k-th layer among those (1 = each one)."""
+    checkpoint_offload: bool = False
+    """full: keep the checkpointed layer inputs on the CPU between forward and backward."""
 
 
 @dataclass

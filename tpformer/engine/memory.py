@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,3 +55,43 @@ def memory_report(engine: ZeroEngine) -> MemoryBytes:
                 if isinstance(value, torch.Tensor) and value.numel() > 1:
                     optimizer += _nbytes(value)
     return MemoryBytes(params, grads, optimizer)
+
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """Bytes autograd keeps for backward after one forward (distinct storages counted once)."""
+
+    total: int
+    per_layer: list[int]
+    """The part saved while inside each TransformerLayer's forward."""
+
+
+def measure_saved_activations(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> SavedActivations:
+    """Run `forward()` (which returns the loss) under saved-tensor hooks, then its backward."""
+    from tpformer.layers.block import TransformerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
+    per_layer = [0] * len(layers)
+    current: list[int] = []
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(lambda m, a, i=i: current.append(i)))
+        handles.append(layer.register_forward_hook(lambda m, a, o: [current.pop()] and None))
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen[storage.data_ptr()] = storage.nbytes()
+            if current:
+                per_layer[current[-1]] += storage.nbytes()
+        return t
+
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = forward()
+        loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return SavedActivations(sum(seen.values()), per_layer)

@@ -40,13 +40,17 @@ class ParallelSelfAttention(nn.Module):
         b, s, _ = x.shape
         qkv = self.qkv(x).view(b, s, self.local_heads, 3, self.head_dim)
         q, k, v = (qkv.select(3, i).transpose(1, 2) for i in range(3))  # [b, h/tp, s, d]
-        if self.training and self.dropout.p > 0:
-            ctx = self._explicit_core(q, k, v, mask)
-        else:
-            ctx = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=self.causal and mask is None)
+        ctx = self.core(q, k, v, mask)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return self.out(ctx)
+
+    def core(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """softmax(q k^T / sqrt(d) + mask) [dropout] @ v -> [b, h/tp, s, d]; what selective
+        recomputation wraps."""
+        if self.training and self.dropout.p > 0:
+            return self._explicit_core(q, k, v, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                              is_causal=self.causal and mask is None)
 
     def _explicit_core(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))

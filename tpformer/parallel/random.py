@@ -10,6 +10,8 @@ same masks for free as long as the position has not moved.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -66,6 +68,16 @@ class RNGTracker:
         gen = torch.Generator()
         gen.manual_seed(derive_seed(self.seed, name_key(name), 0x1B17))
         return gen
+
+    @contextmanager
+    def restored(self, state: dict[str, int]) -> Iterator[None]:
+        """Run the block at the position `state` was taken at (recomputation), then come back."""
+        current = self.state_dict()
+        self.load_state_dict(state)
+        try:
+            yield
+        finally:
+            self.load_state_dict(current)
 
     def state_dict(self) -> dict[str, int]:
         return {"seed": self.seed, "step": self.step, "sample_offset": self.sample_offset}
