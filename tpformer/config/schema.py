@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -79,3 +79,68 @@ class OptimConfig:
     loss_scale_window: int = 1000
     max_nonfinite_steps: int = 10
     """Stop with an error after this many consecutive steps with non-finite gradients."""
+    warmup_steps: int = 100
+    """Linear warmup from 0 to lr over this many steps."""
+    decay: str = "linear"
+    """linear or cosine decay from lr to min_lr at trainer.max_steps."""
+    min_lr: float = 0.0
+    lr_scaling: str = "none"
+    """none, linear or sqrt: scale lr by (global batch / base_batch_size) or its square root."""
+    base_batch_size: int = 256
+    """The global batch size `lr` was tuned for (used by lr_scaling)."""
+
+
+@dataclass
+class DataConfig:
+    """Where training samples come from."""
+
+    name: str = "synthetic"
+    """synthetic: random tokens, deterministic per global sample index (no files needed)."""
+    seq_length: int = 128
+    """Tokens per sample; at most model.max_position_embeddings."""
+    mask_prob: float = 0.15
+    """BERT: fraction of tokens chosen for MLM prediction."""
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop."""
+
+    max_steps: int = 100
+    """Optimizer steps; the LR schedule ends here."""
+    micro_batch_size: int = 8
+    """Samples per DP rank per forward."""
+    grad_accum: int = 1
+    """Micro-batches per step; global batch = micro_batch_size x grad_accum x dp."""
+    log_every: int = 10
+    eval_every: int = 0
+    """Evaluate every N steps (0: only at the end)."""
+    eval_steps: int = 4
+    """Batches per evaluation."""
+    max_time_minutes: float = 0.0
+    """Stop after this wall time (0: no limit)."""
+    peak_tflops: float = 0.0
+    """Peak TFLOP/s of one device for the MFU estimate (0: auto on known GPUs, else not shown)."""
+    progress: bool = True
+    """Rank 0 shows a progress bar."""
+
+
+@dataclass
+class LauncherConfig:
+    """Local multi-process start without torchrun (ignored under torchrun)."""
+
+    nproc_per_node: int = 1
+    """Start this many local ranks through torch.distributed's elastic launcher."""
+    max_restarts: int = 0
+
+
+@dataclass
+class Config:
+    """The whole run: one field per Hydra group."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from tpformer.config.schema import ModelConfig
-from tpformer.parallel.layout import divisors
+from tpformer.config.schema import Config, ModelConfig, OptimConfig
+from tpformer.parallel.layout import divisors, resolve_layout
 
 ARCHS = ("bert", "gpt")
+OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
+OPTIMIZERS = ("adamw",)
+PRECISIONS = ("fp32", "bf16", "fp16")
+CHECKPOINTING = ("none", "selective", "full")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 
 
@@ -33,3 +37,50 @@ def validate_model(model: ModelConfig, tp: int) -> None:
         p = getattr(model, name)
         if not 0.0 <= p < 1.0:
             raise ValueError(f"model.{name}={p} must be in [0, 1)")
+
+
+def validate_engine(optim: OptimConfig, zero_stage: int, cpu_offload: str) -> None:
+    """Reject bad engine settings before any buffer or collective exists."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"parallel.zero_stage={zero_stage} must be 0, 1, 2 or 3")
+    if cpu_offload not in OFFLOAD_MODES:
+        raise ValueError(f"parallel.cpu_offload={cpu_offload!r} is not one of {list(OFFLOAD_MODES)}")
+    if cpu_offload == "optimizer+params" and zero_stage != 3:
+        raise ValueError(f"parallel.cpu_offload=optimizer+params needs parallel.zero_stage=3 "
+                         f"(got {zero_stage}): only stage 3 keeps parameter partitions")
+    if optim.name not in OPTIMIZERS:
+        where = " that can step on the CPU" if cpu_offload != "none" else ""
+        raise ValueError(f"optim.name={optim.name!r} is not an optimizer{where} tpformer has; "
+                         f"valid: {list(OPTIMIZERS)}")
+
+
+def validate_precision(precision: str, device_type: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"parallel.precision={precision!r} is not one of {list(PRECISIONS)}")
+    if precision == "fp16" and device_type == "cpu":
+        raise ValueError("parallel.precision=fp16 needs a GPU: CPU kernels for half precision are "
+                         "slow or missing; use parallel.precision=bf16 or fp32 on CPU")
+
+
+def validate(config: Config, world_size: int, *, device_type: str = "cpu") -> None:
+    """Every cross-field rule of a run, checked before the first collective."""
+    resolve_layout(config.parallel.tensor, config.parallel.data, world_size)
+    validate_model(config.model, config.parallel.tensor)
+    parallel = config.parallel
+    validate_engine(config.optim, parallel.zero_stage, parallel.cpu_offload)
+    validate_precision(parallel.precision, device_type)
+    if parallel.activation_checkpointing not in CHECKPOINTING:
+        raise ValueError(f"parallel.activation_checkpointing={parallel.activation_checkpointing!r} "
+                         f"is not one of {list(CHECKPOINTING)}")
+    trainer = config.trainer
+    for name in ("micro_batch_size", "grad_accum", "max_steps"):
+        if getattr(trainer, name) < 1:
+            raise ValueError(f"trainer.{name}={getattr(trainer, name)} must be >= 1")
+    if config.data.seq_length > config.model.max_position_embeddings:
+        raise ValueError(f"data.seq_length={config.data.seq_length} exceeds "
+                         f"model.max_position_embeddings={config.model.max_position_embeddings}")
+    if config.optim.decay not in ("linear", "cosine"):
+        raise ValueError(f"optim.decay={config.optim.decay!r} is not one of ['linear', 'cosine']")
+    if config.optim.lr_scaling not in ("none", "linear", "sqrt"):
+        raise ValueError(f"optim.lr_scaling={config.optim.lr_scaling!r} is not one of "
+                         "['none', 'linear', 'sqrt']")

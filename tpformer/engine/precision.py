@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from tpformer.config.validate import validate_precision
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
     """The parameter/activation dtype of `precision`, checked against the device."""
-    if precision not in DTYPES:
-        raise ValueError(f"parallel.precision={precision!r} is not one of {list(DTYPES)}")
-    if precision == "fp16" and device.type == "cpu":
-        raise ValueError("parallel.precision=fp16 needs a GPU: CPU kernels for half precision are "
-                         "slow or missing; use parallel.precision=bf16 or fp32 on CPU")
+    validate_precision(precision, device.type)
     return DTYPES[precision]
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig
+from tpformer.config.validate import validate_engine
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
 from tpformer.engine.precision import LossScaler, compute_dtype
@@ -32,8 +33,6 @@ from tpformer.parallel.comm import (all_gather_async, all_reduce_async, reduce_s
                                     wait)
 from tpformer.parallel.context import ParallelContext
 
-OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
-OPTIMIZERS = ("adamw",)
 
 
 @dataclass
@@ -371,18 +370,3 @@ class ZeroEngine:
             if self.stage == 3:
                 for bucket, state in zip(self.buckets, self.states):
                     self._free(bucket, state)
-
-
-def validate_engine(optim: OptimConfig, zero_stage: int, cpu_offload: str) -> None:
-    """Reject bad engine settings before any buffer or collective exists."""
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"parallel.zero_stage={zero_stage} must be 0, 1, 2 or 3")
-    if cpu_offload not in OFFLOAD_MODES:
-        raise ValueError(f"parallel.cpu_offload={cpu_offload!r} is not one of {list(OFFLOAD_MODES)}")
-    if cpu_offload == "optimizer+params" and zero_stage != 3:
-        raise ValueError(f"parallel.cpu_offload=optimizer+params needs parallel.zero_stage=3 "
-                         f"(got {zero_stage}): only stage 3 keeps parameter partitions")
-    if optim.name not in OPTIMIZERS:
-        where = " that can step on the CPU" if cpu_offload != "none" else ""
-        raise ValueError(f"optim.name={optim.name!r} is not an optimizer{where} tpformer has; "
-                         f"valid: {list(OPTIMIZERS)}")

@@ -188,3 +188,13 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> dist.Wo
 def wait(work: dist.Work | None) -> None:
     if work is not None:
         work.wait()
+
+
+def broadcast_object(obj: object, *, src: int = 0) -> object:
+    """Global rank `src`'s picklable object on every rank (a no-op without torch.distributed)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    _record("broadcast")
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

@@ -1,0 +1,22 @@
+"""Registers the schema in Hydra's ConfigStore: Config types config.yaml; presets fill `model`."""
+
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from tpformer.config.presets import PRESETS
+from tpformer.config.schema import Config
+
+
+def register_configs() -> None:
+    """Idempotent: safe to call from every entry point and test."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for name, preset in PRESETS.items():
+        cs.store(group="model", name=name, node=preset)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """The typed Config of a composed DictConfig; after this, nobody sees a DictConfig."""
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]

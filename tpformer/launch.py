@@ -1,0 +1,46 @@
+"""One-command local start: re-run an entry point on N local ranks through torch.distributed.run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def under_launcher() -> bool:
+    """True inside a rank started by torchrun or by `launch_local`."""
+    return "LOCAL_RANK" in os.environ
+
+
+def available_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1)
+
+
+def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_restarts: int) -> int:
+    """Start `python -m module overrides...` on nproc_per_node local ranks (standalone rendezvous,
+    gloo on CPU, NCCL on GPUs). Returns the exit code: 0, or 1 if any rank failed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    devices = available_devices()
+    if nproc_per_node > devices:
+        kind = "GPUs" if devices and "cuda" in str(os.environ.get("CUDA_VISIBLE_DEVICES", "cuda")) else "CPUs"
+        log.warning("launcher.nproc_per_node=%d exceeds the %d %s available; ranks will share them",
+                    nproc_per_node, devices, kind)
+    args = ["--standalone", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}",
+            "-m", module, *overrides]
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    try:
+        torchrun(args)
+    except ChildFailedError as err:
+        log.error("a rank failed: %s", err.get_first_failure()[1].message)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(launch_local(sys.argv[1], sys.argv[3:], nproc_per_node=int(sys.argv[2]), max_restarts=0))

@@ -1,0 +1,41 @@
+"""`tpformer-pretrain`: pretrain BERT (MLM + NSP) or GPT at any layout.
+
+    tpformer-pretrain model=bert_mini parallel.tensor=2 launcher.nproc_per_node=2
+    torchrun --nproc_per_node 8 -m tpformer.pretrain model=bert_base parallel.tensor=2
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from tpformer.config.schema import Config
+from tpformer.config.store import register_configs
+from tpformer.parallel.context import ParallelContext
+from tpformer.run import run_entry_point
+from tpformer.train.loop import Trainer
+
+log = logging.getLogger("tpformer")
+register_configs()
+
+
+def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
+    trainer = Trainer(config, ctx, run_dir)
+    log.info("plan:\n%s", trainer.plan())
+    records = trainer.train()
+    if records:
+        log.info("done: step %d, loss %.4f (first logged %.4f); metrics in %s",
+                 records[-1]["step"], records[-1]["loss"], records[0]["loss"],
+                 run_dir / "metrics.jsonl")
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    run_entry_point(cfg, "tpformer.pretrain", pretrain)
+
+
+if __name__ == "__main__":
+    main()

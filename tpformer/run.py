@@ -1,0 +1,94 @@
+"""What every entry point does around its job: launch, agree on the run directory, validate,
+set up logging, save the config once, and turn bad input into exit code 2 with one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from tpformer.config.schema import Config
+from tpformer.config.store import to_config
+from tpformer.config.validate import validate
+from tpformer.launch import launch_local, under_launcher
+from tpformer.parallel.comm import broadcast_object
+from tpformer.parallel.context import ParallelContext
+
+log = logging.getLogger("tpformer")
+
+
+def setup_logging(run_dir: Path, rank: int) -> None:
+    """Rank 0 logs INFO to the console and run_dir/train.log; other ranks only warnings."""
+    root = logging.getLogger()
+    root.handlers.clear()
+    fmt = logging.Formatter(f"[%(asctime)s rank {rank}] %(levelname)s %(name)s: %(message)s",
+                            "%H:%M:%S")
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    if rank == 0:
+        file = logging.FileHandler(run_dir / "train.log")
+        file.setFormatter(fmt)
+        root.addHandler(file)
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Config, ParallelContext, Path], None]) -> None:
+    """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank."""
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        config = to_config(cfg)
+    except Exception as err:  # noqa: BLE001 - OmegaConf validation errors, shown as one line
+        _fail(str(err).splitlines()[0])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not under_launcher() and config.launcher.nproc_per_node > 1:
+        world = config.launcher.nproc_per_node
+        try:
+            validate(config, world, device_type=_device_type())
+        except ValueError as err:
+            _fail(str(err))
+        overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
+        code = launch_local(module, overrides, nproc_per_node=world,
+                            max_restarts=config.launcher.max_restarts)
+        if code:
+            sys.exit(code)
+        return
+    try:
+        validate(config, world, device_type=_device_type())
+    except ValueError as err:
+        _fail(str(err))
+    ctx = (ParallelContext.create(config.parallel) if under_launcher()
+           else ParallelContext.single(seed=config.parallel.seed))
+    try:
+        shared = Path(broadcast_object(str(run_dir)))  # type: ignore[arg-type]
+        if shared != run_dir and run_dir.exists() and not any(run_dir.iterdir()):
+            shutil.rmtree(run_dir, ignore_errors=True)  # this rank's ${now} differed: drop it
+        shared.mkdir(parents=True, exist_ok=True)
+        setup_logging(shared, ctx.rank)
+        if ctx.is_main:
+            hydra_dir = shared / ".hydra"
+            hydra_dir.mkdir(exist_ok=True)
+            OmegaConf.save(cfg, hydra_dir / "config.yaml")
+            OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), hydra_dir / "overrides.yaml")
+            log.info("run directory: %s", shared.resolve())
+        job(config, ctx, shared)
+    finally:
+        ctx.destroy()
+
+
+def _device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

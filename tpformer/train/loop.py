@@ -1,0 +1,159 @@
+"""Trainer: builds model, recomputation and engine from a Config, then drives the steps.
+
+Per step: for each micro-batch, key the dropout masks by (step, first global sample), forward,
+and backward a loss normalized by the *global* number of predicted tokens (so every layout
+optimizes the same objective); then the engine reduces, clips and updates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tpformer.config.schema import Config
+from tpformer.data.loader import micro_batch_ranges
+from tpformer.data.synthetic import SyntheticPretraining
+from tpformer.engine import build_engine
+from tpformer.engine.recompute import apply_recompute
+from tpformer.models import build_model
+from tpformer.parallel.comm import all_reduce
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import logical_shape
+from tpformer.train.metrics import MetricsWriter, flops_per_step, peak_tflops
+from tpformer.train.plan import format_plan
+from tpformer.train.schedule import lr_at, scaled_lr
+
+log = logging.getLogger(__name__)
+EVAL_OFFSET = 10**12
+"""Evaluation samples come from an index range training never reaches."""
+
+
+class Trainer:
+    def __init__(self, config: Config, ctx: ParallelContext, run_dir: Path) -> None:
+        self.config, self.ctx, self.run_dir = config, ctx, run_dir
+        m = config.model
+        self.task = "pretraining" if m.arch == "bert" else "causal_lm"
+        self.model = build_model(m, ctx, task=self.task)
+        self.params_per_rank = sum(p.numel() for p in self.model.parameters())
+        self.total_params = sum(logical_shape(p).numel() for p in self.model.parameters())
+        self.checkpointed = apply_recompute(self.model, config.parallel, ctx.rng)
+        self.engine = build_engine(self.model, config.optim, config.parallel, ctx)
+        self.data = SyntheticPretraining(arch=m.arch, vocab_size=m.vocab_size,
+                                         seq_length=config.data.seq_length,
+                                         mask_prob=config.data.mask_prob, seed=config.parallel.seed)
+        t = config.trainer
+        self.global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
+        self.peak_lr = scaled_lr(config.optim, self.global_batch)
+        self.metrics = MetricsWriter(run_dir, enabled=ctx.is_main)
+
+    def plan(self) -> str:
+        return format_plan(self.config, self.ctx.layout, self.params_per_rank, self.total_params,
+                           self.checkpointed)
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+
+    def _denominator(self, batches: list[dict[str, torch.Tensor]]) -> float:
+        """Predicted tokens in the whole global batch (one small all-reduce over DP)."""
+        if self.task == "causal_lm":
+            local = sum(b["input_ids"].shape[0] * (b["input_ids"].shape[1] - 1) for b in batches)
+        else:
+            local = sum(int((b["mlm_labels"] != -100).sum()) for b in batches)
+        count = torch.tensor([float(local)], dtype=torch.float64)
+        return float(all_reduce(count, self.ctx.dp).item())
+
+    def _loss(self, batch: dict[str, torch.Tensor], denominator: float) -> torch.Tensor:
+        """This micro-batch's share of the global-batch loss."""
+        if self.task == "causal_lm":
+            out = self.model(batch["input_ids"], labels=batch["input_ids"])
+            tokens = batch["input_ids"].shape[0] * (batch["input_ids"].shape[1] - 1)
+            return out.loss * (tokens / denominator)
+        out = self.model(**batch)
+        return (out.mlm_loss_sum / denominator
+                + out.nsp_loss * batch["input_ids"].shape[0] / self.global_batch)
+
+    def _run_step(self, step: int, *, train: bool) -> float:
+        t = self.config.trainer
+        ranges = micro_batch_ranges(step, micro_batch_size=t.micro_batch_size,
+                                    grad_accum=t.grad_accum, dp_size=self.ctx.dp.size,
+                                    dp_rank=self.ctx.dp.rank)
+        if not train:
+            ranges = [range(EVAL_OFFSET + r.start, EVAL_OFFSET + r.stop) for r in ranges]
+        batches = [self._to_device(self.data.batch(r)) for r in ranges]
+        denominator = self._denominator(batches)
+        total = torch.zeros(1, dtype=torch.float64)
+        for i, (r, batch) in enumerate(zip(ranges, batches)):
+            self.ctx.rng.set_position(step, r.start)
+            if train:
+                loss = self._loss(batch, denominator)
+                # the engine averages gradients over DP; this loss is a share of the global sum
+                self.engine.backward(loss * self.ctx.dp.size, sync=i == len(batches) - 1)
+            else:
+                with torch.no_grad():
+                    loss = self._loss(batch, denominator)
+            total += loss.detach().double().cpu()
+        return float(all_reduce(total, self.ctx.dp).item())
+
+    def evaluate(self, step: int) -> float:
+        self.model.eval()
+        with self.engine.gathered():
+            losses = [self._run_step(i, train=False) for i in range(self.config.trainer.eval_steps)]
+        self.model.train()
+        loss = sum(losses) / len(losses)
+        self.metrics.log({"step": step, "eval": True, "loss": loss})
+        log.info("eval at step %d: loss %.4f", step, loss)
+        return loss
+
+    def train(self) -> list[dict]:
+        """Run to trainer.max_steps (or the time limit); returns the logged records."""
+        t, c = self.config.trainer, self.config
+        seq = c.data.seq_length
+        tokens_per_step = self.global_batch * seq
+        head_tokens = (self.global_batch * seq if self.task == "causal_lm"
+                       else int(self.global_batch * seq * c.data.mask_prob))
+        flops = flops_per_step(c.model, samples=self.global_batch, seq=seq, head_tokens=head_tokens)
+        peak = peak_tflops(t.peak_tflops, c.parallel.precision)
+        records: list[dict] = []
+        window: list[float] = []
+        start = last = time.perf_counter()
+        bar = tqdm(total=t.max_steps, disable=not (self.ctx.is_main and t.progress),
+                   desc="train", dynamic_ncols=True)
+        self.model.train()
+        for step in range(t.max_steps):
+            lr = lr_at(step, peak=self.peak_lr, optim=c.optim, max_steps=t.max_steps)
+            self.engine.set_lr(lr)
+            loss = self._run_step(step, train=True)
+            result = self.engine.step()
+            window.append(loss)
+            done = step + 1 == t.max_steps
+            timed_out = t.max_time_minutes > 0 and time.perf_counter() - start > 60 * t.max_time_minutes
+            if (step + 1) % t.log_every == 0 or done or timed_out or step == 0:
+                now = time.perf_counter()
+                step_time = (now - last) / len(window)
+                tflops = flops / step_time / 1e12 / self.ctx.layout.world_size
+                record = {"step": step + 1, "loss": sum(window) / len(window), "lr": lr,
+                          "grad_norm": result["grad_norm"], "skipped": result["skipped"],
+                          "tokens_per_s": tokens_per_step / step_time,
+                          "tflops_per_device": tflops}
+                if peak > 0:
+                    record["mfu"] = tflops / peak
+                records.append(record)
+                self.metrics.log(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
+                                tok_s=f"{record['tokens_per_s']:.0f}", tflops=f"{tflops:.3f}",
+                                **({"mfu": f"{record['mfu']:.1%}"} if peak > 0 else {}))
+                window, last = [], now
+            bar.update(1)
+            if t.eval_every and (step + 1) % t.eval_every == 0 and not done:
+                self.evaluate(step + 1)
+            if timed_out:
+                log.info("trainer.max_time_minutes=%s reached at step %d", t.max_time_minutes, step + 1)
+                break
+        bar.close()
+        self.evaluate(step + 1)
+        self.metrics.close()
+        return records

@@ -1,0 +1,91 @@
+"""What a run reports: metrics.jsonl, TensorBoard scalars, the loss-curve PNG, FLOPs and MFU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tpformer.config.schema import ModelConfig
+
+# Dense peak TFLOP/s per GPU by (name fragment, dtype), for the MFU estimate when not given.
+KNOWN_PEAKS = {("H200", "bf16"): 989.0, ("H100", "bf16"): 989.0, ("A100", "bf16"): 312.0,
+               ("H200", "fp32"): 67.0, ("H100", "fp32"): 67.0, ("A100", "fp32"): 19.5}
+
+
+def peak_tflops(given: float, precision: str) -> float:
+    """trainer.peak_tflops, or the datasheet peak of a known GPU, or 0 (MFU not shown)."""
+    if given > 0 or not torch.cuda.is_available():
+        return given
+    name = torch.cuda.get_device_name()
+    dtype = "fp32" if precision == "fp32" else "bf16"
+    return next((v for (gpu, d), v in KNOWN_PEAKS.items() if gpu in name and d == dtype), 0.0)
+
+
+def flops_per_step(config: ModelConfig, *, samples: int, seq: int, head_tokens: int) -> float:
+    """Model FLOPs of one training step (forward + backward = 3x forward), as executed: the
+    layers' matmuls and attention over every token, the vocabulary head over `head_tokens`."""
+    h, layers = config.hidden_size, config.num_layers
+    per_token = layers * (2 * (4 * h * h + 2 * h * config.intermediate_size) + 4 * seq * h)
+    return 3.0 * (samples * seq * per_token + head_tokens * 2 * (h * h + h * config.vocab_size))
+
+
+class MetricsWriter:
+    """Rank 0 appends one JSON object per logged step to metrics.jsonl and mirrors it to
+    TensorBoard; `close()` draws loss and LR against steps into loss_curve.png."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool) -> None:
+        self.run_dir, self.enabled = run_dir, enabled
+        self.path = run_dir / "metrics.jsonl"
+        self.tb = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        prefix = "eval" if record.get("eval") else "train"
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                self.tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.tb.close()
+        if self.path.exists():
+            plot_loss_curve(self.path, self.run_dir / "loss_curve.png")
+
+
+def plot_loss_curve(metrics: Path, png: Path) -> None:
+    """Loss (train and eval) and learning rate against steps, from a metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    train = [r for r in rows if not r.get("eval")]
+    evals = [r for r in rows if r.get("eval")]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    lr_ax = ax.twinx()
+    lr_ax.plot([r["step"] for r in train], [r["lr"] for r in train], color="gray", ls="--",
+               label="lr")
+    lr_ax.set_ylabel("learning rate")
+    lines = ax.get_legend_handles_labels()
+    lr_lines = lr_ax.get_legend_handles_labels()
+    ax.legend(lines[0] + lr_lines[0], lines[1] + lr_lines[1], loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
