@@ -38,14 +38,14 @@ CONTENDERS = ["DDP", "ZeroRedundancyOptimizer", "FSDP2 (fully_shard)", "tpformer
               "tpformer ZeRO-1", "tpformer ZeRO-2", "tpformer ZeRO-3"]
 
 
-def make_batch(rank: int, vocab: int) -> dict[str, torch.Tensor]:
+def make_batch(rank: int, vocab: int, micro_batch: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(rank)
-    ids = torch.randint(5, vocab, (MICRO_BATCH, SEQ), generator=g)
+    ids = torch.randint(5, vocab, (micro_batch, SEQ), generator=g)
     labels = torch.full_like(ids, -100)
-    masked = torch.rand(MICRO_BATCH, SEQ, generator=g) < MASK_RATE
+    masked = torch.rand(micro_batch, SEQ, generator=g) < MASK_RATE
     labels[masked] = ids[masked]
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mlm_labels": labels,
-            "nsp_labels": torch.randint(0, 2, (MICRO_BATCH,), generator=g)}
+            "nsp_labels": torch.randint(0, 2, (micro_batch,), generator=g)}
 
 
 def _bytes(tensors) -> int:
@@ -65,13 +65,13 @@ def _optimizer_bytes(opt: torch.optim.Optimizer) -> int:
 class Contender:
     """One training setup: step() runs forward+backward+update; accounted() gives bytes."""
 
-    def __init__(self, name: str, model_name: str, ctx: ParallelContext) -> None:
+    def __init__(self, name: str, model_name: str, ctx: ParallelContext, micro_batch: int) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.name, self.ctx = name, ctx
         self.model = build_model(preset(model_name, dropout=0.0, attention_dropout=0.0), ctx,
                                  task="pretraining")
-        self.batch = make_batch(ctx.rank, self.model.config.vocab_size)
+        self.batch = make_batch(ctx.rank, self.model.config.vocab_size, micro_batch)
         self.engine = None
         params = dict(lr=OPTIM.lr, weight_decay=OPTIM.weight_decay, fused=True)
         if name.startswith("tpformer"):
@@ -123,7 +123,7 @@ def _init(rank: int, world: int, store: str) -> ParallelContext:
 
 def _speed_worker(rank: int, world: int, store: str, args, queue) -> None:
     ctx = _init(rank, world, store)
-    contenders = [Contender(name, args.model, ctx) for name in CONTENDERS]
+    contenders = [Contender(name, args.model, ctx, args.micro_batch) for name in CONTENDERS]
     times: dict[str, list[float]] = {c.name: [] for c in contenders}
     for round_ in range(args.warmup + args.rounds):
         for c in contenders:
@@ -140,7 +140,7 @@ def _speed_worker(rank: int, world: int, store: str, args, queue) -> None:
 
 def _memory_worker(rank: int, world: int, store: str, args, name: str, queue) -> None:
     ctx = _init(rank, world, store)
-    contender = Contender(name, args.model, ctx)
+    contender = Contender(name, args.model, ctx, args.micro_batch)
     for _ in range(args.memory_steps):
         contender.step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -168,10 +168,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="peak RSS, one process pair each")
     parser.add_argument("--memory-steps", type=int, default=3)
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="samples per rank")
     args = parser.parse_args()
     args.model = args.model or ("bert_base" if args.memory else "bert_small")
-    world, tokens = 2, 2 * MICRO_BATCH * SEQ
-    print(f"{args.model}, 2 ranks x 1 thread (gloo), micro-batch {MICRO_BATCH} x seq {SEQ} per "
+    world, tokens = 2, 2 * args.micro_batch * SEQ
+    print(f"{args.model}, 2 ranks x 1 thread (gloo), micro-batch {args.micro_batch} x seq {SEQ} per "
           "rank, fp32, AdamW")
     if not args.memory:
         medians = _spawn(_speed_worker, world, args)[0]

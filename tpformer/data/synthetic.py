@@ -1,8 +1,10 @@
 """Synthetic pretraining samples: learnable, deterministic per global sample index, no files.
 
-Sample i is an arithmetic progression of token ids (random start and stride drawn from a
-generator seeded by (seed, i)), so a masked token is predictable from its neighbours and the
-MLM loss falls well below ln(vocab). Used by the trainer tests, benchmarks and the default run.
+The vocabulary's words are split into `num_topics` fixed groups (drawn once from the seed).
+Sample i picks a topic and draws its tokens from that group (generator seeded by (seed, i)), so
+a masked token is one of the few words of the context's topic: the MLM loss can fall from
+ln(vocab) to about ln(vocab / num_topics). For BERT the second segment keeps the topic (NSP
+label 0, "is next") or switches to another one (label 1). Used by tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from tpformer.parallel.random import derive_seed
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 FIRST_WORD = 5
+NUM_TOPICS = 16
 
 
 class SyntheticPretraining:
@@ -26,24 +29,34 @@ class SyntheticPretraining:
                              f"{FIRST_WORD} special tokens")
         self.arch, self.vocab, self.seq, self.mask_prob, self.seed = (
             arch, vocab_size, seq_length, mask_prob, seed)
+        words = torch.randperm(vocab_size - FIRST_WORD,
+                               generator=torch.Generator().manual_seed(seed)) + FIRST_WORD
+        num_topics = max(2, min(NUM_TOPICS, words.numel() // 2))
+        self.topics = words[: words.numel() // num_topics * num_topics].view(num_topics, -1)
+
+    def _tokens(self, g: torch.Generator, topic: int, length: int) -> Tensor:
+        words = self.topics[topic]
+        return words[torch.randint(0, words.numel(), (length,), generator=g)]
 
     def _sample(self, index: int) -> dict[str, Tensor]:
         g = torch.Generator().manual_seed(derive_seed(self.seed, index, 0x5EED))
-        words = self.vocab - FIRST_WORD
-        start = int(torch.randint(0, words, (1,), generator=g))
-        stride = int(torch.randint(1, 8, (1,), generator=g))
-        ids = FIRST_WORD + (start + stride * torch.arange(self.seq)) % words
+        topic = int(torch.randint(0, len(self.topics), (1,), generator=g))
         if self.arch == "gpt":
-            return {"input_ids": ids}
-        ids[0], ids[self.seq // 2], ids[-1] = CLS, SEP, SEP
+            return {"input_ids": self._tokens(g, topic, self.seq)}
+        half = self.seq // 2
+        is_random_next = int(torch.randint(0, 2, (1,), generator=g))
+        other = (topic + int(torch.randint(1, len(self.topics), (1,), generator=g))) % len(self.topics)
+        ids = torch.cat([self._tokens(g, topic, half),
+                         self._tokens(g, other if is_random_next else topic, self.seq - half)])
+        ids[0], ids[half], ids[-1] = CLS, SEP, SEP
         special = torch.zeros(self.seq, dtype=torch.bool)
-        special[[0, self.seq // 2, self.seq - 1]] = True
+        special[[0, half, self.seq - 1]] = True
         chosen = (torch.rand(self.seq, generator=g) < self.mask_prob) & ~special
         labels = torch.where(chosen, ids, torch.full_like(ids, -100))
         inputs = torch.where(chosen, torch.full_like(ids, MASK), ids)
-        token_type = (torch.arange(self.seq) > self.seq // 2).long()
+        token_type = (torch.arange(self.seq) > half).long()
         return {"input_ids": inputs, "token_type_ids": token_type, "mlm_labels": labels,
-                "nsp_labels": torch.tensor(stride % 2)}
+                "nsp_labels": torch.tensor(is_random_next)}
 
     def batch(self, indices: range) -> dict[str, Tensor]:
         samples = [self._sample(i) for i in indices]

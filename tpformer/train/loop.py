@@ -66,17 +66,18 @@ class Trainer:
         count = torch.tensor([float(local)], dtype=torch.float64)
         return float(all_reduce(count, self.ctx.dp).item())
 
-    def _loss(self, batch: dict[str, torch.Tensor], denominator: float) -> torch.Tensor:
-        """This micro-batch's share of the global-batch loss."""
+    def _losses(self, batch: dict[str, torch.Tensor], denominator: float) -> list[torch.Tensor]:
+        """This micro-batch's shares of the global-batch losses: [total] or [total, mlm, nsp]."""
         if self.task == "causal_lm":
             out = self.model(batch["input_ids"], labels=batch["input_ids"])
             tokens = batch["input_ids"].shape[0] * (batch["input_ids"].shape[1] - 1)
-            return out.loss * (tokens / denominator)
+            return [out.loss * (tokens / denominator)]
         out = self.model(**batch)
-        return (out.mlm_loss_sum / denominator
-                + out.nsp_loss * batch["input_ids"].shape[0] / self.global_batch)
+        mlm = out.mlm_loss_sum / denominator
+        nsp = out.nsp_loss * batch["input_ids"].shape[0] / self.global_batch
+        return [mlm + nsp, mlm, nsp]
 
-    def _run_step(self, step: int, *, train: bool) -> float:
+    def _run_step(self, step: int, *, train: bool) -> dict[str, float]:
         t = self.config.trainer
         ranges = micro_batch_ranges(step, micro_batch_size=t.micro_batch_size,
                                     grad_accum=t.grad_accum, dp_size=self.ctx.dp.size,
@@ -85,28 +86,26 @@ class Trainer:
             ranges = [range(EVAL_OFFSET + r.start, EVAL_OFFSET + r.stop) for r in ranges]
         batches = [self._to_device(self.data.batch(r)) for r in ranges]
         denominator = self._denominator(batches)
-        total = torch.zeros(1, dtype=torch.float64)
+        names = ["loss"] if self.task == "causal_lm" else ["loss", "mlm_loss", "nsp_loss"]
+        totals = torch.zeros(len(names), dtype=torch.float64)
         for i, (r, batch) in enumerate(zip(ranges, batches)):
             self.ctx.rng.set_position(step, r.start)
-            if train:
-                loss = self._loss(batch, denominator)
-                # the engine averages gradients over DP; this loss is a share of the global sum
-                self.engine.backward(loss * self.ctx.dp.size, sync=i == len(batches) - 1)
-            else:
-                with torch.no_grad():
-                    loss = self._loss(batch, denominator)
-            total += loss.detach().double().cpu()
-        return float(all_reduce(total, self.ctx.dp).item())
+            with torch.set_grad_enabled(train):
+                losses = self._losses(batch, denominator)
+            if train:  # the engine averages gradients over DP; this is a share of the global sum
+                self.engine.backward(losses[0] * self.ctx.dp.size, sync=i == len(batches) - 1)
+            totals += torch.stack([x.detach().double().cpu() for x in losses])
+        return dict(zip(names, all_reduce(totals, self.ctx.dp).tolist()))
 
     def evaluate(self, step: int) -> float:
         self.model.eval()
         with self.engine.gathered():
-            losses = [self._run_step(i, train=False) for i in range(self.config.trainer.eval_steps)]
+            parts = [self._run_step(i, train=False) for i in range(self.config.trainer.eval_steps)]
         self.model.train()
-        loss = sum(losses) / len(losses)
-        self.metrics.log({"step": step, "eval": True, "loss": loss})
-        log.info("eval at step %d: loss %.4f", step, loss)
-        return loss
+        record = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0]}
+        self.metrics.log({"step": step, "eval": True, **record})
+        log.info("eval at step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in record.items()))
+        return record["loss"]
 
     def train(self) -> list[dict]:
         """Run to trainer.max_steps (or the time limit); returns the logged records."""
@@ -118,7 +117,7 @@ class Trainer:
         flops = flops_per_step(c.model, samples=self.global_batch, seq=seq, head_tokens=head_tokens)
         peak = peak_tflops(t.peak_tflops, c.parallel.precision)
         records: list[dict] = []
-        window: list[float] = []
+        window: list[dict[str, float]] = []
         start = last = time.perf_counter()
         bar = tqdm(total=t.max_steps, disable=not (self.ctx.is_main and t.progress),
                    desc="train", dynamic_ncols=True)
@@ -126,16 +125,17 @@ class Trainer:
         for step in range(t.max_steps):
             lr = lr_at(step, peak=self.peak_lr, optim=c.optim, max_steps=t.max_steps)
             self.engine.set_lr(lr)
-            loss = self._run_step(step, train=True)
+            losses = self._run_step(step, train=True)
             result = self.engine.step()
-            window.append(loss)
+            window.append(losses)
             done = step + 1 == t.max_steps
             timed_out = t.max_time_minutes > 0 and time.perf_counter() - start > 60 * t.max_time_minutes
             if (step + 1) % t.log_every == 0 or done or timed_out or step == 0:
                 now = time.perf_counter()
                 step_time = (now - last) / len(window)
                 tflops = flops / step_time / 1e12 / self.ctx.layout.world_size
-                record = {"step": step + 1, "loss": sum(window) / len(window), "lr": lr,
+                record = {"step": step + 1,
+                          **{k: sum(w[k] for w in window) / len(window) for k in window[0]}, "lr": lr,
                           "grad_norm": result["grad_norm"], "skipped": result["skipped"],
                           "tokens_per_s": tokens_per_step / step_time,
                           "tflops_per_device": tflops}

@@ -1,0 +1,88 @@
+"""Hydra composition of conf/ with the typed schema, the public key set and validation."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from tpformer.config.presets import PRESETS
+from tpformer.config.schema import Config
+from tpformer.config.store import register_configs, to_config
+from tpformer.config.validate import validate
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+PUBLIC_KEYS = {
+    "model": ["activation", "arch", "attention_dropout", "dropout", "hidden_size", "init_std",
+              "intermediate_size", "layer_norm_eps", "max_position_embeddings", "num_heads",
+              "num_layers", "pad_vocab_to", "type_vocab_size", "vocab_size"],
+    "parallel": ["activation_checkpointing", "checkpoint_every", "checkpoint_num_layers",
+                 "checkpoint_offload", "cpu_offload", "data", "precision", "seed", "tensor",
+                 "zero_stage"],
+    "optim": ["base_batch_size", "beta1", "beta2", "clip_grad", "decay", "eps",
+              "initial_loss_scale", "loss_scale_window", "lr", "lr_scaling",
+              "max_nonfinite_steps", "min_lr", "name", "warmup_steps", "weight_decay"],
+    "data": ["mask_prob", "name", "seq_length"],
+    "trainer": ["eval_every", "eval_steps", "grad_accum", "log_every", "max_steps",
+                "max_time_minutes", "micro_batch_size", "peak_tflops", "progress"],
+    "launcher": ["max_restarts", "nproc_per_node"],
+}
+
+
+def compose_config(*overrides: str) -> Config:
+    register_configs()
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return to_config(compose("config", overrides=list(overrides)))
+
+
+def test_public_key_set_is_deliberate() -> None:
+    """Adding a key is a change to this list and to README's table."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = compose("config")
+    assert {group: sorted(cfg[group]) for group in PUBLIC_KEYS} == PUBLIC_KEYS
+    readme = (Path(CONF).parent / "README.md").read_text()
+    for group, keys in PUBLIC_KEYS.items():
+        for key in keys:
+            assert f"`{group}.{key}`" in readme, f"README does not document {group}.{key}"
+
+
+def test_overrides_reach_the_typed_config() -> None:
+    config = compose_config("model=bert_base", "parallel.tensor=4", "parallel.zero_stage=2",
+                            "trainer.micro_batch_size=2", "optim.lr=3e-4")
+    assert config.model == PRESETS["bert_base"]
+    assert (config.parallel.tensor, config.parallel.zero_stage) == (4, 2)
+    assert config.trainer.micro_batch_size == 2 and config.optim.lr == 3e-4
+    assert isinstance(config, Config)
+
+
+@pytest.mark.parametrize(("override", "error"), [
+    ("parallel.tensr=2", ConfigCompositionException),
+    ("parallel.tensor=two", ConfigCompositionException),
+    ("model=bert_huge", ConfigCompositionException),
+])
+def test_typos_and_wrong_types_fail_in_hydra(override: str, error: type) -> None:
+    with pytest.raises(error) as info:
+        compose_config(override)
+    cause = info.value.__cause__ or info.value
+    assert isinstance(cause, (ConfigKeyError, ValidationError, ConfigCompositionException, Exception))
+    if override.startswith("model="):
+        assert "bert_huge" in str(info.value) and "bert_base" in str(info.value)
+
+
+@pytest.mark.parametrize(("overrides", "world", "message"), [
+    (["model=bert_base", "parallel.tensor=5"], 5, r"parallel.tensor=5 must divide model.num_heads=12"),
+    (["parallel.tensor=3"], 4, r"parallel.tensor=3 does not divide world_size=4"),
+    (["parallel.data=3"], 4, r"parallel.data=3 x parallel.tensor=1 = 3 must equal world_size=4"),
+    (["trainer.micro_batch_size=0"], 1, r"trainer.micro_batch_size=0 must be >= 1"),
+    (["trainer.grad_accum=0"], 1, r"trainer.grad_accum=0 must be >= 1"),
+    (["parallel.precision=fp16"], 1, r"parallel.precision=fp16 needs a GPU"),
+    (["parallel.zero_stage=5"], 1, r"parallel.zero_stage=5 must be 0, 1, 2 or 3"),
+    (["parallel.activation_checkpointing=most"], 1, r"activation_checkpointing='most' is not one of"),
+    (["data.seq_length=1024"], 1, r"data.seq_length=1024 exceeds model.max_position_embeddings=512"),
+])
+def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate(compose_config(*overrides), world, device_type="cpu")

@@ -1,0 +1,126 @@
+"""The training loop: layout-independent loss curves, the entry point through the launcher,
+the memory model against measured accounting."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.dist import run_distributed
+from tests.tolerances import FP32_MODEL_REL
+from tpformer.config.presets import preset
+from tpformer.config.schema import (Config, DataConfig, OptimConfig, ParallelConfig,
+                                    TrainerConfig)
+from tpformer.engine.memory import memory_report
+from tpformer.parallel.context import ParallelContext
+from tpformer.train.loop import Trainer
+from tpformer.train.plan import estimate_memory
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model=bert_tiny", "model.vocab_size=128", "model.num_heads=4", "data.seq_length=32",
+        "trainer.micro_batch_size=4", "trainer.progress=false"]
+
+
+def tiny_config(steps: int = 4, micro: int = 4, accum: int = 1, **parallel) -> Config:
+    return Config(model=preset("bert_tiny", vocab_size=128, num_heads=4, dropout=0.1,
+                               attention_dropout=0.1),
+                  parallel=ParallelConfig(**parallel),
+                  optim=OptimConfig(lr=1e-3, warmup_steps=1),
+                  data=DataConfig(seq_length=32),
+                  trainer=TrainerConfig(max_steps=steps, micro_batch_size=micro, grad_accum=accum,
+                                        log_every=1, eval_steps=1, progress=False))
+
+
+def _losses(ctx: ParallelContext, config: Config, run_dir: str) -> list[float]:
+    return [r["loss"] for r in Trainer(config, ctx, Path(run_dir)).train()]
+
+
+@pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2)])
+def test_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int, accum: int) -> None:
+    """Global batch 8 each time: 8 x 1 x 1, or 4 x 1 x 2 (dp), or 4 x 2 x 1 (accumulation)."""
+    reference = _losses(ParallelContext.single(device="cpu"), tiny_config(micro=8), str(tmp_path))
+    config = tiny_config(micro=8 // (dp * accum), accum=accum, tensor=tp)
+    for losses in run_distributed(_losses, tp * dp, config, str(tmp_path / "run"), tensor=tp):
+        assert len(losses) == len(reference)
+        for got, want in zip(losses, reference):
+            assert abs(got - want) <= FP32_MODEL_REL * abs(want), (losses, reference)
+
+
+def test_mlm_loss_falls_on_learnable_data(tmp_path: Path) -> None:
+    config = replace(tiny_config(steps=300, micro=8), optim=OptimConfig(lr=1e-3, warmup_steps=10))
+    config.trainer.log_every = 20
+    records = Trainer(config, ParallelContext.single(device="cpu"), tmp_path).train()
+    mlm = [r["mlm_loss"] for r in records]
+    assert mlm[-1] < 0.7 * mlm[0], mlm  # from ln(128) = 4.85 toward ln(128 / 16 topics) = 2.08
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {"step", "loss", "lr", "tokens_per_s"} <= set(lines[0])
+    assert lines[-1]["eval"] is True
+    assert (tmp_path / "loss_curve.png").stat().st_size > 1000
+    assert any((tmp_path / "tensorboard").iterdir())
+
+
+def _memory(ctx: ParallelContext, stage: int) -> tuple:
+    config = tiny_config(steps=1, zero_stage=stage)
+    trainer = Trainer(config, ctx, Path("/tmp"))
+    trainer.metrics.enabled = False
+    trainer.train()
+    estimate = estimate_memory(config, ctx.layout, trainer.params_per_rank).model_state
+    return memory_report(trainer.engine), estimate
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_memory_model_matches_measured_accounting(stage: int) -> None:
+    for measured, estimate in run_distributed(_memory, 2, stage, tensor=1):
+        for field in ("params", "grads", "optimizer"):
+            got, want = getattr(measured, field), getattr(estimate, field)
+            assert abs(got - want) <= 0.10 * want, f"stage {stage} {field}: {got} vs {want}"
+
+
+def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "tpformer.pretrain", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
+    result = _cli([*TINY, "trainer.max_steps=3", "trainer.log_every=1", "parallel.tensor=2",
+                   "launcher.nproc_per_node=2"],
+                  tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(runs) == 1, runs  # both ranks wrote into one directory
+    run = runs[0]
+    assert "layout: world 2 = dp 1 x tp 2" in result.stderr
+    assert (run / ".hydra" / "config.yaml").read_text().count("tensor: 2") == 1
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # steps 1, 2, 3 + eval
+    assert (run / "train.log").exists() and (run / "loss_curve.png").exists()
+
+
+def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
+    result = _cli(["-m", *TINY, "trainer.max_steps=2", "parallel.tensor=1,2",
+                   "launcher.nproc_per_node=2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted((tmp_path / "multirun").glob("*/*/*/metrics.jsonl"))
+    assert len(jobs) == 2
+    configs = [(j.parent / ".hydra" / "config.yaml").read_text() for j in jobs]
+    assert "tensor: 1" in configs[0] and "tensor: 2" in configs[1]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
+    ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
+])
+def test_bad_values_exit_2_with_one_line(tmp_path: Path, override: str, message: str) -> None:
+    result = _cli([*TINY, override, "launcher.nproc_per_node=2"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+
+
+def test_typo_fails_in_hydra_before_any_process(tmp_path: Path) -> None:
+    result = _cli(["parallel.tensr=2"], tmp_path)
+    assert result.returncode != 0
+    assert "Could not override 'parallel.tensr'" in result.stderr
