@@ -169,6 +169,8 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="peak RSS, one process pair each")
     parser.add_argument("--memory-steps", type=int, default=3)
     parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="samples per rank")
+    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS,
+                        metavar="NAME", help="memory mode: which to run (DDP always first)")
     args = parser.parse_args()
     args.model = args.model or ("bert_base" if args.memory else "bert_small")
     world, tokens = 2, 2 * args.micro_batch * SEQ
@@ -185,7 +187,7 @@ def main() -> None:
         return
     print(f"{'contender':26s} {'peak RSS MB/rank':>17s} {'vs DDP':>7s} {'accounted MB/rank':>18s}")
     rows = {}
-    for name in CONTENDERS:
+    for name in ["DDP", *[c for c in args.contenders if c != "DDP"]]:
         results = _spawn(_memory_worker, world, args, name)
         rows[name] = (max(r[1] for r in results), max(r[2] for r in results))
         peak, acc = rows[name]

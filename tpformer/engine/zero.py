@@ -59,6 +59,11 @@ class BucketState:
     pending: tuple | None = None
 
 
+def _completed(work: object) -> bool:
+    inner = getattr(work, "work", work)  # the gloo reduce-scatter wraps an all-reduce
+    return bool(inner.is_completed())
+
+
 def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
@@ -251,11 +256,23 @@ class ZeroEngine:
         if self.sync and not state.launched and state.grad is not None:
             state.launched = True
             if self.stage >= 2:
+                self._release_reduced()
                 state.work = reduce_scatter_async(state.grad_shard, state.grad, self.ctx.dp)
             else:
                 state.work = all_reduce_async(state.grad, self.ctx.dp)
         if self.stage == 3 and bucket.module is not None:
             self._free(bucket, state)
+
+    def _release_reduced(self) -> None:
+        """Stages 2-3: return the full gradient buffers whose reduce-scatter has finished, so
+        the next bucket reuses them and the whole model's gradients never coexist."""
+        for state in self.states:
+            work = state.work
+            if state.grad is not None and work is not None and _completed(work):
+                wait(work)
+                state.work = None
+                self.pool.give(state.grad)
+                state.grad = None
 
     def _end_of_backward(self) -> None:
         """Launch what no hook launched (parameters without a gradient this time), in order."""
