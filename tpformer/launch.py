@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 log = logging.getLogger(__name__)
 
@@ -14,10 +13,12 @@ def under_launcher() -> bool:
     return "LOCAL_RANK" in os.environ
 
 
-def available_devices() -> int:
+def available_devices() -> tuple[int, str]:
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1)
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "GPUs"
+    return os.cpu_count() or 1, "CPUs"
 
 
 def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_restarts: int) -> int:
@@ -26,9 +27,8 @@ def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    devices = available_devices()
+    devices, kind = available_devices()
     if nproc_per_node > devices:
-        kind = "GPUs" if devices and "cuda" in str(os.environ.get("CUDA_VISIBLE_DEVICES", "cuda")) else "CPUs"
         log.warning("launcher.nproc_per_node=%d exceeds the %d %s available; ranks will share them",
                     nproc_per_node, devices, kind)
     args = ["--standalone", f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}",
@@ -41,6 +41,3 @@ def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(launch_local(sys.argv[1], sys.argv[3:], nproc_per_node=int(sys.argv[2]), max_restarts=0))
