@@ -20,6 +20,8 @@ from tpformer.train.loop import Trainer
 
 log = logging.getLogger("tpformer")
 register_configs()
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+"""Absolute, so the console script and `python -m` find the same conf/ (editable install)."""
 
 
 def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
@@ -32,7 +34,7 @@ def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
                  run_dir / "metrics.jsonl")
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.pretrain", pretrain)
 

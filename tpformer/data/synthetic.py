@@ -1,9 +1,9 @@
 """Synthetic pretraining samples: learnable, deterministic per global sample index, no files.
 
-The vocabulary's words are split into `num_topics` fixed groups (drawn once from the seed).
-Sample i picks a topic and draws its tokens from that group (generator seeded by (seed, i)), so
-a masked token is one of the few words of the context's topic: the MLM loss can fall from
-ln(vocab) to about ln(vocab / num_topics). For BERT the second segment keeps the topic (NSP
+Words get a fixed random frequency rank (drawn once from the seed) and are dealt into
+NUM_TOPICS groups by rank. Sample i picks a topic and draws its tokens from that group with
+Zipf(1.1) frequencies (generator seeded by (seed, i)), so the MLM loss falls quickly from
+ln(vocab) as the frequencies are learned, then further as the topic of the context is. For BERT the second segment keeps the topic (NSP
 label 0, "is next") or switches to another one (label 1). Used by tests and benchmarks.
 """
 
@@ -32,11 +32,13 @@ class SyntheticPretraining:
         words = torch.randperm(vocab_size - FIRST_WORD,
                                generator=torch.Generator().manual_seed(seed)) + FIRST_WORD
         num_topics = max(2, min(NUM_TOPICS, words.numel() // 2))
-        self.topics = words[: words.numel() // num_topics * num_topics].view(num_topics, -1)
+        usable = words[: words.numel() // num_topics * num_topics]
+        self.topics = usable.view(-1, num_topics).t().contiguous()  # topic k: ranks k, k + K, ...
+        self.zipf = 1.0 / torch.arange(1, self.topics.shape[1] + 1, dtype=torch.float64) ** 1.1
 
     def _tokens(self, g: torch.Generator, topic: int, length: int) -> Tensor:
-        words = self.topics[topic]
-        return words[torch.randint(0, words.numel(), (length,), generator=g)]
+        picks = torch.multinomial(self.zipf, length, replacement=True, generator=g)
+        return self.topics[topic][picks]
 
     def _sample(self, index: int) -> dict[str, Tensor]:
         g = torch.Generator().manual_seed(derive_seed(self.seed, index, 0x5EED))
