@@ -25,8 +25,9 @@ PUBLIC_KEYS = {
               "initial_loss_scale", "loss_scale_window", "lr", "lr_scaling",
               "max_nonfinite_steps", "min_lr", "name", "warmup_steps", "weight_decay"],
     "data": ["mask_prob", "name", "seq_length"],
-    "trainer": ["eval_every", "eval_steps", "grad_accum", "log_every", "max_steps",
-                "max_time_minutes", "micro_batch_size", "peak_tflops", "progress"],
+    "trainer": ["eval_every", "eval_steps", "exit_at_step", "grad_accum", "keep_last",
+                "log_every", "max_steps", "max_time_minutes", "micro_batch_size", "peak_tflops",
+                "progress", "resume", "save_every"],
     "launcher": ["max_restarts", "nproc_per_node"],
 }
 

@@ -123,6 +123,14 @@ class TrainerConfig:
     """Peak TFLOP/s of one device for the MFU estimate (0: auto on known GPUs, else not shown)."""
     progress: bool = True
     """Rank 0 shows a progress bar."""
+    save_every: int = 0
+    """Save a checkpoint every N steps into <run dir>/checkpoints (0: only at exit_at_step)."""
+    keep_last: int = 3
+    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    resume: str = "none"
+    """none, auto (the latest complete checkpoint of this run dir) or a checkpoint directory."""
+    exit_at_step: int = 0
+    """Save and stop after this step, leaving the LR schedule (max_steps) unchanged (0: off)."""
 
 
 @dataclass

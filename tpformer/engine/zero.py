@@ -311,8 +311,7 @@ class ZeroEngine:
     @torch.no_grad()
     def step(self) -> dict[str, float]:
         """Reduce, unscale, clip, update and redistribute. Returns grad_norm and skipped."""
-        for state in self.states:  # a step without a forward in between
-            self._wait_params(state)
+        self.settle()  # a step without a forward in between
         grads = self._reduced_grads()
         shard_grads = grads if self.stage >= 1 else [b.shard_of(g) for b, g in zip(self.buckets, grads)]
         norm = global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp)
@@ -373,11 +372,15 @@ class ZeroEngine:
         """The learning rate of the next step (the schedule lives in the training loop)."""
         self.lr = lr
 
+    def settle(self) -> None:
+        """Finish the post-step all-gathers (stages 1-2) so the parameters can be read."""
+        for state in self.states:
+            self._wait_params(state)
+
     @contextmanager
     def gathered(self) -> Iterator[None]:
         """Every parameter whole and current inside the block (export, checkpoints, tests)."""
-        for state in self.states:
-            self._wait_params(state)
+        self.settle()
         if self.stage == 3:
             for bucket, state in zip(self.buckets, self.states):
                 self._gather(bucket, state)

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from tpformer.checkpoint import store
+from tpformer.checkpoint.engine_state import engine_state_dict, load_engine_state_dict
 from tpformer.config.schema import Config
 from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.synthetic import SyntheticPretraining
@@ -53,6 +55,53 @@ class Trainer:
     def plan(self) -> str:
         return format_plan(self.config, self.ctx.layout, self.params_per_rank, self.total_params,
                            self.checkpointed)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def _layout_meta(self) -> dict[str, object]:
+        p = self.config.parallel
+        return {"world_size": self.ctx.layout.world_size, "tensor": self.ctx.layout.tp,
+                "data": self.ctx.layout.dp, "zero_stage": p.zero_stage, "precision": p.precision,
+                "arch": self.config.model.arch, "num_layers": self.config.model.num_layers,
+                "hidden_size": self.config.model.hidden_size}
+
+    def _state(self) -> dict[str, object]:
+        """This rank's keys only: DCP writes each rank's shard file in parallel."""
+        self.engine.settle()
+        return {f"rank{self.ctx.rank}": {"engine": engine_state_dict(self.engine),
+                                         "rng": store.rng_state()}}
+
+    def save(self, step: int) -> Path:
+        return store.save(self.checkpoint_root, step, self._state(), self.ctx,
+                          meta=self._layout_meta(), keep_last=self.config.trainer.keep_last)
+
+    def resume(self) -> int:
+        """Load trainer.resume; returns the step to continue from (0: fresh start)."""
+        choice = self.config.trainer.resume
+        if choice == "none":
+            return 0
+        directory = store.find_latest(self.checkpoint_root) if choice == "auto" else Path(choice)
+        if directory is None:
+            log.info("trainer.resume=auto: no complete checkpoint in %s, starting at step 0",
+                     self.checkpoint_root)
+            return 0
+        meta = store.read_meta(directory)
+        expected = self._layout_meta()
+        mismatched = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
+        if mismatched:
+            details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
+            raise ValueError(f"{directory} was saved with another model or layout ({details}); "
+                             "resume at the same layout (resharding is not supported yet)")
+        state = store.load(directory, self._state())
+        mine = state[f"rank{self.ctx.rank}"]
+        load_engine_state_dict(self.engine, mine["engine"])  # type: ignore[index]
+        torch.set_rng_state(mine["rng"]["cpu"])  # type: ignore[index]
+        log.info("resumed from %s at step %d", directory, meta["step"])
+        return int(meta["step"])  # type: ignore[arg-type]
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
@@ -122,7 +171,10 @@ class Trainer:
         bar = tqdm(total=t.max_steps, disable=not (self.ctx.is_main and t.progress),
                    desc="train", dynamic_ncols=True)
         self.model.train()
-        for step in range(t.max_steps):
+        first = self.resume()
+        bar.update(first)
+        step = first - 1
+        for step in range(first, t.max_steps):
             lr = lr_at(step, peak=self.peak_lr, optim=c.optim, max_steps=t.max_steps)
             self.engine.set_lr(lr)
             losses = self._run_step(step, train=True)
@@ -148,6 +200,14 @@ class Trainer:
                                 **({"mfu": f"{record['mfu']:.1%}"} if peak > 0 else {}))
                 window, last = [], now
             bar.update(1)
+            if t.exit_at_step and step + 1 == t.exit_at_step:
+                self.save(step + 1)
+                log.info("trainer.exit_at_step=%d: saved and stopping", step + 1)
+                bar.close()
+                self.metrics.close()
+                return records
+            if t.save_every and (step + 1) % t.save_every == 0:
+                self.save(step + 1)
             if t.eval_every and (step + 1) % t.eval_every == 0 and not done:
                 self.evaluate(step + 1)
             if timed_out:

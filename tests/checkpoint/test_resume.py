@@ -1,0 +1,84 @@
+"""DCP checkpoints: exact resume, atomic completion, bad checkpoints named."""
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.dist import run_distributed
+from tests.train.test_trainer import tiny_config
+from tpformer.checkpoint import store
+from tpformer.config.schema import Config
+from tpformer.parallel.context import ParallelContext
+from tpformer.train.loop import Trainer
+
+STEPS, EXIT = 6, 3
+
+
+def _trainer(config: Config, run_dir: str, **trainer) -> Config:
+    return replace(config, trainer=replace(config.trainer, **trainer))
+
+
+def _run(ctx: ParallelContext, config: Config, run_dir: str, **trainer) -> dict[int, float]:
+    records = Trainer(_trainer(config, run_dir, **trainer), ctx, Path(run_dir)).train()
+    return {r["step"]: r["loss"] for r in records}
+
+
+def _interrupted(ctx: ParallelContext, config: Config, straight_dir: str, run_dir: str) -> tuple:
+    straight = _run(ctx, config, straight_dir)
+    first = _run(ctx, config, run_dir, exit_at_step=EXIT)
+    resumed = _run(ctx, config, run_dir, resume="auto")
+    return straight, first, resumed
+
+
+@pytest.mark.parametrize(("world", "parallel"), [
+    (1, {}), (2, {"tensor": 2}), (2, {"zero_stage": 3}), (2, {"zero_stage": 1}),
+])
+def test_stop_and_resume_is_bitwise_equal(tmp_path: Path, world: int, parallel: dict) -> None:
+    config = tiny_config(steps=STEPS, **parallel)
+    if world == 1:
+        results = [_interrupted(ParallelContext.single(device="cpu"), config,
+                                str(tmp_path / "a"), str(tmp_path / "b"))]
+    else:
+        results = run_distributed(_interrupted, world, config, str(tmp_path / "a"),
+                                  str(tmp_path / "b"), tensor=parallel.get("tensor", 1))
+    for straight, first, resumed in results:
+        assert max(first) == EXIT and min(resumed) == EXIT + 1
+        for step in range(EXIT + 1, STEPS + 1):
+            assert resumed[step] == straight[step], (step, resumed, straight)
+        for step in range(1, EXIT + 1):
+            assert first[step] == straight[step]
+    latest = store.find_latest(tmp_path / "b" / "checkpoints")
+    assert latest is not None and latest.name == store.step_dir_name(EXIT)
+    assert json.loads((latest / "meta.json").read_text())["world_size"] == world
+
+
+def test_incomplete_checkpoints_are_never_latest(tmp_path: Path) -> None:
+    ctx = ParallelContext.single(device="cpu")
+    config = tiny_config(steps=4)
+    _run(ctx, config, str(tmp_path), save_every=2, keep_last=1)
+    root = tmp_path / "checkpoints"
+    assert [p.name for p in root.glob("step*")] == ["step00000004"]  # keep_last=1
+    # a save killed before completion: the directory exists, meta.json does not
+    shutil.copytree(root / "step00000004", root / "step00000006")
+    (root / "step00000006" / "meta.json").unlink()
+    (root / "latest").write_text("step00000006")
+    assert store.find_latest(root) == root / "step00000004"
+    assert (tmp_path / "checkpoints" / ".tmp-step00000004").exists() is False
+
+
+def test_bad_checkpoints_are_named(tmp_path: Path) -> None:
+    ctx = ParallelContext.single(device="cpu")
+    with pytest.raises(FileNotFoundError, match="is not a complete tpformer checkpoint"):
+        _run(ctx, tiny_config(), str(tmp_path), resume=str(tmp_path))
+    _run(ctx, tiny_config(steps=2), str(tmp_path), save_every=2)
+    saved = tmp_path / "checkpoints" / "step00000002"
+    wider = replace(tiny_config(), model=replace(tiny_config().model, hidden_size=64))
+    with pytest.raises(ValueError, match="hidden_size: checkpoint 128 vs run 64"):
+        _run(ParallelContext.single(device="cpu"), wider, str(tmp_path / "x"), resume=str(saved))
+    meta = json.loads((saved / "meta.json").read_text())
+    (saved / "meta.json").write_text(json.dumps({**meta, "format_version": 99}))
+    with pytest.raises(ValueError, match="checkpoint format 99, newer than"):
+        _run(ctx, tiny_config(), str(tmp_path / "y"), resume=str(saved))

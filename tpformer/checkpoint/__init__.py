@@ -1,0 +1,1 @@
+"""Checkpoints through torch.distributed.checkpoint: every rank writes its own shards."""

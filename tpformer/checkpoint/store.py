@@ -1,0 +1,102 @@
+"""Checkpoint directories: written under a temporary name and renamed when complete, a
+`latest` marker updated last, the newest `keep_last` kept.
+
+    <run_dir>/checkpoints/step00000300/   .metadata + one shard file per rank (DCP), meta.json
+    <run_dir>/checkpoints/latest          "step00000300"
+
+A directory is complete only once it has meta.json, written by rank 0 after every rank's DCP
+write returned and before the rename, so a save cut off mid-way is never picked up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from tpformer.parallel.context import ParallelContext
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+META = "meta.json"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step{step:08d}"
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, *,
+         meta: dict[str, object], keep_last: int) -> Path:
+    """Every rank writes its own part of `state` (keys must be unique per rank)."""
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))
+    except OSError as err:
+        raise OSError(f"saving the checkpoint of step {step} to {tmp} failed ({err}); the "
+                      f"previous checkpoints in {root} are intact") from err
+    _barrier()
+    if ctx.is_main:
+        (tmp / META).write_text(json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        marker = root / ".latest.tmp"
+        marker.write_text(final.name)
+        os.replace(marker, root / "latest")
+        complete = sorted(p for p in root.glob("step*") if (p / META).exists())
+        for old in complete[:-keep_last] if keep_last > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("saved checkpoint %s", final)
+    _barrier()
+    return final
+
+
+def find_latest(root: Path) -> Path | None:
+    """The newest complete checkpoint under root (the marker if it is valid, else a scan)."""
+    marker = root / "latest"
+    if marker.exists():
+        candidate = root / marker.read_text().strip()
+        if (candidate / META).exists():
+            return candidate
+    complete = sorted(p for p in root.glob("step*") if (p / META).exists())
+    return complete[-1] if complete else None
+
+
+def read_meta(directory: Path) -> dict[str, object]:
+    path = directory / META
+    if not directory.is_dir() or not path.exists():
+        raise FileNotFoundError(f"{directory} is not a complete tpformer checkpoint (no {META}); "
+                                "pass a checkpoints/stepNNNNNNNN directory or trainer.resume=auto")
+    meta = json.loads(path.read_text())
+    if meta.get("format_version", 0) > FORMAT_VERSION:
+        raise ValueError(f"{directory} has checkpoint format {meta['format_version']}, newer than "
+                         f"this tpformer's {FORMAT_VERSION}; upgrade tpformer to load it")
+    return meta
+
+
+def load(directory: Path, template: dict[str, object]) -> dict[str, object]:
+    """Fill `template` (this rank's keys, shaped as saved) in place from `directory`."""
+    dcp.load(template, checkpoint_id=str(directory))
+    return template
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
