@@ -24,6 +24,7 @@ def available_devices() -> tuple[int, str]:
 def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_restarts: int) -> int:
     """Start `python -m module overrides...` on nproc_per_node local ranks (standalone rendezvous,
     gloo on CPU, NCCL on GPUs). Returns the exit code: 0, or 1 if any rank failed."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -39,5 +40,8 @@ def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_
     except ChildFailedError as err:
         log.error("a rank failed: %s", err.get_first_failure()[1].message)
         return 1
+    except SignalException as err:  # preemption: the ranks got it too and checkpoint themselves
+        log.warning("launcher received %s; the ranks save a checkpoint and stop", err.sigval.name)
+        return 0
     return 0
 

@@ -82,3 +82,34 @@ def test_bad_checkpoints_are_named(tmp_path: Path) -> None:
     (saved / "meta.json").write_text(json.dumps({**meta, "format_version": 99}))
     with pytest.raises(ValueError, match="checkpoint format 99, newer than"):
         _run(ctx, tiny_config(), str(tmp_path / "y"), resume=str(saved))
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resume_finishes(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.train.test_trainer import REPO, TINY
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "tpformer.pretrain", *TINY, "trainer.max_steps=100000",
+            "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole job, as a scheduler's preemption does
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-3000:]
+    assert "SIGTERM: saved step" in output
+    latest = store.find_latest(tmp_path / "checkpoints")
+    assert latest is not None
+    saved_step = json.loads((latest / "meta.json").read_text())["step"]
+    done = subprocess.run([*args[:-3], f"trainer.max_steps={saved_step + 2}", "trainer.resume=auto",
+                           "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"at step {saved_step}" in done.stderr

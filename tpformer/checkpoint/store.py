@@ -46,7 +46,7 @@ def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, 
         tmp.mkdir(parents=True)
     _barrier()
     try:
-        dcp.save(state, checkpoint_id=str(tmp))
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     except OSError as err:
         raise OSError(f"saving the checkpoint of step {step} to {tmp} failed ({err}); the "
                       f"previous checkpoints in {root} are intact") from err
@@ -91,7 +91,7 @@ def read_meta(directory: Path) -> dict[str, object]:
 
 def load(directory: Path, template: dict[str, object]) -> dict[str, object]:
     """Fill `template` (this rank's keys, shaped as saved) in place from `directory`."""
-    dcp.load(template, checkpoint_id=str(directory))
+    dcp.load(template, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
     return template
 
 

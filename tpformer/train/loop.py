@@ -8,6 +8,8 @@ optimizes the same objective); then the engine reduces, clips and updates.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -103,6 +105,21 @@ class Trainer:
         log.info("resumed from %s at step %d", directory, meta["step"])
         return int(meta["step"])  # type: ignore[arg-type]
 
+    def _install_sigterm(self) -> None:
+        """SIGTERM (preemption) asks for a checkpoint and a clean exit after the current step."""
+        self._sigterm = False
+        if threading.current_thread() is threading.main_thread():
+            def request_stop(signum: int, frame: object) -> None:
+                self._sigterm = True
+            signal.signal(signal.SIGTERM, request_stop)
+
+    def _stop_requested(self) -> bool:
+        """True on every rank as soon as any rank got SIGTERM (one tiny all-reduce per step)."""
+        flag = torch.tensor([1.0 if self._sigterm else 0.0])
+        all_reduce(flag, self.ctx.tp, torch.distributed.ReduceOp.MAX)
+        all_reduce(flag, self.ctx.dp, torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
 
@@ -171,6 +188,7 @@ class Trainer:
         bar = tqdm(total=t.max_steps, disable=not (self.ctx.is_main and t.progress),
                    desc="train", dynamic_ncols=True)
         self.model.train()
+        self._install_sigterm()
         first = self.resume()
         bar.update(first)
         step = first - 1
@@ -200,9 +218,11 @@ class Trainer:
                                 **({"mfu": f"{record['mfu']:.1%}"} if peak > 0 else {}))
                 window, last = [], now
             bar.update(1)
-            if t.exit_at_step and step + 1 == t.exit_at_step:
+            preempted = self._stop_requested()
+            if preempted or (t.exit_at_step and step + 1 == t.exit_at_step):
                 self.save(step + 1)
-                log.info("trainer.exit_at_step=%d: saved and stopping", step + 1)
+                log.info("%s: saved step %d and stopping",
+                         "SIGTERM" if preempted else "trainer.exit_at_step", step + 1)
                 bar.close()
                 self.metrics.close()
                 return records
