@@ -115,7 +115,7 @@ class Trainer:
 
     def _stop_requested(self) -> bool:
         """True on every rank as soon as any rank got SIGTERM (one tiny all-reduce per step)."""
-        flag = torch.tensor([1.0 if self._sigterm else 0.0])
+        flag = torch.tensor([1.0 if self._sigterm else 0.0], device=self.ctx.device)
         all_reduce(flag, self.ctx.tp, torch.distributed.ReduceOp.MAX)
         all_reduce(flag, self.ctx.dp, torch.distributed.ReduceOp.MAX)
         return bool(flag.item())
@@ -129,7 +129,7 @@ class Trainer:
             local = sum(b["input_ids"].shape[0] * (b["input_ids"].shape[1] - 1) for b in batches)
         else:
             local = sum(int((b["mlm_labels"] != -100).sum()) for b in batches)
-        count = torch.tensor([float(local)], dtype=torch.float64)
+        count = torch.tensor([float(local)], dtype=torch.float64, device=self.ctx.device)
         return float(all_reduce(count, self.ctx.dp).item())
 
     def _losses(self, batch: dict[str, torch.Tensor], denominator: float) -> list[torch.Tensor]:
@@ -153,14 +153,14 @@ class Trainer:
         batches = [self._to_device(self.data.batch(r)) for r in ranges]
         denominator = self._denominator(batches)
         names = ["loss"] if self.task == "causal_lm" else ["loss", "mlm_loss", "nsp_loss"]
-        totals = torch.zeros(len(names), dtype=torch.float64)
+        totals = torch.zeros(len(names), dtype=torch.float64, device=self.ctx.device)
         for i, (r, batch) in enumerate(zip(ranges, batches)):
             self.ctx.rng.set_position(step, r.start)
             with torch.set_grad_enabled(train):
                 losses = self._losses(batch, denominator)
             if train:  # the engine averages gradients over DP; this is a share of the global sum
                 self.engine.backward(losses[0] * self.ctx.dp.size, sync=i == len(batches) - 1)
-            totals += torch.stack([x.detach().double().cpu() for x in losses])
+            totals += torch.stack([x.detach().double() for x in losses])
         return dict(zip(names, all_reduce(totals, self.ctx.dp).tolist()))
 
     def evaluate(self, step: int) -> float:
