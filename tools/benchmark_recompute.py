@@ -63,8 +63,8 @@ def main() -> None:
     print(f"{args.model} ({config.num_layers} layers, hidden {config.hidden_size}, "
           f"{config.num_heads} heads), seq {args.seq}, batch {args.batch}, fp32, dropout "
           f"{config.dropout}, {args.threads} threads, {args.rounds} interleaved rounds")
-    print(f"| mode | saved activations (MB) | vs none | fwd+bwd (s) | time vs none |")
-    print(f"|---|---|---|---|---|")
+    print("| mode | saved activations (MB) | vs none | fwd+bwd (s) | time vs none |")
+    print("|---|---|---|---|---|")
     for mode in MODES:
         mem, t = saved[mode].total, statistics.median(times[mode])
         print(f"| {mode} | {mem / 2**20:.1f} | {mem / base_mem:.2f} | {t:.2f} | {t / base_t:.2f} |")
