@@ -113,3 +113,19 @@ def test_sigterm_saves_and_exits_cleanly_then_resume_finishes(tmp_path: Path) ->
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"at step {saved_step}" in done.stderr
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    ctx = ParallelContext.single(device="cpu")
+    _run(ctx, tiny_config(steps=2), str(tmp_path), save_every=2)
+    root = tmp_path / "checkpoints"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.dcp, "save", disk_full)
+    with pytest.raises(OSError, match="step 4 .* No space left on device.*previous checkpoints .* intact"):
+        _run(ParallelContext.single(device="cpu"), tiny_config(steps=4), str(tmp_path),
+             save_every=2, resume="auto")
+    assert store.find_latest(root) == root / "step00000002"
+    assert store.read_meta(root / "step00000002")["step"] == 2
