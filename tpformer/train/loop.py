@@ -17,7 +17,8 @@ import torch
 from tqdm import tqdm
 
 from tpformer.checkpoint import store
-from tpformer.checkpoint.engine_state import engine_state_dict, load_engine_state_dict
+from tpformer.checkpoint.engine_state import (load_logical_state_dict, logical_state_dict,
+                                              logical_template)
 from tpformer.config.schema import Config
 from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.synthetic import SyntheticPretraining
@@ -64,25 +65,33 @@ class Trainer:
     def checkpoint_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def _model_meta(self) -> dict[str, object]:
+        m = self.config.model
+        return {"arch": m.arch, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+                "num_heads": m.num_heads, "intermediate_size": m.intermediate_size,
+                "vocab_size": m.vocab_size}
+
     def _layout_meta(self) -> dict[str, object]:
         p = self.config.parallel
         return {"world_size": self.ctx.layout.world_size, "tensor": self.ctx.layout.tp,
-                "data": self.ctx.layout.dp, "zero_stage": p.zero_stage, "precision": p.precision,
-                "arch": self.config.model.arch, "num_layers": self.config.model.num_layers,
-                "hidden_size": self.config.model.hidden_size}
+                "data": self.ctx.layout.dp, "zero_stage": p.zero_stage, "precision": p.precision}
 
-    def _state(self) -> dict[str, object]:
-        """This rank's keys only: DCP writes each rank's shard file in parallel."""
-        self.engine.settle()
-        return {f"rank{self.ctx.rank}": {"engine": engine_state_dict(self.engine),
-                                         "rng": store.rng_state()}}
+    def _scalars(self) -> dict[str, torch.Tensor]:
+        scaler = self.engine.scaler
+        return {"loss_scale": torch.tensor(scaler.scale, dtype=torch.float64),
+                "clean_steps": torch.tensor(scaler.clean_steps),
+                "nonfinite_steps": torch.tensor(self.engine.nonfinite_steps)}
 
     def save(self, step: int) -> Path:
-        return store.save(self.checkpoint_root, step, self._state(), self.ctx,
-                          meta=self._layout_meta(), keep_last=self.config.trainer.keep_last)
+        """Logical (layout-free) engine state, written by the ranks together through DCP."""
+        state = {"engine": logical_state_dict(self.engine), **self._scalars(),
+                 f"rng_rank{self.ctx.rank}": store.rng_state()}
+        return store.save(self.checkpoint_root, step, state, self.ctx,
+                          meta={**self._model_meta(), **self._layout_meta()},
+                          keep_last=self.config.trainer.keep_last)
 
     def resume(self) -> int:
-        """Load trainer.resume; returns the step to continue from (0: fresh start)."""
+        """Load trainer.resume at this run's layout; returns the step to continue from."""
         choice = self.config.trainer.resume
         if choice == "none":
             return 0
@@ -92,17 +101,24 @@ class Trainer:
                      self.checkpoint_root)
             return 0
         meta = store.read_meta(directory)
-        expected = self._layout_meta()
-        mismatched = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
+        mismatched = {k: (meta.get(k), v) for k, v in self._model_meta().items() if meta.get(k) != v}
         if mismatched:
             details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
-            raise ValueError(f"{directory} was saved with another model or layout ({details}); "
-                             "resume at the same layout (resharding is not supported yet)")
-        state = store.load(directory, self._state())
-        mine = state[f"rank{self.ctx.rank}"]
-        load_engine_state_dict(self.engine, mine["engine"])  # type: ignore[index]
-        torch.set_rng_state(mine["rng"]["cpu"])  # type: ignore[index]
-        log.info("resumed from %s at step %d", directory, meta["step"])
+            raise ValueError(f"{directory} holds another model ({details})")
+        same_world = meta.get("world_size") == self.ctx.layout.world_size
+        template: dict[str, object] = {"engine": logical_template(self.engine), **self._scalars()}
+        if same_world:  # per-rank RNG states only mean something for the same ranks
+            template[f"rng_rank{self.ctx.rank}"] = store.rng_state()
+        store.load(directory, template)
+        load_logical_state_dict(self.engine, template["engine"])  # type: ignore[arg-type]
+        self.engine.scaler.scale = float(template["loss_scale"])  # type: ignore[arg-type]
+        self.engine.scaler.clean_steps = int(template["clean_steps"])  # type: ignore[arg-type]
+        self.engine.nonfinite_steps = int(template["nonfinite_steps"])  # type: ignore[arg-type]
+        if same_world:
+            torch.set_rng_state(template[f"rng_rank{self.ctx.rank}"]["cpu"])  # type: ignore[index]
+        saved = {k: meta.get(k) for k in self._layout_meta()}
+        log.info("resumed from %s at step %d (saved at %s, now %s)", directory, meta["step"],
+                 saved, self._layout_meta())
         return int(meta["step"])  # type: ignore[arg-type]
 
     def _install_sigterm(self) -> None:
