@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from dataclasses import asdict
 import threading
 import time
 from pathlib import Path
@@ -87,7 +88,8 @@ class Trainer:
         state = {"engine": logical_state_dict(self.engine), **self._scalars(),
                  f"rng_rank{self.ctx.rank}": store.rng_state()}
         return store.save(self.checkpoint_root, step, state, self.ctx,
-                          meta={**self._model_meta(), **self._layout_meta()},
+                          meta={**self._model_meta(), **self._layout_meta(),
+                                "config": asdict(self.config)},
                           keep_last=self.config.trainer.keep_last)
 
     def resume(self) -> int:

@@ -1,0 +1,61 @@
+"""Between tpformer checkpoints and Hugging Face directories, in one process.
+
+to_hf:   the logical parameters of a checkpoint -> the tpformer model -> save_pretrained.
+from_hf: a HF directory -> the tpformer model -> a step-0 checkpoint (fresh optimizer state)
+         that `trainer.resume=<dir>` continues from at any layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from tpformer.checkpoint import store
+from tpformer.checkpoint.engine_state import logical_state_dict
+from tpformer.config.schema import Config, ModelConfig, OptimConfig, ParallelConfig
+from tpformer.engine import build_engine
+from tpformer.models import build_model
+from tpformer.models.hf import load_hf_model, save_hf_checkpoint
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import logical_shape
+
+TASK = {"bert": "pretraining", "gpt": "causal_lm"}
+
+
+def checkpoint_model_config(directory: Path) -> ModelConfig:
+    meta = store.read_meta(directory)
+    if "config" not in meta:
+        raise ValueError(f"{directory}/meta.json has no resolved config; re-save it with this tpformer")
+    return ModelConfig(**meta["config"]["model"])  # type: ignore[index]
+
+
+def to_hf(checkpoint: Path, out: Path) -> Path:
+    """Write the checkpoint's model as a HF directory (BertForPreTraining or GPT2LMHeadModel)."""
+    config = checkpoint_model_config(checkpoint)
+    ctx = ParallelContext.single(device="cpu")
+    model = build_model(config, ctx, task=TASK[config.arch], initialize=False)
+    params = dict(model.named_parameters())
+    template = {"engine": {f"param/{n}": torch.empty(logical_shape(p)) for n, p in params.items()}}
+    store.load(checkpoint, template)
+    model.load_full_state_dict({n: template["engine"][f"param/{n}"] for n in params})
+    save_hf_checkpoint(model, ctx, out)
+    return out
+
+
+def from_hf(hf_dir: Path, out_root: Path) -> Path:
+    """A step-0 tpformer checkpoint under out_root/checkpoints with the HF weights."""
+    ctx = ParallelContext.single(device="cpu")
+    model = load_hf_model(hf_dir, ctx, task=None)
+    config = Config(model=model.config)  # type: ignore[arg-type]
+    engine = build_engine(model, OptimConfig(), ParallelConfig(), ctx)
+    state = {"engine": logical_state_dict(engine),
+             "loss_scale": torch.tensor(1.0, dtype=torch.float64),
+             "clean_steps": torch.tensor(0), "nonfinite_steps": torch.tensor(0)}
+    meta = {"arch": config.model.arch, "num_layers": config.model.num_layers,
+            "hidden_size": config.model.hidden_size, "num_heads": config.model.num_heads,
+            "intermediate_size": config.model.intermediate_size,
+            "vocab_size": config.model.vocab_size, "world_size": 1, "tensor": 1, "data": 1,
+            "zero_stage": 0, "precision": "fp32", "config": asdict(config), "source": str(hf_dir)}
+    return store.save(out_root / "checkpoints", 0, state, ctx, meta=meta, keep_last=0)
