@@ -96,13 +96,15 @@ def test_sigterm_saves_and_exits_cleanly_then_resume_finishes(tmp_path: Path) ->
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-m", "tpformer.pretrain", *TINY, "trainer.max_steps=100000",
             "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = (tmp_path / "job.log").open("w")  # a file, not a pipe nobody drains while we wait
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     deadline = time.monotonic() + 120
     while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGTERM)  # the whole job, as a scheduler's preemption does
-    output, _ = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    output = (tmp_path / "job.log").read_text()
     assert proc.returncode == 0, output[-3000:]
     assert "SIGTERM: saved step" in output
     latest = store.find_latest(tmp_path / "checkpoints")
@@ -170,29 +172,3 @@ def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: d
         for step in range(EXIT + 1, STEPS + 1):
             assert abs(losses[step] - straight[step]) <= RESHARD_REL * straight[step], (losses, straight)
 
-
-def test_killed_rank_restarts_and_resumes_from_latest(tmp_path: Path) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.train.test_trainer import REPO, TINY
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "tpformer.pretrain", *TINY, "trainer.max_steps=300",
-            "trainer.save_every=20", "trainer.resume=auto", "launcher.nproc_per_node=2",
-            "launcher.max_restarts=1", f"hydra.run.dir={tmp_path}"]
-    log = (tmp_path / "job.log").open("w")  # a file, not a pipe nobody drains while we wait
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while store.find_latest(tmp_path / "checkpoints") is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ranks = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert ranks, "no rank processes found"
-    os.kill(int(ranks[-1]), signal.SIGKILL)
-    proc.wait(timeout=300)
-    output = (tmp_path / "job.log").read_text()
-    assert proc.returncode == 0, output[-3000:]
-    assert "resumed from" in output and "step00000300" in output
