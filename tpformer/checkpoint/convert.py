@@ -7,13 +7,12 @@ from_hf: a HF directory -> the tpformer model -> a step-0 checkpoint (fresh opti
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from tpformer.checkpoint import store
-from tpformer.checkpoint.engine_state import logical_state_dict
+from tpformer.checkpoint.engine_state import logical_state_dict, scalar_state
 from tpformer.config.schema import Config, ModelConfig, OptimConfig, ParallelConfig
 from tpformer.engine import build_engine
 from tpformer.models import build_model
@@ -50,12 +49,6 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
     model = load_hf_model(hf_dir, ctx, task=None)
     config = Config(model=model.config)  # type: ignore[arg-type]
     engine = build_engine(model, OptimConfig(), ParallelConfig(), ctx)
-    state = {"engine": logical_state_dict(engine),
-             "loss_scale": torch.tensor(1.0, dtype=torch.float64),
-             "clean_steps": torch.tensor(0), "nonfinite_steps": torch.tensor(0)}
-    meta = {"arch": config.model.arch, "num_layers": config.model.num_layers,
-            "hidden_size": config.model.hidden_size, "num_heads": config.model.num_heads,
-            "intermediate_size": config.model.intermediate_size,
-            "vocab_size": config.model.vocab_size, "world_size": 1, "tensor": 1, "data": 1,
-            "zero_stage": 0, "precision": "fp32", "config": asdict(config), "source": str(hf_dir)}
+    state = {"engine": logical_state_dict(engine), **scalar_state(engine)}
+    meta = {**store.checkpoint_meta(config, ctx), "source": str(hf_dir)}
     return store.save(out_root / "checkpoints", 0, state, ctx, meta=meta, keep_last=0)

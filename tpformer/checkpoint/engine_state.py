@@ -105,3 +105,16 @@ def load_logical_state_dict(engine: ZeroEngine, loaded: dict[str, Tensor]) -> No
                 _optimizer_slots(engine, p)[slot].copy_(mine[a:b])
         for p, _, _, _ in state.opt_params:
             _optimizer_slots(engine, p)["step"].fill_(float(loaded["step"]))
+
+
+def scalar_state(engine: ZeroEngine) -> dict[str, Tensor]:
+    """Loss scaler and non-finite counter, saved beside the logical tensors."""
+    return {"loss_scale": torch.tensor(engine.scaler.scale, dtype=torch.float64),
+            "clean_steps": torch.tensor(engine.scaler.clean_steps),
+            "nonfinite_steps": torch.tensor(engine.nonfinite_steps)}
+
+
+def load_scalar_state(engine: ZeroEngine, loaded: dict[str, object]) -> None:
+    engine.scaler.scale = float(loaded["loss_scale"])  # type: ignore[arg-type]
+    engine.scaler.clean_steps = int(loaded["clean_steps"])  # type: ignore[arg-type]
+    engine.nonfinite_steps = int(loaded["nonfinite_steps"])  # type: ignore[arg-type]

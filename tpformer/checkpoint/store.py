@@ -14,17 +14,38 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from tpformer.config.schema import Config
 from tpformer.parallel.context import ParallelContext
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 META = "meta.json"
+
+
+MODEL_KEYS = ("arch", "num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size")
+"""Model fields a checkpoint must agree on to load (everything else may change)."""
+
+
+def checkpoint_meta(config: Config, ctx: ParallelContext) -> dict[str, object]:
+    """What meta.json records besides the step: model shape, layout, the resolved config."""
+    layout = ctx.layout
+    return {**{k: getattr(config.model, k) for k in MODEL_KEYS},
+            "world_size": layout.world_size, "tensor": layout.tp, "data": layout.dp,
+            "zero_stage": config.parallel.zero_stage, "precision": config.parallel.precision,
+            "config": asdict(config)}
+
+
+def model_mismatches(meta: dict[str, object], config: Config) -> dict[str, tuple[object, object]]:
+    """{field: (checkpoint value, run value)} for the model fields that differ."""
+    return {k: (meta.get(k), getattr(config.model, k)) for k in MODEL_KEYS
+            if meta.get(k) != getattr(config.model, k)}
 
 
 def step_dir_name(step: int) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import asdict
 import threading
 import time
 from pathlib import Path
@@ -18,8 +17,8 @@ import torch
 from tqdm import tqdm
 
 from tpformer.checkpoint import store
-from tpformer.checkpoint.engine_state import (load_logical_state_dict, logical_state_dict,
-                                              logical_template)
+from tpformer.checkpoint.engine_state import (load_logical_state_dict, load_scalar_state,
+                                              logical_state_dict, logical_template, scalar_state)
 from tpformer.config.schema import Config
 from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.synthetic import SyntheticPretraining
@@ -66,30 +65,12 @@ class Trainer:
     def checkpoint_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def _model_meta(self) -> dict[str, object]:
-        m = self.config.model
-        return {"arch": m.arch, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-                "num_heads": m.num_heads, "intermediate_size": m.intermediate_size,
-                "vocab_size": m.vocab_size}
-
-    def _layout_meta(self) -> dict[str, object]:
-        p = self.config.parallel
-        return {"world_size": self.ctx.layout.world_size, "tensor": self.ctx.layout.tp,
-                "data": self.ctx.layout.dp, "zero_stage": p.zero_stage, "precision": p.precision}
-
-    def _scalars(self) -> dict[str, torch.Tensor]:
-        scaler = self.engine.scaler
-        return {"loss_scale": torch.tensor(scaler.scale, dtype=torch.float64),
-                "clean_steps": torch.tensor(scaler.clean_steps),
-                "nonfinite_steps": torch.tensor(self.engine.nonfinite_steps)}
-
     def save(self, step: int) -> Path:
         """Logical (layout-free) engine state, written by the ranks together through DCP."""
-        state = {"engine": logical_state_dict(self.engine), **self._scalars(),
+        state = {"engine": logical_state_dict(self.engine), **scalar_state(self.engine),
                  f"rng_rank{self.ctx.rank}": store.rng_state()}
         return store.save(self.checkpoint_root, step, state, self.ctx,
-                          meta={**self._model_meta(), **self._layout_meta(),
-                                "config": asdict(self.config)},
+                          meta=store.checkpoint_meta(self.config, self.ctx),
                           keep_last=self.config.trainer.keep_last)
 
     def resume(self) -> int:
@@ -103,24 +84,25 @@ class Trainer:
                      self.checkpoint_root)
             return 0
         meta = store.read_meta(directory)
-        mismatched = {k: (meta.get(k), v) for k, v in self._model_meta().items() if meta.get(k) != v}
+        mismatched = store.model_mismatches(meta, self.config)
         if mismatched:
             details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
             raise ValueError(f"{directory} holds another model ({details})")
         same_world = meta.get("world_size") == self.ctx.layout.world_size
-        template: dict[str, object] = {"engine": logical_template(self.engine), **self._scalars()}
+        template: dict[str, object] = {"engine": logical_template(self.engine),
+                                       **scalar_state(self.engine)}
         if same_world:  # per-rank RNG states only mean something for the same ranks
             template[f"rng_rank{self.ctx.rank}"] = store.rng_state()
         store.load(directory, template)
         load_logical_state_dict(self.engine, template["engine"])  # type: ignore[arg-type]
-        self.engine.scaler.scale = float(template["loss_scale"])  # type: ignore[arg-type]
-        self.engine.scaler.clean_steps = int(template["clean_steps"])  # type: ignore[arg-type]
-        self.engine.nonfinite_steps = int(template["nonfinite_steps"])  # type: ignore[arg-type]
+        load_scalar_state(self.engine, template)
         if same_world:
             torch.set_rng_state(template[f"rng_rank{self.ctx.rank}"]["cpu"])  # type: ignore[index]
-        saved = {k: meta.get(k) for k in self._layout_meta()}
-        log.info("resumed from %s at step %d (saved at %s, now %s)", directory, meta["step"],
-                 saved, self._layout_meta())
+        now = store.checkpoint_meta(self.config, self.ctx)
+        changed = {k: (meta.get(k), now[k]) for k in ("world_size", "tensor", "data", "zero_stage",
+                                                       "precision") if meta.get(k) != now[k]}
+        log.info("resumed from %s at step %d%s", directory, meta["step"],
+                 f", resharded {changed}" if changed else "")
         return int(meta["step"])  # type: ignore[arg-type]
 
     def _install_sigterm(self) -> None:

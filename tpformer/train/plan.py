@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from tpformer.config.schema import Config
 from tpformer.engine.memory import MemoryBytes, zero_memory_bytes
+from tpformer.engine.precision import DTYPES
 from tpformer.parallel.layout import Layout
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ def activation_bytes(config: Config, tp: int) -> int:
     5as/(ht) attention term, full keeps only each checkpointed layer's input."""
     m, p = config.model, config.parallel
     s, b, h, a = config.data.seq_length, config.trainer.micro_batch_size, m.hidden_size, m.num_heads
-    scale = DTYPE_BYTES[p.precision] / 2
+    scale = DTYPES[p.precision].itemsize / 2
     layer = s * b * h * (10 + 24 / tp + (0 if p.activation_checkpointing == "selective"
                                          else 5 * a * s / (h * tp)))
     if p.activation_checkpointing == "full":
@@ -41,7 +41,7 @@ def activation_bytes(config: Config, tp: int) -> int:
 def estimate_memory(config: Config, layout: Layout, params_per_rank: int) -> MemoryEstimate:
     p = config.parallel
     state = zero_memory_bytes(p.zero_stage, params_per_rank, layout.dp,
-                              param_bytes=DTYPE_BYTES[p.precision], mixed=p.precision != "fp32")
+                              param_bytes=DTYPES[p.precision].itemsize, mixed=p.precision != "fp32")
     return MemoryEstimate(state, activation_bytes(config, layout.tp))
 
 
