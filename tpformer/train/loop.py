@@ -20,12 +20,13 @@ from tpformer.checkpoint import store
 from tpformer.checkpoint.engine_state import (load_logical_state_dict, load_scalar_state,
                                               logical_state_dict, logical_template, scalar_state)
 from tpformer.config.schema import Config
+from tpformer.data import load_pretraining_data, prepare_data
 from tpformer.data.loader import micro_batch_ranges
-from tpformer.data.synthetic import SyntheticPretraining
+from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine import build_engine
 from tpformer.engine.recompute import apply_recompute
 from tpformer.models import build_model
-from tpformer.parallel.comm import all_reduce
+from tpformer.parallel.comm import all_reduce, broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import logical_shape
 from tpformer.train.metrics import MetricsWriter, flops_per_step, peak_tflops
@@ -33,8 +34,6 @@ from tpformer.train.plan import format_plan
 from tpformer.train.schedule import lr_at, scaled_lr
 
 log = logging.getLogger(__name__)
-EVAL_OFFSET = 10**12
-"""Evaluation samples come from an index range training never reaches."""
 
 
 class Trainer:
@@ -47,13 +46,33 @@ class Trainer:
         self.total_params = sum(logical_shape(p).numel() for p in self.model.parameters())
         self.checkpointed = apply_recompute(self.model, config.parallel, ctx.rng)
         self.engine = build_engine(self.model, config.optim, config.parallel, ctx)
-        self.data = SyntheticPretraining(arch=m.arch, vocab_size=m.vocab_size,
-                                         seq_length=config.data.seq_length,
-                                         mask_prob=config.data.mask_prob, seed=config.parallel.seed)
+        prepared = self._prepare_data()
+        self.tokenizer_files = Tokenizer(prepared[0]).files if prepared else []
+        self.data = load_pretraining_data(config.data, m, seed=config.parallel.seed,
+                                          prepared=prepared)
         t = config.trainer
         self.global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
         self.peak_lr = scaled_lr(config.optim, self.global_batch)
         self.metrics = MetricsWriter(run_dir, enabled=ctx.is_main)
+
+    def _prepare_data(self) -> tuple[Path, Path] | None:
+        """Rank 0 trains the tokenizer and preprocesses the corpus (or finds them cached); every
+        rank gets the paths, or rank 0's error, so no rank is left waiting."""
+        c = self.config
+        if c.data.source == "synthetic":
+            return None
+        outcome: object = None
+        if self.ctx.is_main:
+            try:
+                outcome = prepare_data(c.data, c.model.vocab_size, progress=c.trainer.progress)
+            except Exception as err:
+                outcome = (type(err).__name__, str(err))
+                broadcast_object(outcome)
+                raise
+        outcome = broadcast_object(outcome)
+        if isinstance(outcome, tuple) and isinstance(outcome[0], str):
+            raise RuntimeError(f"rank 0 could not prepare the data: {outcome[0]}: {outcome[1]}")
+        return outcome  # type: ignore[return-value]
 
     def plan(self) -> str:
         return format_plan(self.config, self.ctx.layout, self.params_per_rank, self.total_params,
@@ -71,7 +90,8 @@ class Trainer:
                  f"rng_rank{self.ctx.rank}": store.rng_state()}
         return store.save(self.checkpoint_root, step, state, self.ctx,
                           meta=store.checkpoint_meta(self.config, self.ctx),
-                          keep_last=self.config.trainer.keep_last)
+                          keep_last=self.config.trainer.keep_last,
+                          tokenizer_files=self.tokenizer_files)
 
     def resume(self) -> int:
         """Load trainer.resume at this run's layout; returns the step to continue from."""
@@ -148,9 +168,8 @@ class Trainer:
         ranges = micro_batch_ranges(step, micro_batch_size=t.micro_batch_size,
                                     grad_accum=t.grad_accum, dp_size=self.ctx.dp.size,
                                     dp_rank=self.ctx.dp.rank)
-        if not train:
-            ranges = [range(EVAL_OFFSET + r.start, EVAL_OFFSET + r.stop) for r in ranges]
-        batches = [self._to_device(self.data.batch(r)) for r in ranges]
+        split = "train" if train else "eval"
+        batches = [self._to_device(self.data.batch(r, split=split)) for r in ranges]
         denominator = self._denominator(batches)
         names = ["loss"] if self.task == "causal_lm" else ["loss", "mlm_loss", "nsp_loss"]
         totals = torch.zeros(len(names), dtype=torch.float64, device=self.ctx.device)

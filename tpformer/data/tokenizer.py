@@ -1,0 +1,118 @@
+"""Tokenizers: a sentencepiece model trained here (BERT's special tokens at fixed ids 0-4), or a
+Hugging Face WordPiece directory (vocab.txt) for continuing from HF checkpoints.
+
+Both expose the same small surface: encode, the special ids, which ids start a word (for
+whole-word masking) and the files to copy into a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+"""Fixed ids 0..4 in every sentencepiece model trained by tpformer."""
+SP_FILE = "tokenizer.model"
+MAX_TRAINING_SENTENCES = 2_000_000
+"""Sentencepiece samples this many sentences of a larger corpus for training."""
+
+
+class Tokenizer:
+    """Encode text to ids; knows its special ids and word starts."""
+
+    def __init__(self, path: Path) -> None:
+        path = Path(path).expanduser()
+        if path.is_dir() and (path / SP_FILE).is_file():
+            path = path / SP_FILE
+        if path.is_file() and path.suffix == ".model":
+            self._load_sentencepiece(path)
+        elif path.is_dir() and (path / "vocab.txt").is_file():
+            self._load_wordpiece(path)
+        else:
+            raise FileNotFoundError(f"data.tokenizer={str(path)!r} is neither a sentencepiece "
+                                    f"model ({SP_FILE}) nor a directory with a WordPiece vocab.txt")
+        self.path = path
+
+    def _load_sentencepiece(self, path: Path) -> None:
+        import sentencepiece as spm
+
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as err:
+            raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from None
+        pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+        if tuple(pieces[:5]) != SPECIAL_TOKENS:
+            raise ValueError(f"{path} has {pieces[:5]} at ids 0-4; tpformer needs {SPECIAL_TOKENS} "
+                             f"(train it with tools/train_tokenizer.py)")
+        self.vocab_size = len(pieces)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = range(5)
+        self.word_start = torch.tensor([p.startswith("\u2581") for p in pieces])
+        self.files = [path]
+        self._encode = lambda texts: self._sp.encode(list(texts))
+
+    def _load_wordpiece(self, path: Path) -> None:
+        from transformers import BertTokenizerFast
+
+        tok = BertTokenizerFast.from_pretrained(str(path))
+        ids = tok.convert_tokens_to_ids(list(SPECIAL_TOKENS))
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+        self.vocab_size = len(tok)
+        pieces = tok.convert_ids_to_tokens(list(range(self.vocab_size)))
+        self.word_start = torch.tensor([not p.startswith("##") for p in pieces])
+        self.files = [path / f for f in os.listdir(path)
+                      if f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                               "special_tokens_map.json")]
+        self._encode = lambda texts: tok(list(texts), add_special_tokens=False)["input_ids"]
+
+    @property
+    def special_ids(self) -> list[int]:
+        return [self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]
+
+    def encode(self, texts: Iterable[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens."""
+        return self._encode(texts)
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for file in sorted(self.files):
+            h.update(file.name.encode() + file.read_bytes())
+        return h.hexdigest()
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """The model's embedding must have exactly one row per token id."""
+        if self.vocab_size != model_vocab_size:
+            raise ValueError(f"tokenizer {self.path} has {self.vocab_size} tokens but "
+                             f"model.vocab_size={model_vocab_size}; set "
+                             f"model.vocab_size={self.vocab_size} or use another tokenizer")
+
+
+def train_sentencepiece(sentences: Iterable[str], out_dir: Path, *, vocab_size: int,
+                        model_type: str = "bpe", threads: int = 2) -> Path:
+    """Train a sentencepiece model with SPECIAL_TOKENS at ids 0-4; writes out_dir/tokenizer.model
+    atomically and returns its path."""
+    import sentencepiece as spm
+
+    if model_type not in ("bpe", "unigram"):
+        raise ValueError(f"data.tokenizer_type={model_type!r} is not one of ['bpe', 'unigram']")
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
+            model_type=model_type, pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]",
+            bos_id=-1, eos_id=-1, user_defined_symbols=list(SPECIAL_TOKENS[2:]),
+            input_sentence_size=MAX_TRAINING_SENTENCES, shuffle_input_sentence=True,
+            num_threads=threads, minloglevel=2)
+    except RuntimeError as err:
+        raise ValueError(f"training a {model_type} sentencepiece model of vocab_size={vocab_size} "
+                         f"failed: {str(err).strip()}") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / SP_FILE
+    tmp = out_dir / f".{SP_FILE}.{os.getpid()}"
+    tmp.write_bytes(buffer.getvalue())
+    os.replace(tmp, target)
+    return target
