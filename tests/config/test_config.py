@@ -24,7 +24,9 @@ PUBLIC_KEYS = {
     "optim": ["base_batch_size", "beta1", "beta2", "clip_grad", "decay", "eps",
               "initial_loss_scale", "loss_scale_window", "lr", "lr_scaling",
               "max_nonfinite_steps", "min_lr", "name", "warmup_steps", "weight_decay"],
-    "data": ["mask_prob", "name", "seq_length"],
+    "data": ["cache_dir", "config", "eval_fraction", "mask_prob", "name", "paths",
+             "sentence_pairs", "seq_length", "source", "split", "text_field", "tokenizer",
+             "tokenizer_type", "whole_word_mask", "workers"],
     "trainer": ["eval_every", "eval_steps", "exit_at_step", "grad_accum", "keep_last",
                 "log_every", "max_steps", "max_time_minutes", "micro_batch_size", "peak_tflops",
                 "progress", "resume", "save_every"],
@@ -63,6 +65,7 @@ def test_overrides_reach_the_typed_config() -> None:
     ("parallel.tensr=2", ConfigCompositionException),
     ("parallel.tensor=two", ConfigCompositionException),
     ("model=bert_huge", ConfigCompositionException),
+    ("data=wiki", ConfigCompositionException),
 ])
 def test_typos_and_wrong_types_fail_in_hydra(override: str, error: type) -> None:
     with pytest.raises(error) as info:
@@ -71,6 +74,16 @@ def test_typos_and_wrong_types_fail_in_hydra(override: str, error: type) -> None
     assert isinstance(cause, (ConfigKeyError, ValidationError, ConfigCompositionException, Exception))
     if override.startswith("model="):
         assert "bert_huge" in str(info.value) and "bert_base" in str(info.value)
+
+
+def test_corpus_groups_need_their_files_or_name() -> None:
+    with pytest.raises(ValueError, match=r"data.source=text needs data.paths=\[file, ...\]"):
+        validate(compose_config("data=text"), 1)
+    with pytest.raises(ValueError, match=r"data.source=hf needs data.name"):
+        validate(compose_config("data=hf"), 1)
+    config = compose_config("data=jsonl", "data.paths=[a.jsonl]", "data.text_field=body")
+    assert (config.data.source, config.data.paths, config.data.text_field) == ("jsonl", ["a.jsonl"], "body")
+    validate(config, 1)
 
 
 @pytest.mark.parametrize(("overrides", "world", "message"), [
@@ -83,6 +96,9 @@ def test_typos_and_wrong_types_fail_in_hydra(override: str, error: type) -> None
     (["parallel.zero_stage=5"], 1, r"parallel.zero_stage=5 must be 0, 1, 2 or 3"),
     (["parallel.activation_checkpointing=most"], 1, r"activation_checkpointing='most' is not one of"),
     (["data.seq_length=1024"], 1, r"data.seq_length=1024 exceeds model.max_position_embeddings=512"),
+    (["data.source=wiki"], 1, r"data.source='wiki' is not one of \['shakespeare', 'text'"),
+    (["data.sentence_pairs=both"], 1, r"data.sentence_pairs='both' is not one of \['nsp', 'sop'\]"),
+    (["data.mask_prob=1.5"], 1, r"data.mask_prob=1.5 must be in \(0, 1\)"),
 ])
 def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):

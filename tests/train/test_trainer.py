@@ -21,7 +21,7 @@ from tpformer.train.loop import Trainer
 from tpformer.train.plan import estimate_memory
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["model=bert_tiny", "model.vocab_size=128", "model.num_heads=4", "data.seq_length=32",
+TINY = ["model=bert_tiny", "data=synthetic", "model.vocab_size=128", "model.num_heads=4", "data.seq_length=32",
         "trainer.micro_batch_size=4", "trainer.progress=false"]
 
 
@@ -30,7 +30,7 @@ def tiny_config(steps: int = 4, micro: int = 4, accum: int = 1, **parallel) -> C
                                attention_dropout=0.1),
                   parallel=ParallelConfig(**parallel),
                   optim=OptimConfig(lr=1e-3, warmup_steps=1),
-                  data=DataConfig(seq_length=32),
+                  data=DataConfig(source="synthetic", seq_length=32),
                   trainer=TrainerConfig(max_steps=steps, micro_batch_size=micro, grad_accum=accum,
                                         log_every=1, eval_steps=1, progress=False))
 

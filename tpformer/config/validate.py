@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from tpformer.config.schema import Config, ModelConfig, OptimConfig
+from tpformer.config.schema import Config, DataConfig, ModelConfig, OptimConfig
 from tpformer.parallel.layout import divisors, resolve_layout
+
+DATA_SOURCES = ("shakespeare", "text", "jsonl", "hf", "synthetic")
 
 ARCHS = ("bert", "gpt")
 OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
@@ -62,6 +64,25 @@ def validate_precision(precision: str, device_type: str) -> None:
                          "slow or missing; use parallel.precision=bf16 or fp32 on CPU")
 
 
+def validate_data(data: DataConfig) -> None:
+    choices = {"source": DATA_SOURCES, "sentence_pairs": ("nsp", "sop"),
+               "tokenizer_type": ("bpe", "unigram")}
+    for key, allowed in choices.items():
+        if getattr(data, key) not in allowed:
+            raise ValueError(f"data.{key}={getattr(data, key)!r} is not one of {list(allowed)}")
+    if data.source in ("text", "jsonl") and not data.paths:
+        raise ValueError(f"data.source={data.source} needs data.paths=[file, ...]")
+    if data.source == "hf" and not data.name:
+        raise ValueError("data.source=hf needs data.name (a hub dataset such as wikitext, or a "
+                         "builder such as json, parquet or text with data.paths=[...])")
+    if not 0 < data.mask_prob < 1:
+        raise ValueError(f"data.mask_prob={data.mask_prob} must be in (0, 1)")
+    if not 0 <= data.eval_fraction < 1:
+        raise ValueError(f"data.eval_fraction={data.eval_fraction} must be in [0, 1)")
+    if data.workers < 1:
+        raise ValueError(f"data.workers={data.workers} must be >= 1")
+
+
 def validate(config: Config, world_size: int, *, device_type: str = "cpu") -> None:
     """Every cross-field rule of a run, checked before the first collective."""
     resolve_layout(config.parallel.tensor, config.parallel.data, world_size)
@@ -79,6 +100,7 @@ def validate(config: Config, world_size: int, *, device_type: str = "cpu") -> No
     if config.data.seq_length > config.model.max_position_embeddings:
         raise ValueError(f"data.seq_length={config.data.seq_length} exceeds "
                          f"model.max_position_embeddings={config.model.max_position_embeddings}")
+    validate_data(config.data)
     if config.optim.decay not in ("linear", "cosine"):
         raise ValueError(f"optim.decay={config.optim.decay!r} is not one of ['linear', 'cosine']")
     if config.optim.lr_scaling not in ("none", "linear", "sqrt"):

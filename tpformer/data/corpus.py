@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCES = ("shakespeare", "text", "jsonl", "hf", "synthetic")
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
 

@@ -113,7 +113,8 @@ class BertPretrainingDataset:
         for _ in range(10):  # a random segment from another document (another chunk if only one)
             other = int(torch.randint(0, len(chunks), (1,), generator=g))
             if other != item and (chunks[other, 0] != d or chunks[:, 0].min() == chunks[:, 0].max()):
-                return a, self._span(chunks[other]), 1
+                # as long as the true next segment, so padding does not give the label away
+                return a, self._span(chunks[other])[:len(b)], 1
         return a, b, 0
 
     def _sample(self, chunks: np.ndarray, item: int, g: torch.Generator) -> dict[str, Tensor]:

@@ -1,0 +1,44 @@
+"""A small generated corpus and a sentencepiece tokenizer trained on it, made by the tests."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from tpformer.data.corpus import CorpusSpec, split_sentences
+from tpformer.data.tokenizer import Tokenizer, train_sentencepiece
+
+SUBJECTS = ["the king", "the queen", "a fool", "the duke", "my lord", "his daughter", "the ghost",
+            "our captain", "a servant", "the witch", "fair lady", "old gentleman"]
+VERBS = ["loves", "fears", "betrays", "follows", "remembers", "forgives", "summons", "mocks"]
+OBJECTS = ["the crown", "a sword", "the letter", "his horse", "the castle", "a ring",
+           "the storm", "her brother", "the moon", "sweet music", "the forest", "cold water"]
+ENDINGS = ["tonight", "in secret", "with honour", "at dawn", "for ever", "without reason"]
+
+
+def sentence(rng: random.Random, topic: int) -> str:
+    """Subject and object come from the document's topic, so context predicts masked words."""
+    subject = SUBJECTS[(topic + rng.randrange(3)) % len(SUBJECTS)]
+    obj = OBJECTS[(2 * topic + rng.randrange(3)) % len(OBJECTS)]
+    return f"{subject.capitalize()} {rng.choice(VERBS)} {obj} {rng.choice(ENDINGS)}."
+
+
+def write_corpus(path: Path, *, documents: int = 40, sentences: int = 12, seed: int = 0) -> Path:
+    """Plain text: documents separated by blank lines, a few sentences per line."""
+    rng = random.Random(seed)
+    docs = []
+    for d in range(documents):
+        lines = [" ".join(sentence(rng, d % 7) for _ in range(3)) for _ in range(sentences // 3)]
+        docs.append("\n".join(lines))
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def corpus_tokenizer(corpus: Path, out: Path, vocab_size: int = 160) -> Tokenizer:
+    docs = corpus.read_text().split("\n\n")
+    sentences = [s for d in docs for s in split_sentences(d)]
+    return Tokenizer(train_sentencepiece(sentences, out, vocab_size=vocab_size))
+
+
+def text_spec(*paths: Path) -> CorpusSpec:
+    return CorpusSpec(source="text", paths=tuple(str(p) for p in paths))
