@@ -17,10 +17,11 @@ ENDINGS = ["tonight", "in secret", "with honour", "at dawn", "for ever", "withou
 
 
 def sentence(rng: random.Random, topic: int) -> str:
-    """Subject and object come from the document's topic, so context predicts masked words."""
-    subject = SUBJECTS[(topic + rng.randrange(3)) % len(SUBJECTS)]
-    obj = OBJECTS[(2 * topic + rng.randrange(3)) % len(OBJECTS)]
-    return f"{subject.capitalize()} {rng.choice(VERBS)} {obj} {rng.choice(ENDINGS)}."
+    """The subject comes from the document's topic and fixes the verb and object, so a masked
+    word is predictable from its context (the corpus is learnable in a few hundred steps)."""
+    who = (topic + rng.randrange(3)) % len(SUBJECTS)
+    verb, obj = VERBS[(who + topic) % len(VERBS)], OBJECTS[(2 * who) % len(OBJECTS)]
+    return f"{SUBJECTS[who].capitalize()} {verb} {obj} {ENDINGS[rng.randrange(2) + topic % 3]}."
 
 
 def write_corpus(path: Path, *, documents: int = 40, sentences: int = 12, seed: int = 0) -> Path:

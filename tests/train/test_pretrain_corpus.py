@@ -1,0 +1,97 @@
+"""Pretraining on a real corpus file: tokenizer trained and corpus preprocessed by the trainer,
+the same loss curve in every layout, convergence, the tokenizer saved with checkpoints, and the
+errors a user meets first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.data.common import write_corpus
+from tests.dist import run_distributed
+from tests.tolerances import FP32_MODEL_REL
+from tests.train.test_trainer import _cli, tiny_config
+from tpformer.checkpoint.convert import to_hf
+from tpformer.config.schema import Config, DataConfig
+from tpformer.data.tokenizer import Tokenizer
+from tpformer.parallel.context import ParallelContext
+from tpformer.train.loop import Trainer
+
+VOCAB = 160
+
+
+def corpus_config(root: Path, steps: int = 4, micro: int = 4, accum: int = 1,
+                  **parallel) -> Config:
+    config = tiny_config(steps=steps, micro=micro, accum=accum, **parallel)
+    corpus = root / "corpus.txt"
+    if not corpus.exists():
+        write_corpus(corpus, documents=40)
+    config.model.vocab_size = VOCAB
+    config.data = DataConfig(source="text", paths=[str(corpus)], seq_length=32,
+                             cache_dir=str(root / "cache"), workers=1)
+    return config
+
+
+def _losses(ctx: ParallelContext, config: Config, run_dir: str) -> list[float]:
+    return [r["loss"] for r in Trainer(config, ctx, Path(run_dir)).train()]
+
+
+@pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
+def test_corpus_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int,
+                                                        accum: int) -> None:
+    """Global batch 8: 8 x 1 x 1 vs 8 at tp 2, 4 x 2 ranks, 4 x 2 micro-batches (dropout 0.1)."""
+    reference = _losses(ParallelContext.single(device="cpu"), corpus_config(tmp_path, micro=8),
+                        str(tmp_path / "ref"))
+    config = corpus_config(tmp_path, micro=8 // (dp * accum), accum=accum, tensor=tp)
+    for losses in run_distributed(_losses, tp * dp, config, str(tmp_path / "run"), tensor=tp):
+        assert len(losses) == len(reference)
+        for got, want in zip(losses, reference):
+            assert abs(got - want) <= FP32_MODEL_REL * abs(want), (losses, reference)
+
+
+def test_mlm_loss_halves_on_a_tiny_corpus(tmp_path: Path) -> None:
+    """bert_tiny, 300 steps of 16 x 64 tokens; the checkpoint carries the trained tokenizer."""
+    config = corpus_config(tmp_path, steps=300, micro=16)
+    config.data.seq_length = 64
+    config.optim.warmup_steps, config.optim.lr = 20, 2e-3
+    config.trainer.log_every = 20
+    config.trainer.save_every = 300
+    records = Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "run").train()
+    mlm = [r["mlm_loss"] for r in records]
+    assert mlm[0] > 4.0, mlm  # starts near ln(160) = 5.08
+    assert mlm[-1] < 0.5 * mlm[0], mlm
+    checkpoint = tmp_path / "run" / "checkpoints" / "step00000300"
+    saved = Tokenizer(checkpoint / "tokenizer")
+    assert saved.vocab_size == VOCAB
+    hf = to_hf(checkpoint, tmp_path / "hf")
+    assert Tokenizer(hf).fingerprint() == saved.fingerprint()
+    assert json.loads((hf / "config.json").read_text())["vocab_size"] == VOCAB
+
+
+def test_tokenizer_vocabulary_must_match_the_model(tmp_path: Path) -> None:
+    config = corpus_config(tmp_path)
+    Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "a")  # trains the tokenizer
+    tokenizer = next((tmp_path / "cache").glob("tokenizer-*/tokenizer.model"))
+    config.data.tokenizer = str(tokenizer)
+    config.model.vocab_size = 256
+    with pytest.raises(ValueError, match=rf"has {VOCAB} tokens but model.vocab_size=256; set "
+                                         rf"model.vocab_size={VOCAB}"):
+        Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "b")
+
+
+def test_cli_on_a_text_corpus_and_its_errors(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=12)
+    common = ["model=bert_tiny", "model.num_heads=4", f"model.vocab_size={VOCAB}", "data=text",
+              f"data.paths=[{corpus}]", "data.seq_length=32", f"data.cache_dir={tmp_path / 'c'}",
+              "trainer.micro_batch_size=4", "trainer.progress=false", "trainer.max_steps=2"]
+    result = _cli([*common, "parallel.tensor=2", "launcher.nproc_per_node=2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "corpus: 12 documents" in result.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\n\xff\xfe oops\n")
+    result = _cli([*common[:4], f"data.paths=[{bad}]", *common[5:], "launcher.nproc_per_node=2"],
+                  tmp_path)
+    assert result.returncode != 0
+    assert "bad.txt is not UTF-8: byte 0xff at byte offset 5" in result.stderr, result.stderr[-3000:]
