@@ -13,15 +13,13 @@ import hydra
 from omegaconf import DictConfig
 
 from tpformer.config.schema import Config
-from tpformer.config.store import register_configs
+from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.parallel.context import ParallelContext
 from tpformer.run import run_entry_point
 from tpformer.train.loop import Trainer
 
 log = logging.getLogger("tpformer")
 register_configs()
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-"""Absolute, so the console script and `python -m` find the same conf/ (editable install)."""
 
 
 def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +127,30 @@ def test_empty_and_corrupt_corpora_fail_clearly(tmp_path: Path) -> None:
         f.truncate(10)
     with pytest.raises(ValueError, match=r"\.bin has 10 bytes, its index expects .* corrupt"):
         IndexedCorpus(good.prefix)
+
+
+def _tool(script: str, *args: str) -> subprocess.CompletedProcess:
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, str(repo / "tools" / script), *args], cwd=repo,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_tools_train_the_tokenizer_and_preprocess_with_hydra_overrides(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "c.txt", documents=6)
+    common = ["data=text", f"data.paths=[{corpus}]", "model.vocab_size=150",
+              f"data.cache_dir={tmp_path / 'cache'}", "data.workers=2"]
+    result = _tool("train_tokenizer.py", *common, "--out", str(tmp_path / "tok"))
+    assert result.returncode == 0, result.stderr
+    assert Tokenizer(tmp_path / "tok").vocab_size == 150
+    first = _tool("preprocess_data.py", *common)
+    assert first.returncode == 0, first.stderr
+    assert "corpus: 6 documents" in first.stderr
+    again = _tool("preprocess_data.py", *common)
+    assert "reusing" in again.stderr and again.stdout == first.stdout
+    prefix = first.stdout.split("corpus ")[1].strip()
+    assert IndexedCorpus(Path(prefix)).num_documents == 6
+    wrong = _tool("preprocess_data.py", *common[:2], "model.vocab_size=150",
+                  f"data.tokenizer={tmp_path / 'tok'}", "model.vocab_size=200")
+    assert wrong.returncode == 2
+    assert "has 150 tokens but model.vocab_size=200" in wrong.stderr

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from tpformer.config.presets import PRESETS
 from tpformer.config.schema import Config
+
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+"""Absolute, so console scripts and `python -m` find the same conf/ (editable install)."""
 
 
 def register_configs() -> None:

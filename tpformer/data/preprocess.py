@@ -35,7 +35,7 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def _sentences(spec: CorpusSpec) -> Iterator[str]:
+def corpus_sentences(spec: CorpusSpec) -> Iterator[str]:
     for document in read_documents(spec):
         yield from split_sentences(document)
 
@@ -51,7 +51,7 @@ def prepare_tokenizer(spec: CorpusSpec, *, tokenizer: str, vocab_size: int, mode
         return Tokenizer(out / SP_FILE)
     log.info("tokenizer: training a %s sentencepiece model of %d tokens on data.source=%s",
              model_type, vocab_size, spec.source)
-    sentences = tqdm(_sentences(spec), desc="tokenizer: reading", unit=" sentences",
+    sentences = tqdm(corpus_sentences(spec), desc="tokenizer: reading", unit=" sentences",
                      disable=not progress)
     counted = _nonempty(sentences, spec)
     return Tokenizer(train_sentencepiece(counted, out, vocab_size=vocab_size, model_type=model_type))
