@@ -74,6 +74,10 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
     evals = [r for r in rows if r.get("eval")]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    for part in ("mlm_loss", "nsp_loss"):
+        if train and part in train[0]:
+            ax.plot([r["step"] for r in train], [r[part] for r in train], lw=0.8, alpha=0.7,
+                    label=f"train {part.split('_')[0].upper()}")
     if evals:
         ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval loss")
     ax.set_xlabel("step")

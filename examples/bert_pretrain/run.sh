@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The story of one run (examples/bert_pretrain/README.md): prepare the tokenizer and the corpus,
+# pretrain bert_mini on Shakespeare at TP=2 on 2 local processes, stop half-way, resume, export
+# the result to Hugging Face. Run from the repository root after `pip install -e '.[demo]'`.
+set -euo pipefail
+RUN=${RUN:-runs/bert_mini_shakespeare}
+STEPS=${STEPS:-400}
+OVERRIDES=(model=bert_mini model.vocab_size=8000 data.seq_length=64 trainer.micro_batch_size=32
+           optim.lr=1e-3 optim.warmup_steps=40 "trainer.max_steps=$STEPS" trainer.eval_every=100
+           trainer.save_every=100 parallel.tensor=2 launcher.nproc_per_node=2)
+
+# 1. tokenizer (sentencepiece, 8000 tokens) and memory-mapped corpus, cached in ~/.cache/tpformer
+tpformer-preprocess "${OVERRIDES[@]}"
+# 2. pretrain the first half, saving a checkpoint every 100 steps
+tpformer-pretrain "${OVERRIDES[@]}" "trainer.exit_at_step=$((STEPS / 2))" "hydra.run.dir=$RUN"
+# 3. resume from the latest checkpoint (any layout would do: try parallel.tensor=1)
+tpformer-pretrain "${OVERRIDES[@]}" trainer.resume=auto "hydra.run.dir=$RUN"
+# 4. export to a Hugging Face directory (BertForPreTraining + the sentencepiece tokenizer)
+python tools/convert_checkpoint.py to-hf "$RUN/checkpoints/$(cat "$RUN/checkpoints/latest")" "$RUN/hf"
+echo "metrics: $RUN/metrics.jsonl  loss curve: $RUN/loss_curve.png  HF model: $RUN/hf"
