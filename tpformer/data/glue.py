@@ -1,0 +1,157 @@
+"""GLUE tasks: the original directory layout (<TASK>/train.tsv, dev.tsv, test.tsv with each task's
+own columns and header conventions) read through `datasets`, labels mapped to ids, and the
+official metrics. The fine-tuning loop builds on this.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """Where a task's columns are, what its labels are and how it is scored."""
+
+    directory: str
+    text_a: str
+    text_b: str | None
+    label: str
+    labels: tuple[str, ...] | None
+    """The label strings in id order; None for regression (STS-B)."""
+    metrics: tuple[str, ...]
+    dev_splits: tuple[str, ...] = ("dev",)
+    test_splits: tuple[str, ...] = ("test",)
+    columns: tuple[str, ...] | None = None
+    """Column names of a file without a header row (CoLA's train/dev)."""
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+
+TASKS: dict[str, GlueTask] = {
+    "cola": GlueTask("CoLA", "sentence", None, "label", ("0", "1"), ("mcc",),
+                     columns=("source", "label", "original", "sentence")),
+    "sst2": GlueTask("SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",)),
+    "mrpc": GlueTask("MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("accuracy", "f1")),
+    "stsb": GlueTask("STS-B", "sentence1", "sentence2", "score", None, ("pearson", "spearman")),
+    "qqp": GlueTask("QQP", "question1", "question2", "is_duplicate", ("0", "1"),
+                    ("accuracy", "f1")),
+    "mnli": GlueTask("MNLI", "sentence1", "sentence2", "gold_label",
+                     ("contradiction", "entailment", "neutral"), ("accuracy",),
+                     dev_splits=("dev_matched", "dev_mismatched"),
+                     test_splits=("test_matched", "test_mismatched")),
+    "qnli": GlueTask("QNLI", "question", "sentence", "label", ("entailment", "not_entailment"),
+                     ("accuracy",)),
+    "rte": GlueTask("RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"),
+                    ("accuracy",)),
+    "wnli": GlueTask("WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
+}
+
+
+def get_task(name: str) -> GlueTask:
+    if name not in TASKS:
+        raise ValueError(f"task={name!r} is not a GLUE task; use one of {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, list]:
+    """{"text_a", "text_b", "label", "index"} of one split; labels are ids (or floats for STS-B)
+    and are absent from test splits. Errors name the file and the column."""
+    import datasets
+
+    task = get_task(task_name)
+    path = Path(glue_dir).expanduser() / task.directory / f"{split}.tsv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: data.glue_dir must hold the GLUE layout "
+                                f"<TASK>/{{train,{','.join(task.dev_splits)}}}.tsv for task={task_name}")
+    headerless = task.columns is not None and not split.startswith("test")
+    options = {"column_names": list(task.columns), "header": None} if headerless else {}
+    table = datasets.load_dataset("csv", data_files=str(path), delimiter="\t",
+                                  quoting=csv.QUOTE_NONE, keep_default_na=False, split="train",
+                                  **options)
+    wanted = [task.text_a, *([task.text_b] if task.text_b else [])]
+    if not split.startswith("test"):
+        wanted.append(task.label)
+    missing = [c for c in wanted if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path} has no column {missing[0]!r} (columns: {table.column_names})")
+    rows = {"text_a": [str(x) for x in table[task.text_a]],
+            "text_b": [str(x) for x in table[task.text_b]] if task.text_b else None,
+            "index": list(range(len(table)))}
+    if not split.startswith("test"):
+        rows["label"] = _label_ids(task, [str(x) for x in table[task.label]], path)
+    return rows
+
+
+def _label_ids(task: GlueTask, values: list[str], path: Path) -> list:
+    if task.labels is None:
+        try:
+            return [float(v) for v in values]
+        except ValueError as err:
+            raise ValueError(f"{path}: column {task.label!r} must hold numbers ({err})") from None
+    ids = {label: i for i, label in enumerate(task.labels)}
+    for row, value in enumerate(values):
+        if value not in ids:
+            raise ValueError(f"{path} row {row + 1}: label {value!r} in column {task.label!r} is "
+                             f"not one of {list(task.labels)}")
+    return [ids[v] for v in values]
+
+
+def accuracy(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    return float((pred == gold).double().mean())
+
+
+def f1(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    """Binary F1 of class 1."""
+    tp = float(((pred == 1) & (gold == 1)).sum())
+    fp, fn = float(((pred == 1) & (gold == 0)).sum()), float(((pred == 0) & (gold == 1)).sum())
+    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def mcc(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    """Matthews correlation of binary predictions (0 when a marginal is empty)."""
+    tp = float(((pred == 1) & (gold == 1)).sum())
+    tn = float(((pred == 0) & (gold == 0)).sum())
+    fp, fn = float(((pred == 1) & (gold == 0)).sum()), float(((pred == 0) & (gold == 1)).sum())
+    denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return 0.0 if denominator == 0 else (tp * tn - fp * fn) / denominator
+
+
+def pearson(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    x, y = pred.double() - pred.double().mean(), gold.double() - gold.double().mean()
+    return float((x * y).sum() / (x.norm() * y.norm()))
+
+
+def _ranks(values: torch.Tensor) -> torch.Tensor:
+    """1-based ranks, ties sharing their average rank (as scipy.stats.rankdata)."""
+    order = values.double().argsort()
+    sorted_values = values.double()[order]
+    ranks = torch.empty_like(sorted_values)
+    i = 0
+    while i < len(sorted_values):
+        j = i
+        while j + 1 < len(sorted_values) and sorted_values[j + 1] == sorted_values[i]:
+            j += 1
+        ranks[i:j + 1] = (i + j) / 2 + 1
+        i = j + 1
+    out = torch.empty_like(ranks)
+    out[order] = ranks
+    return out
+
+
+def spearman(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    return pearson(_ranks(pred), _ranks(gold))
+
+
+METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spearman": spearman}
+
+
+def score(task_name: str, pred: torch.Tensor, gold: torch.Tensor) -> dict[str, float]:
+    """The task's official metrics of predictions (class ids, or scores for STS-B)."""
+    return {m: METRICS[m](pred, gold) for m in get_task(task_name).metrics}
