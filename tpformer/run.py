@@ -8,12 +8,12 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from tpformer.config.schema import Config
 from tpformer.config.store import to_config
 from tpformer.config.validate import validate
 from tpformer.launch import launch_local, under_launcher
@@ -44,8 +44,10 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Config, ParallelContext, Path], None]) -> None:
-    """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank."""
+def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelContext, Path], None],
+                    check: Callable[..., None] = validate) -> None:
+    """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. `check`
+    validates the typed config for a world size before any process group exists."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
@@ -56,7 +58,7 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Config, Paralle
     if not under_launcher() and config.launcher.nproc_per_node > 1:
         world = config.launcher.nproc_per_node
         try:
-            validate(config, world, device_type=_device_type())
+            check(config, world, device_type=_device_type())
         except ValueError as err:
             _fail(str(err))
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
@@ -66,7 +68,7 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Config, Paralle
             sys.exit(code)
         return
     try:
-        validate(config, world, device_type=_device_type())
+        check(config, world, device_type=_device_type())
     except ValueError as err:
         _fail(str(err))
     ctx = (ParallelContext.create(config.parallel) if under_launcher()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from tpformer.checkpoint import store
 from tpformer.checkpoint.engine_state import logical_state_dict, scalar_state
@@ -58,3 +59,25 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
                  if (hf_dir / f).is_file()]
     return store.save(out_root / "checkpoints", 0, state, ctx, meta=meta, keep_last=0,
                       tokenizer_files=tokenizer)
+
+
+def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tuple[nn.Module, Path]:
+    """BertForSequenceClassification at ctx's layout from a tpformer checkpoint (its encoder and
+    pooler; the classifier is freshly initialized) or a Hugging Face BERT directory. Returns the
+    model and its tokenizer location (the checkpoint's tokenizer/ or the HF directory)."""
+    init = Path(init).expanduser()
+    if (init / store.META).is_file():
+        config = checkpoint_model_config(init)
+        if config.arch != "bert":
+            raise ValueError(f"init={init} holds a {config.arch} model; fine-tuning needs BERT")
+        model = build_model(config, ctx, task="classification", num_labels=num_labels)
+        encoder = dict(model.bert.named_parameters())
+        template = {"engine": {f"param/bert.{n}": torch.empty(logical_shape(p))
+                               for n, p in encoder.items()}}
+        store.load(init, template)
+        model.bert.load_full_state_dict({n: template["engine"][f"param/bert.{n}"] for n in encoder})
+        return model, init / store.TOKENIZER_DIR
+    if not (init / "config.json").is_file():
+        raise FileNotFoundError(f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
+                                f"Hugging Face directory (config.json)")
+    return load_hf_model(init, ctx, task="classification", num_labels=num_labels), init

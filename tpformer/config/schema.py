@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omegaconf import MISSING
+
 
 @dataclass
 class ParallelConfig:
@@ -176,4 +178,49 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+@dataclass
+class GlueDataConfig:
+    """Where a GLUE task's files come from and how its rows become batches."""
+
+    glue_dir: str = ""
+    """A directory in the original GLUE layout (<TASK>/train.tsv, dev.tsv, test.tsv); empty:
+    the hub dataset nyu-mll/glue (online)."""
+    max_length: int = 128
+    """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
+    group_by_length: bool = False
+    """Sort each global batch by length before cutting micro-batches (less padding)."""
+    cache_dir: str = "~/.cache/tpformer"
+    """Tokenized splits, keyed by file content, tokenizer and max_length."""
+
+
+@dataclass
+class FinetuneTrainerConfig:
+    """The fine-tuning loop: epochs over the training split, dev evaluation after each."""
+
+    epochs: float = 3.0
+    batch_size: int = 32
+    """Global batch (examples per optimizer step, over all DP ranks)."""
+    micro_batch_size: int = 0
+    """Examples per DP rank per forward (0: batch_size / dp, no accumulation)."""
+    warmup_ratio: float = 0.1
+    """Warmup as a fraction of the steps, used when optim.warmup_steps is 0."""
+    log_every: int = 10
+    progress: bool = True
+
+
+@dataclass
+class FinetuneConfig:
+    """tpformer-finetune: one GLUE task from a tpformer checkpoint or a Hugging Face BERT."""
+
+    task: str = MISSING
+    """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli."""
+    init: str = MISSING
+    """A tpformer checkpoint directory (checkpoints/stepN) or a Hugging Face BERT directory."""
+    data: GlueDataConfig = field(default_factory=GlueDataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: FinetuneTrainerConfig = field(default_factory=FinetuneTrainerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)

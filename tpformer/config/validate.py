@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpformer.config.schema import Config, DataConfig, ModelConfig, OptimConfig
+from tpformer.config.schema import Config, DataConfig, FinetuneConfig, ModelConfig, OptimConfig
 from tpformer.parallel.layout import divisors, resolve_layout
 
 DATA_SOURCES = ("shakespeare", "text", "jsonl", "hf", "synthetic")
@@ -106,3 +106,24 @@ def validate(config: Config, world_size: int, *, device_type: str = "cpu") -> No
     if config.optim.lr_scaling not in ("none", "linear", "sqrt"):
         raise ValueError(f"optim.lr_scaling={config.optim.lr_scaling!r} is not one of "
                          "['none', 'linear', 'sqrt']")
+
+
+GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+
+
+def validate_finetune(config: FinetuneConfig, world_size: int, *, device_type: str = "cpu") -> None:
+    """The rules of a fine-tuning run that do not need its checkpoint."""
+    layout = resolve_layout(config.parallel.tensor, config.parallel.data, world_size)
+    validate_engine(config.optim, config.parallel.zero_stage, config.parallel.cpu_offload)
+    validate_precision(config.parallel.precision, device_type)
+    if config.task not in GLUE_TASKS:
+        raise ValueError(f"task={config.task!r} is not a GLUE task; use one of {sorted(GLUE_TASKS)}")
+    t = config.trainer
+    micro = t.micro_batch_size or t.batch_size // layout.dp
+    if t.batch_size < 1 or micro < 1 or t.batch_size % (micro * layout.dp):
+        raise ValueError(f"trainer.batch_size={t.batch_size} must be a multiple of "
+                         f"trainer.micro_batch_size={micro} x dp={layout.dp}")
+    if t.epochs <= 0:
+        raise ValueError(f"trainer.epochs={t.epochs} must be > 0")
+    if not 8 <= config.data.max_length <= 512:
+        raise ValueError(f"data.max_length={config.data.max_length} must be in [8, 512]")

@@ -89,6 +89,35 @@ def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, list]:
     return rows
 
 
+HUB = "nyu-mll/glue"
+HUB_TEXT = {"cola": ("sentence", None), "sst2": ("sentence", None), "qqp": ("question1", "question2"),
+            "mnli": ("premise", "hypothesis"), "qnli": ("question", "sentence")}
+
+
+def read_hub_split(task_name: str, split: str) -> dict[str, list]:
+    """The same rows from the hub dataset (needs network): dev -> validation, labels mapped by
+    name where the hub orders them differently (MNLI)."""
+    import datasets
+
+    task = get_task(task_name)
+    table = datasets.load_dataset(HUB, task_name, split=split.replace("dev", "validation"))
+    a, b = HUB_TEXT.get(task_name, ("sentence1", "sentence2"))
+    rows = {"text_a": list(table[a]), "text_b": list(table[b]) if b else None,
+            "index": list(table["idx"])}
+    if not split.startswith("test"):
+        labels = table["label"]
+        if task.labels is not None and task.labels[0] not in ("0", "1"):
+            names = table.features["label"].names
+            labels = [task.labels.index(names[i]) for i in labels]
+        rows["label"] = list(labels)
+    return rows
+
+
+def load_split(glue_dir: str, task_name: str, split: str) -> dict[str, list]:
+    """A split from data.glue_dir when given, else from the hub."""
+    return read_split(Path(glue_dir), task_name, split) if glue_dir else read_hub_split(task_name, split)
+
+
 def _label_ids(task: GlueTask, values: list[str], path: Path) -> list:
     if task.labels is None:
         try:

@@ -198,3 +198,13 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def all_gather_object(obj: object, handle: GroupHandle) -> list[object]:
+    """Every rank's picklable object of the group, in group-rank order."""
+    if handle.size == 1:
+        return [obj]
+    _record("all_gather_object")
+    out: list[object] = [None] * handle.size
+    dist.all_gather_object(out, obj, group=handle.group)
+    return out

@@ -204,12 +204,11 @@ class Trainer:
         records: list[dict] = []
         window: list[dict[str, float]] = []
         start = last = time.perf_counter()
-        bar = tqdm(total=t.max_steps, disable=not (self.ctx.is_main and t.progress),
-                   desc="train", dynamic_ncols=True)
         self.model.train()
         self._install_sigterm()
         first = self.resume()
-        bar.update(first)
+        bar = tqdm(total=t.max_steps, initial=first, disable=not (self.ctx.is_main and t.progress),
+                   desc="train", dynamic_ncols=True)
         step = first - 1
         for step in range(first, t.max_steps):
             lr = lr_at(step, peak=self.peak_lr, optim=c.optim, max_steps=t.max_steps)

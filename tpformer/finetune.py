@@ -1,0 +1,41 @@
+"""`tpformer-finetune`: fine-tune BERT on a GLUE task at any layout.
+
+    tpformer-finetune task=rte init=runs/bert/checkpoints/step00000500 data.glue_dir=glue
+    tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=2 launcher.nproc_per_node=2
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from tpformer.config.schema import FinetuneConfig
+from tpformer.config.store import CONF_DIR, register_configs
+from tpformer.config.validate import validate_finetune
+from tpformer.parallel.context import ParallelContext
+from tpformer.run import run_entry_point
+from tpformer.train.finetune import Finetuner
+
+log = logging.getLogger("tpformer")
+register_configs()
+
+
+def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> None:
+    results = Finetuner(config, ctx, run_dir).train()
+    best = results.get("best", {})
+    log.info("done: best dev %s at step %s in %.0f s; results in %s",
+             {k: round(v, 4) for k, v in best.items() if k not in ("step", "epoch", "wall_time_s",
+                                                                    "train_loss")},
+             best.get("step"), results["wall_time_s"], run_dir / "results.json")
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="finetune")
+def main(cfg: DictConfig) -> None:
+    run_entry_point(cfg, "tpformer.finetune", finetune, check=validate_finetune)
+
+
+if __name__ == "__main__":
+    main()
