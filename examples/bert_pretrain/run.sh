@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The story of one run (examples/bert_pretrain/README.md): prepare the tokenizer and the corpus,
 # pretrain bert_mini on Shakespeare at TP=2 on 2 local processes, stop half-way, resume, export
-# the result to Hugging Face. Run from the repository root after `pip install -e '.[demo]'`.
+# the result to Hugging Face, fine-tune it. Run from the repository root after `pip install -e '.[demo]'`.
 set -euo pipefail
 RUN=${RUN:-runs/bert_mini_shakespeare}
 STEPS=${STEPS:-500}
@@ -17,4 +17,9 @@ tpformer-pretrain "${OVERRIDES[@]}" "trainer.exit_at_step=$((STEPS / 2))" "hydra
 tpformer-pretrain "${OVERRIDES[@]}" trainer.resume=auto "hydra.run.dir=$RUN"
 # 4. export to a Hugging Face directory (BertForPreTraining + the sentencepiece tokenizer)
 python tools/convert_checkpoint.py to-hf "$RUN/checkpoints/$(cat "$RUN/checkpoints/latest")" "$RUN/hf"
-echo "metrics: $RUN/metrics.jsonl  loss curve: $RUN/loss_curve.png  HF model: $RUN/hf"
+# 5. fine-tune the checkpoint on a GLUE-format task made from the plays (comedy or tragedy?)
+python tools/make_genre_task.py --out "$RUN/glue_genre"
+tpformer-finetune task=sst2 "init=$RUN/checkpoints/$(cat "$RUN/checkpoints/latest")" \
+    "data.glue_dir=$RUN/glue_genre" data.max_length=64 optim.lr=1e-4 trainer.epochs=2 \
+    parallel.tensor=2 launcher.nproc_per_node=2 "hydra.run.dir=$RUN/finetune"
+echo "metrics: $RUN/metrics.jsonl  loss curve: $RUN/loss_curve.png  HF model: $RUN/hf  GLUE results: $RUN/finetune/results.json"
