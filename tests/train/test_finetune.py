@@ -129,3 +129,34 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
                    f"data.cache_dir={tmp_path}"], tmp_path)
     assert result.returncode != 0
     assert f"has 6 tokens but model.vocab_size={len(SPECIAL_TOKENS) + len(WORDS)}" in result.stderr
+
+
+def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
+    """Pretrain 2 steps on a corpus, then fine-tune from the checkpoint: the encoder is the
+    pretrained one and the checkpoint's sentencepiece tokenizer is used."""
+    from tests.train.test_pretrain_corpus import corpus_config
+    from tpformer.checkpoint.convert import load_classifier
+    from tpformer.train.loop import Trainer
+
+    config = corpus_config(tmp_path, steps=2)
+    config.trainer.save_every = 2
+    trainer = Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "pre")
+    trainer.train()
+    checkpoint = tmp_path / "pre" / "checkpoints" / "step00000002"
+    ctx = ParallelContext.single(device="cpu")
+    model, tokenizer_dir = load_classifier(checkpoint, ctx, num_labels=2)
+    pretrained = dict(trainer.model.bert.named_parameters())
+    for name, param in model.bert.named_parameters():
+        assert torch.equal(param, pretrained[name]), name
+    assert tokenizer_dir == checkpoint / "tokenizer"
+    rows = [(f"The king loves the crown {'tonight' if i % 2 else 'at dawn'}.", "", str(i % 2))
+            for i in range(16)]
+    write_glue_file(tmp_path / "glue", "SST-2", "train", rows)
+    write_glue_file(tmp_path / "glue", "SST-2", "dev", rows[:8])
+    tune = FinetuneConfig(task="sst2", init=str(checkpoint),
+                          data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
+                                              cache_dir=str(tmp_path / "cache")),
+                          trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False))
+    results = Finetuner(tune, ctx, tmp_path / "tune").train()
+    assert results["steps"] == 2 and "accuracy" in results["best"]
+    assert (tmp_path / "tune" / "checkpoints" / "step00000002" / "tokenizer" / "tokenizer.model").is_file()

@@ -68,7 +68,8 @@ class OptimConfig:
     """Optimizer, clipping and loss-scaling settings the engine applies."""
 
     name: str = "adamw"
-    """adamw (decoupled weight decay; biases and LayerNorms are not decayed)."""
+    """adamw, or lamb (per-parameter trust ratio, for large-batch pretraining); biases and
+    LayerNorms are not decayed."""
     lr: float = 1e-4
     weight_decay: float = 0.01
     beta1: float = 0.9

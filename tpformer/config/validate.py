@@ -9,7 +9,7 @@ DATA_SOURCES = ("shakespeare", "text", "jsonl", "hf", "synthetic")
 
 ARCHS = ("bert", "gpt")
 OFFLOAD_MODES = ("none", "optimizer", "optimizer+params")
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = ("adamw", "lamb")
 PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINTING = ("none", "selective", "full")
 ACTIVATIONS = ("gelu", "gelu_tanh")

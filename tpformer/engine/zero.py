@@ -27,6 +27,7 @@ from tpformer.config.schema import OptimConfig
 from tpformer.config.validate import validate_engine
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
+from tpformer.engine.lamb import FlatLamb, Piece
 from tpformer.engine.precision import LossScaler, compute_dtype
 from tpformer.layers.block import TransformerLayer
 from tpformer.parallel.comm import (all_gather_async, all_reduce_async, reduce_scatter_async,
@@ -111,9 +112,16 @@ class ZeroEngine:
         fused = self.state_device.type in ("cpu", "cuda")
         groups = [{"params": [p for st in self.states for p, _, _, d in st.opt_params if d == decay],
                    "weight_decay": optim.weight_decay if decay else 0.0} for decay in (True, False)]
-        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=optim.lr,
-                                           betas=(optim.beta1, optim.beta2), eps=optim.eps,
-                                           fused=fused)
+        groups = [g for g in groups if g["params"]]
+        if optim.name == "lamb":
+            pieces, num_segments = self._lamb_pieces()
+            self.optimizer: torch.optim.Optimizer = FlatLamb(
+                groups, pieces=pieces, num_segments=num_segments, tp=ctx.tp,
+                dp=ctx.dp if self.stage >= 1 else None, comm_device=ctx.device, lr=optim.lr,
+                betas=(optim.beta1, optim.beta2), eps=optim.eps)
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2),
+                                               eps=optim.eps, fused=fused)
         for bucket, state in zip(self.buckets, self.states):
             for seg in bucket.segments:
                 seg.param.register_post_accumulate_grad_hook(self._grad_hook(bucket, state, seg))
@@ -148,6 +156,21 @@ class ZeroEngine:
             state.grad_shard = torch.zeros(bucket.shard_size, dtype=torch.float32,
                                            device=self.device)
         return state
+
+    def _lamb_pieces(self) -> tuple[dict[Tensor, list[Piece]], int]:
+        """Where each logical parameter lies inside this rank's optimizer views, by segment id
+        (ids are the same on every rank, so per-parameter norms can be all-reduced)."""
+        pieces: dict[Tensor, list[Piece]] = {}
+        first = 0
+        for bucket, state in zip(self.buckets, self.states):
+            ranges = ([(seg, seg.offset, seg.offset + seg.numel) for seg in bucket.segments]
+                      if self.stage == 0 else bucket.shard_ranges())
+            ids = {id(seg): first + i for i, seg in enumerate(bucket.segments)}
+            for view, lo, hi, _ in state.opt_params:
+                pieces[view] = [(ids[id(seg)], max(a, lo) - lo, min(b, hi) - lo, seg.tp_sharded)
+                                for seg, a, b in ranges if max(a, lo) < min(b, hi)]
+            first += len(bucket.segments)
+        return pieces, first
 
     def _opt_views(self, bucket: FlatBucket, master: Tensor) -> list[tuple[nn.Parameter, int, int, bool]]:
         split = bucket.decay_split(whole=self.stage == 0)
