@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -90,3 +91,30 @@ def test_metrics_match_hand_computed_values() -> None:
     assert stsb["spearman"] == pytest.approx(0.8)
     ties = score("stsb", torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1.0, 2.0, 3.0]))
     assert ties["spearman"] == pytest.approx(math.sqrt(3) / 2)  # ranks 1.5, 1.5, 3 vs 1, 2, 3
+
+
+def test_csv_json_and_parquet_files_with_hub_columns(tmp_path: Path) -> None:
+    import datasets
+
+    from tpformer.data.glue import load_split, read_file
+
+    rows = {"premise": ["A man sleeps.", "It rains."], "hypothesis": ["He rests.", "It is dry."],
+            "label": [1, 0]}
+    datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "dev.parquet"))
+    (tmp_path / "train.jsonl").write_text(
+        "".join(json.dumps({"premise": p, "hypothesis": h, "label": lab}) + "\n"
+                for p, h, lab in zip(rows["premise"], rows["hypothesis"],
+                                     ["neutral", "contradiction"])))
+    (tmp_path / "test.csv").write_text("idx,premise,hypothesis\n7,A b.,C d.\n")
+    files = {"train": str(tmp_path / "train.jsonl"), "dev": str(tmp_path / "dev.parquet"),
+             "test": str(tmp_path / "test.csv")}
+    dev = load_split("", "mnli", "dev_matched", files)
+    assert dev["text_a"] == rows["premise"] and dev["label"] == [1, 0]
+    assert load_split("", "mnli", "train", files)["label"] == [2, 0]  # label strings -> ids
+    test = load_split("", "mnli", "test_matched", files)
+    assert test["index"] == [7] and "label" not in test
+    (tmp_path / "bad.csv").write_text("premise,hypothesis,label\na,b,5\n")
+    with pytest.raises(ValueError, match=r"bad.csv: label 5 in column 'label' is not one of \[0, 1, 2\]"):
+        read_file(tmp_path / "bad.csv", "mnli", labeled=True)
+    with pytest.raises(ValueError, match=r"bad.csv has no column 'question'"):
+        read_file(tmp_path / "bad.csv", "qnli", labeled=True)

@@ -189,6 +189,10 @@ class GlueDataConfig:
     glue_dir: str = ""
     """A directory in the original GLUE layout (<TASK>/train.tsv, dev.tsv, test.tsv); empty:
     the hub dataset nyu-mll/glue (online)."""
+    train_file: str = ""
+    """A CSV/TSV/JSON(L)/parquet file with the hub's column names, instead of glue_dir/hub."""
+    dev_file: str = ""
+    test_file: str = ""
     max_length: int = 128
     """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
     group_by_length: bool = False

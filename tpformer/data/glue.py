@@ -113,8 +113,52 @@ def read_hub_split(task_name: str, split: str) -> dict[str, list]:
     return rows
 
 
-def load_split(glue_dir: str, task_name: str, split: str) -> dict[str, list]:
-    """A split from data.glue_dir when given, else from the hub."""
+BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, list]:
+    """A split from one CSV/TSV/JSON(L)/parquet file with the hub's column names (sentence,
+    sentence1/sentence2, question/sentence, premise/hypothesis, question1/question2, label);
+    labels may be ids or the task's label strings."""
+    import datasets
+
+    task = get_task(task_name)
+    path = Path(path).expanduser()
+    if path.suffix not in BUILDERS:
+        raise ValueError(f"{path}: use a {sorted(BUILDERS)} file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix == ".tsv" else {}
+    table = datasets.load_dataset(BUILDERS[path.suffix], data_files=str(path), split="train",
+                                  **options)
+    a, b = HUB_TEXT.get(task_name, ("sentence1", "sentence2"))
+    wanted = [a, *([b] if b else []), *(["label"] if labeled else [])]
+    missing = [c for c in wanted if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path} has no column {missing[0]!r} (columns: {table.column_names})")
+    rows = {"text_a": [str(x) for x in table[a]],
+            "text_b": [str(x) for x in table[b]] if b else None,
+            "index": list(table["idx"]) if "idx" in table.column_names else list(range(len(table)))}
+    if labeled:
+        values = table["label"]
+        if task.labels is not None and all(isinstance(v, int) for v in values):
+            bad = [v for v in values if not 0 <= v < task.num_labels]
+            if bad:
+                raise ValueError(f"{path}: label {bad[0]} in column 'label' is not one of "
+                                 f"{list(range(task.num_labels))}")
+            rows["label"] = list(values)
+        else:
+            rows["label"] = _label_ids(task, [str(v) for v in values], path)
+    return rows
+
+
+def load_split(glue_dir: str, task_name: str, split: str, files: dict[str, str] | None = None
+               ) -> dict[str, list]:
+    """A split from its file in `files` ({"train"|"dev"|"test": path}), else data.glue_dir,
+    else the hub."""
+    kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
+    if files and files.get(kind):
+        return read_file(Path(files[kind]), task_name, labeled=kind != "test")
     return read_split(Path(glue_dir), task_name, split) if glue_dir else read_hub_split(task_name, split)
 
 

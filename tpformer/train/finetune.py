@@ -92,7 +92,7 @@ class Finetuner:
         self.tokenizer = Tokenizer(tokenizer_path)
         self.tokenizer.check_vocab(self.model.config.vocab_size)
         self.splits = {split: self._examples(split)
-                       for split in ("train", *self.task.dev_splits, *self._test_splits())}
+                       for split in ("train", *self._dev_splits(), *self._test_splits())}
         self.engine = build_engine(self.model, config.optim, config.parallel, ctx)
         t, dp = config.trainer, ctx.dp.size
         self.micro = t.micro_batch_size or t.batch_size // dp
@@ -102,7 +102,18 @@ class Finetuner:
         self.max_steps = math.ceil(t.epochs * len(train) / t.batch_size)
         self.order = EpochOrder(len(train), config.parallel.seed)
 
+    def _files(self) -> dict[str, str]:
+        d = self.config.data
+        return {"train": d.train_file, "dev": d.dev_file, "test": d.test_file}
+
+    def _dev_splits(self) -> tuple[str, ...]:
+        return self.task.dev_splits[:1] if self.config.data.dev_file else self.task.dev_splits
+
     def _test_splits(self) -> list[str]:
+        if self.config.data.test_file:
+            return list(self.task.test_splits[:1])
+        if self.config.data.train_file or self.config.data.dev_file:
+            return []
         if not self.config.data.glue_dir:
             return list(self.task.test_splits)
         folder = Path(self.config.data.glue_dir).expanduser() / self.task.directory
@@ -113,14 +124,16 @@ class Finetuner:
         d = self.config.data
         key = hashlib.sha256(repr((self.config.task, split, d.glue_dir, d.max_length,
                                    self.tokenizer.fingerprint())).encode())
-        source = Path(d.glue_dir).expanduser() / self.task.directory / f"{split}.tsv"
-        if d.glue_dir and source.is_file():  # a missing file fails in load_split, by name
+        kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
+        source = (Path(self._files()[kind]) if self._files()[kind]
+                  else Path(d.glue_dir).expanduser() / self.task.directory / f"{split}.tsv")
+        if source.is_file():  # a missing file fails in load_split, by name
             key.update(source.read_bytes())
         cache = Path(d.cache_dir).expanduser() / "glue" / f"{self.config.task}-{split}-{key.hexdigest()[:16]}.pt"
         if cache.is_file():
             return torch.load(cache)
-        examples = encode(self.tokenizer, load_split(d.glue_dir, self.config.task, split),
-                          d.max_length)
+        examples = encode(self.tokenizer, load_split(d.glue_dir, self.config.task, split,
+                                                     self._files()), d.max_length)
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp{self.ctx.rank}")
         torch.save(examples, tmp)
@@ -180,10 +193,11 @@ class Finetuner:
 
     def evaluate(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        for split in self.task.dev_splits:
+        dev_splits = self._dev_splits()
+        for split in dev_splits:
             pred, _ = self.predict(split)
             gold = torch.tensor([e["label"] for e in self.splits[split]])
-            prefix = "" if len(self.task.dev_splits) == 1 else f"{split.removeprefix('dev_')}_"
+            prefix = "" if len(dev_splits) == 1 else f"{split.removeprefix('dev_')}_"
             metrics.update({prefix + k: v for k, v in score(self.config.task, pred, gold).items()})
         return metrics
 
@@ -217,8 +231,9 @@ class Finetuner:
         c, t = self.config, self.config.trainer
         warmup = c.optim.warmup_steps or round(t.warmup_ratio * self.max_steps)
         schedule = replace(c.optim, warmup_steps=warmup)
-        main_metric = (self.task.metrics[0] if len(self.task.dev_splits) == 1
-                       else f"{self.task.dev_splits[0].removeprefix('dev_')}_{self.task.metrics[0]}")
+        dev_splits = self._dev_splits()
+        main_metric = (self.task.metrics[0] if len(dev_splits) == 1
+                       else f"{dev_splits[0].removeprefix('dev_')}_{self.task.metrics[0]}")
         results: dict = {"task": c.task, "init": c.init, "steps": self.max_steps,
                          "train_examples": len(self.splits["train"]), "evaluations": []}
         best = -math.inf
