@@ -41,15 +41,15 @@ class Trainer:
         self.config, self.ctx, self.run_dir = config, ctx, run_dir
         m = config.model
         self.task = "pretraining" if m.arch == "bert" else "causal_lm"
+        prepared = self._prepare_data()  # first: a bad corpus or tokenizer fails before any build
+        self.tokenizer_files = Tokenizer(prepared[0]).files if prepared else []
+        self.data = load_pretraining_data(config.data, m, seed=config.parallel.seed,
+                                          prepared=prepared)
         self.model = build_model(m, ctx, task=self.task)
         self.params_per_rank = sum(p.numel() for p in self.model.parameters())
         self.total_params = sum(logical_shape(p).numel() for p in self.model.parameters())
         self.checkpointed = apply_recompute(self.model, config.parallel, ctx.rng)
         self.engine = build_engine(self.model, config.optim, config.parallel, ctx)
-        prepared = self._prepare_data()
-        self.tokenizer_files = Tokenizer(prepared[0]).files if prepared else []
-        self.data = load_pretraining_data(config.data, m, seed=config.parallel.seed,
-                                          prepared=prepared)
         t = config.trainer
         self.global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
         self.peak_lr = scaled_lr(config.optim, self.global_batch)
