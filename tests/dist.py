@@ -53,20 +53,30 @@ def _context() -> mp.context.BaseContext:
     return ctx
 
 
+def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
+                timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
+                seed: int = 1234) -> tuple[list[mp.process.BaseProcess], str]:
+    """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
+    and their work directory (for tests that kill ranks themselves)."""
+    config = ParallelConfig(tensor=tensor, data=str(data), seed=seed)
+    workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
+    mpctx = _context()
+    procs = [mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    return procs, workdir
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
                     timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
                     seed: int = 1234) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
     fn and args must be picklable (a module-level function of a test module)."""
-    config = ParallelConfig(tensor=tensor, data=str(data), seed=seed)
-    workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
-    mpctx = _context()
-    procs = [mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
-             for r in range(world_size)]
+    procs, workdir = start_ranks(fn, world_size, *args, timeout_s=timeout_s, tensor=tensor,
+                                 data=data, seed=seed)
     try:
-        for p in procs:
-            p.start()
         deadline = time.monotonic() + timeout_s + 30
         while any(p.is_alive() for p in procs):
             failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist import run_distributed
+from tests.dist import run_distributed, start_ranks
 from tests.train.test_trainer import tiny_config
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
@@ -67,6 +67,52 @@ def test_incomplete_checkpoints_are_never_latest(tmp_path: Path) -> None:
     (root / "latest").write_text("step00000006")
     assert store.find_latest(root) == root / "step00000004"
     assert (tmp_path / "checkpoints" / ".tmp-step00000004").exists() is False
+
+
+def _train_and_hang_in_second_save(ctx: ParallelContext, config: Config, run_dir: str) -> None:
+    """Save at step 2 normally; at step 4 every rank finishes its DCP write, leaves a marker and
+    hangs before the checkpoint is completed (meta.json, rename), waiting to be killed."""
+    import time
+
+    real_save, calls = store.dcp.save, []
+
+    def save_then_hang(*args, **kwargs):
+        real_save(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            (Path(run_dir) / f"written{ctx.rank}").touch()
+            time.sleep(3600)
+
+    store.dcp.save = save_then_hang
+    _run(ctx, config, run_dir, save_every=2)
+
+
+def test_ranks_killed_mid_save_leave_the_previous_checkpoint_latest(tmp_path: Path) -> None:
+    """SIGKILL both ranks after their shards of step 4 are on disk but before the checkpoint is
+    complete: step 2 stays latest, resume=auto continues from it, the leftover is replaced."""
+    import time
+
+    run_dir = tmp_path / "run"
+    procs, _ = start_ranks(_train_and_hang_in_second_save, 2, tiny_config(steps=6), str(run_dir),
+                           timeout_s=120)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((run_dir / f"written{r}").exists() for r in range(2)):
+            assert time.monotonic() < deadline and all(p.is_alive() for p in procs)
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+    root = run_dir / "checkpoints"
+    partial = root / ".tmp-step00000004"
+    assert any(partial.glob("*.distcp")) and not (partial / "meta.json").exists()
+    assert (root / "latest").read_text() == "step00000002"
+    assert store.find_latest(root) == root / "step00000002"
+    resumed = _run(ParallelContext.single(device="cpu"), tiny_config(steps=6), str(run_dir),
+                   save_every=2, resume="auto")
+    assert min(resumed) == 3 and max(resumed) == 6
+    assert store.find_latest(root) == root / "step00000006" and not partial.exists()
 
 
 def test_bad_checkpoints_are_named(tmp_path: Path) -> None:
@@ -172,3 +218,58 @@ def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: d
         for step in range(EXIT + 1, STEPS + 1):
             assert abs(losses[step] - straight[step]) <= RESHARD_REL * straight[step], (losses, straight)
 
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (the ranks under the launcher)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def test_killed_rank_restarts_from_the_latest_checkpoint(tmp_path: Path) -> None:
+    """launcher.max_restarts=1 (= torchrun --max-restarts 1): SIGKILL one rank after a checkpoint;
+    the launcher restarts both ranks, which resume from it and finish the run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.train.test_trainer import REPO, TINY
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    steps, every = 160, 20
+    args = [sys.executable, "-m", "tpformer.pretrain", *TINY, f"trainer.max_steps={steps}",
+            f"trainer.save_every={every}", "trainer.resume=auto", "trainer.log_every=10",
+            "launcher.nproc_per_node=2", "launcher.max_restarts=1", f"hydra.run.dir={tmp_path}"]
+    log = (tmp_path / "job.log").open("w")
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        root = tmp_path / "checkpoints"
+        deadline = time.monotonic() + 120
+        while store.find_latest(root) is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        ranks = _children(proc.pid)
+        assert len(ranks) == 2 and proc.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
+        killed_after = store.read_meta(store.find_latest(root))["step"]
+        os.kill(ranks[1], signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = (tmp_path / "job.log").read_text()
+    assert proc.returncode == 0, output[-3000:]
+    resumed = [int(line.rsplit("at step ", 1)[1].split(",")[0].split()[0])
+               for line in output.splitlines() if "resumed from" in line]
+    assert resumed and killed_after <= resumed[0] < steps, output[-3000:]
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == steps
+    assert store.read_meta(store.find_latest(root))["step"] == steps

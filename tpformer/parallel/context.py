@@ -72,7 +72,15 @@ def init_distributed(*, timeout_s: float = 600.0) -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    # torchrun keeps one store for all restart attempts, and the ranks' keys carry no attempt
+    # number: after `--max-restarts` restarts the workers, gloo would read the dead ranks'
+    # addresses left by the previous attempt and hang or be refused. One prefix per attempt.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"tpformer/attempt{attempt}/", store)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
 
 
 @dataclass
