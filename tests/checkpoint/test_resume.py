@@ -53,6 +53,24 @@ def test_stop_and_resume_is_bitwise_equal(tmp_path: Path, world: int, parallel: 
     latest = store.find_latest(tmp_path / "b" / "checkpoints")
     assert latest is not None and latest.name == store.step_dir_name(EXIT)
     assert json.loads((latest / "meta.json").read_text())["world_size"] == world
+    if parallel.get("tensor", 1) == 2:
+        _assert_each_tp_rank_wrote_its_slice(latest)
+
+
+def _assert_each_tp_rank_wrote_its_slice(checkpoint: Path) -> None:
+    """A TP-sharded parameter is stored as two row-chunks of the logical tensor, one in each
+    rank's file; a replicated one (LayerNorm) as one whole tensor."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(checkpoint)).read_metadata()
+    key = "engine.param/bert.encoder.layers.0.attention.qkv.weight"
+    chunks = metadata.state_dict_metadata[key].chunks
+    assert sorted((tuple(c.offsets), tuple(c.sizes)) for c in chunks) == [
+        ((0, 0), (192, 128)), ((192, 0), (192, 128))]
+    files = {info.relative_path for index, info in metadata.storage_data.items() if index.fqn == key}
+    assert files == {"__0_0.distcp", "__1_0.distcp"}
+    norm = [k for k in metadata.state_dict_metadata if k.startswith("engine.param/") and "norm" in k]
+    assert norm and all(len(metadata.state_dict_metadata[k].chunks) == 1 for k in norm)
 
 
 def test_incomplete_checkpoints_are_never_latest(tmp_path: Path) -> None:

@@ -1,12 +1,15 @@
-"""The four autograd collectives: values and gradients in both directions, and their counts."""
+"""The four autograd collectives: values and gradients in both directions, and their counts;
+the flat DP collectives of the ZeRO engine on every path (one rank, the two-rank exchange,
+gloo's all-reduce for more ranks), several in flight at once."""
 
 import pytest
 import torch
 
 from tests.dist import run_distributed
 from tests.tolerances import seeded, shard
-from tpformer.parallel.comm import (copy_to_tp, count_collectives, gather_from_tp, reduce_from_tp,
-                                    scatter_to_tp)
+from tpformer.parallel.comm import (all_gather_async, copy_to_tp, count_collectives,
+                                    gather_from_tp, reduce_from_tp, reduce_scatter_async,
+                                    scatter_to_tp, wait)
 from tpformer.parallel.context import ParallelContext
 
 
@@ -45,3 +48,28 @@ def _collectives(ctx: ParallelContext) -> None:
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_collectives_forward_and_backward(tp: int) -> None:
     run_distributed(_collectives, tp, tensor=tp)
+
+
+def _flat_dp_collectives(ctx: ParallelContext) -> None:
+    dp, n = ctx.dp, ctx.dp.size
+    per_rank = [torch.randn(12 * n, generator=seeded(r)) for r in range(n)]
+    total = sum(per_rank[1:], per_rank[0])
+    inputs = [per_rank[dp.rank] * (k + 1) for k in range(3)]
+    outs = [torch.empty(12) for _ in range(3)]
+    works = [reduce_scatter_async(out, x.clone(), dp) for out, x in zip(outs, inputs)]
+    for work in works:  # three in flight, completed in order, as the engine's buckets are
+        wait(work)
+    for k, out in enumerate(outs):
+        assert torch.allclose(out, (total * (k + 1)).chunk(n)[dp.rank], rtol=1e-6, atol=1e-6)
+    shards = [torch.arange(12, dtype=torch.float32) + 100 * dp.rank + k for k in range(3)]
+    gathered = [torch.full((12 * n,), float("nan")) for _ in range(3)]
+    works = [all_gather_async(out, shard_, dp) for out, shard_ in zip(gathered, shards)]
+    for work in works:
+        wait(work)
+    for k, out in enumerate(gathered):
+        assert torch.equal(out, torch.cat([torch.arange(12.0) + 100 * r + k for r in range(n)]))
+
+
+@pytest.mark.parametrize("dp", [1, 2, 4])
+def test_flat_dp_reduce_scatter_and_all_gather(dp: int) -> None:
+    run_distributed(_flat_dp_collectives, dp)

@@ -11,7 +11,7 @@ Sequence parallelism will add the pair reduce-scatter / all-gather along the seq
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -155,21 +155,58 @@ class _AllReduceThenSlice:
     def __init__(self, work: dist.Work, out: Tensor, x: Tensor, rank: int) -> None:
         self.work, self.out, self.x, self.rank = work, out, x, rank
 
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
     def wait(self) -> None:
         self.work.wait()
         n = self.out.numel()
         self.out.copy_(self.x[self.rank * n : (self.rank + 1) * n])
 
 
+class _PairExchange:
+    """Two ranks swap one chunk each with point-to-point send/recv; `wait` completes both
+    directions and then runs `finish` (the local add of a reduce-scatter)."""
+
+    def __init__(self, send: Tensor, recv: Tensor, handle: GroupHandle,
+                 finish: Callable[[], None] | None = None) -> None:
+        peer = 1 - handle.rank
+        self.works = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, send, group=handle.group, group_peer=peer),
+            dist.P2POp(dist.irecv, recv, group=handle.group, group_peer=peer)])
+        self.finish = finish
+
+    def is_completed(self) -> bool:
+        """Both transfers are done (the local `finish` still runs in `wait`)."""
+        return all(work.is_completed() for work in self.works)
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+        if self.finish is not None:
+            self.finish()
+
+
+def _pairwise(handle: GroupHandle) -> bool:
+    """gloo with two ranks: a swap of halves moves half the bytes of gloo's ring collectives
+    and runs on gloo's transport without its collective algorithms (measured on CPU, 32 MB,
+    2 ranks: exchange 17.7 ms vs all-reduce 29.6 ms and all_gather_into_tensor 44.0 ms)."""
+    return handle.size == 2 and dist.get_backend(handle.group) == "gloo"
+
+
 def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Work | None:
     """Start a SUM reduce-scatter: `out` (numel x.numel() / size) gets this rank's chunk.
 
-    NOTE: on gloo `x` is all-reduced in place (see _AllReduceThenSlice); it is scratch after.
+    NOTE: on gloo `x` may be reduced in place (see _AllReduceThenSlice); it is scratch after.
     """
     if handle.size == 1:
         out.copy_(x)
         return None
     _record("reduce_scatter")
+    if _pairwise(handle):
+        mine, theirs = x.chunk(2) if handle.rank == 0 else reversed(x.chunk(2))
+        return _PairExchange(theirs, out, handle,  # type: ignore[return-value]
+                             finish=lambda: out.add_(mine))
     if dist.get_backend(handle.group) == "gloo":
         work = dist.all_reduce(x, group=handle.group, async_op=True)
         return _AllReduceThenSlice(work, out, x, handle.rank)  # type: ignore[return-value]
@@ -182,6 +219,10 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> dist.Wo
         out.copy_(shard)
         return None
     _record("all_gather")
+    if _pairwise(handle):
+        chunks = out.chunk(2)
+        chunks[handle.rank].copy_(shard)
+        return _PairExchange(shard, chunks[1 - handle.rank], handle)  # type: ignore[return-value]
     return _all_gather(out, shard, group=handle.group, async_op=True)
 
 
