@@ -3,9 +3,13 @@
     python tools/benchmark_zero.py                       # speed: bert_small, interleaved rounds
     python tools/benchmark_zero.py --memory --model bert_base   # peak RSS, one fresh pair each
 
-Speed mode builds every contender in the same 2 processes (1 thread each) and runs one
-forward+backward+AdamW step of each in turn per round, so noise hits all alike; it prints the
-median tokens/s and accounted model-state bytes per rank as ratios against DDP. Memory mode
+Speed mode builds every contender in the same 2 processes (1 thread each) and gives each a turn
+of `--steps-per-turn` forward+backward+AdamW steps per round, in an order rotated every round, so
+noise hits all alike. A turn ends when its own communication has finished (tpformer's ZeRO-1/2
+overlap the post-step all-gather with the next forward; the last one of a turn is waited for
+inside the timed window rather than left to slow the next contender). It prints the median
+tokens/s, the median and interquartile range over rounds of the paired ratio DDP time /
+contender time, and accounted model-state bytes per rank against DDP. Memory mode
 starts a fresh pair of processes per contender (peak RSS is a process high-water mark), runs a
 few steps and prints the peak RSS per rank next to DDP's.
 """
@@ -106,6 +110,11 @@ class Contender:
         self.opt.step()
         self.opt.zero_grad(set_to_none=False)
 
+    def settle(self) -> None:
+        """Wait for communication still in flight (only tpformer's engine leaves any)."""
+        if self.engine is not None:
+            self.engine.settle()
+
     def accounted(self) -> int:
         if self.engine is not None:
             return memory_report(self.engine).total
@@ -126,15 +135,18 @@ def _speed_worker(rank: int, world: int, store: str, args, queue) -> None:
     contenders = [Contender(name, args.model, ctx, args.micro_batch) for name in CONTENDERS]
     times: dict[str, list[float]] = {c.name: [] for c in contenders}
     for round_ in range(args.warmup + args.rounds):
-        for c in contenders:
+        shift = round_ % len(contenders)
+        for c in contenders[shift:] + contenders[:shift]:
             dist.barrier()
             start = time.perf_counter()
-            c.step()
+            for _ in range(args.steps_per_turn):
+                c.step()
+            c.settle()
             dist.barrier()
             if round_ >= args.warmup:
-                times[c.name].append(time.perf_counter() - start)
+                times[c.name].append((time.perf_counter() - start) / args.steps_per_turn)
     if rank == 0:
-        queue.put({c.name: (statistics.median(times[c.name]), c.accounted()) for c in contenders})
+        queue.put({c.name: (times[c.name], c.accounted()) for c in contenders})
     ctx.destroy()
 
 
@@ -146,6 +158,13 @@ def _memory_worker(rank: int, world: int, store: str, args, name: str, queue) ->
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     queue.put((rank, peak, contender.accounted()))
     ctx.destroy()
+
+
+def _paired_ratio_quartiles(base: list[float], times: list[float]) -> list[float]:
+    """Quartiles over rounds of DDP's step time / this contender's, both taken in the same
+    round: a slow spell of a shared machine hits both sides of each ratio alike."""
+    ratios = [b / t for b, t in zip(base, times)]
+    return statistics.quantiles(ratios, n=4, method="inclusive")
 
 
 def _spawn(target, world: int, *extra) -> list:
@@ -164,8 +183,9 @@ def _spawn(target, world: int, *extra) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="preset (bert_small; bert_base with --memory)")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps-per-turn", type=int, default=2)
     parser.add_argument("--memory", action="store_true", help="peak RSS, one process pair each")
     parser.add_argument("--memory-steps", type=int, default=3)
     parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="samples per rank")
@@ -177,13 +197,15 @@ def main() -> None:
     print(f"{args.model}, 2 ranks x 1 thread (gloo), micro-batch {args.micro_batch} x seq {SEQ} per "
           "rank, fp32, AdamW")
     if not args.memory:
-        medians = _spawn(_speed_worker, world, args)[0]
-        base_t, base_b = medians["DDP"]
-        print(f"{'contender':26s} {'step s':>7s} {'tokens/s':>9s} {'vs DDP':>7s} "
+        measured = _spawn(_speed_worker, world, args)[0]
+        base_times, base_b = measured["DDP"]
+        print(f"{'contender':26s} {'step s':>7s} {'tokens/s':>9s} {'vs DDP':>7s} {'IQR':>11s} "
               f"{'accounted MB/rank':>18s} {'vs DDP':>7s}")
-        for name, (t, b) in medians.items():
-            print(f"{name:26s} {t:7.3f} {tokens / t:9.0f} {base_t / t:7.2f} {b / 2**20:18.1f} "
-                  f"{b / base_b:7.2f}")
+        for name, (times, b) in measured.items():
+            t = statistics.median(times)
+            q1, ratio, q3 = _paired_ratio_quartiles(base_times, times)
+            print(f"{name:26s} {t:7.3f} {tokens / t:9.0f} {ratio:7.2f} {q1:5.2f}-{q3:<5.2f} "
+                  f"{b / 2**20:18.1f} {b / base_b:7.2f}")
         return
     print(f"{'contender':26s} {'peak RSS MB/rank':>17s} {'vs DDP':>7s} {'accounted MB/rank':>18s}")
     rows = {}

@@ -61,6 +61,10 @@ def _flat_dp_collectives(ctx: ParallelContext) -> None:
         wait(work)
     for k, out in enumerate(outs):
         assert torch.allclose(out, (total * (k + 1)).chunk(n)[dp.rank], rtol=1e-6, atol=1e-6)
+    in_place = per_rank[dp.rank].clone()  # ZeRO-1 reduces into its own chunk of the buffer
+    own = in_place.chunk(n)[dp.rank]
+    wait(reduce_scatter_async(own, in_place, dp))
+    assert torch.allclose(own, total.chunk(n)[dp.rank], rtol=1e-6, atol=1e-6)
     shards = [torch.arange(12, dtype=torch.float32) + 100 * dp.rank + k for k in range(3)]
     gathered = [torch.full((12 * n,), float("nan")) for _ in range(3)]
     works = [all_gather_async(out, shard_, dp) for out, shard_ in zip(gathered, shards)]

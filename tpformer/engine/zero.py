@@ -280,6 +280,9 @@ class ZeroEngine:
             if self.stage >= 2:
                 self._release_reduced()
                 state.work = reduce_scatter_async(state.grad_shard, state.grad, self.ctx.dp)
+            elif self.stage == 1:  # only this rank's part is stepped: reduce it in place
+                state.work = reduce_scatter_async(bucket.shard_of(state.grad), state.grad,
+                                                  self.ctx.dp)
             else:
                 state.work = all_reduce_async(state.grad, self.ctx.dp)
         if self.stage == 3 and bucket.module is not None:

@@ -197,7 +197,8 @@ def _pairwise(handle: GroupHandle) -> bool:
 def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Work | None:
     """Start a SUM reduce-scatter: `out` (numel x.numel() / size) gets this rank's chunk.
 
-    NOTE: on gloo `x` may be reduced in place (see _AllReduceThenSlice); it is scratch after.
+    `out` may be this rank's own chunk of `x` (in place, as NCCL allows). The rest of `x` is
+    scratch after: partial sums, or on gloo the whole reduced buffer (see _AllReduceThenSlice).
     """
     if handle.size == 1:
         out.copy_(x)
@@ -205,6 +206,10 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Wo
     _record("reduce_scatter")
     if _pairwise(handle):
         mine, theirs = x.chunk(2) if handle.rank == 0 else reversed(x.chunk(2))
+        if out.data_ptr() == mine.data_ptr():  # in place: the peer's half lands beside it
+            recv = torch.empty_like(out)
+            return _PairExchange(theirs, recv, handle,  # type: ignore[return-value]
+                                 finish=lambda: out.add_(recv))
         return _PairExchange(theirs, out, handle,  # type: ignore[return-value]
                              finish=lambda: out.add_(mine))
     if dist.get_backend(handle.group) == "gloo":
