@@ -30,10 +30,8 @@ from tpformer.engine.grad_clip import global_grad_norm
 from tpformer.engine.lamb import FlatLamb, Piece
 from tpformer.engine.precision import LossScaler, compute_dtype
 from tpformer.layers.block import TransformerLayer
-from tpformer.parallel.comm import (all_gather_async, all_reduce_async, reduce_scatter_async,
-                                    wait)
+from tpformer.parallel.comm import all_gather_async, all_reduce_async, reduce_scatter_async, wait
 from tpformer.parallel.context import ParallelContext
-
 
 
 @dataclass
@@ -58,10 +56,6 @@ class BucketState:
     launched: bool = False
     ready: int = 0
     pending: tuple | None = None
-
-
-def _completed(work: object) -> bool:
-    return bool(work.is_completed())  # type: ignore[attr-defined]
 
 
 def _in_backward() -> bool:
@@ -293,7 +287,7 @@ class ZeroEngine:
         the next bucket reuses them and the whole model's gradients never coexist."""
         for state in self.states:
             work = state.work
-            if state.grad is not None and work is not None and _completed(work):
+            if state.grad is not None and work is not None and work.is_completed():
                 wait(work)
                 state.work = None
                 self.pool.give(state.grad)

@@ -206,12 +206,11 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Wo
     _record("reduce_scatter")
     if _pairwise(handle):
         mine, theirs = x.chunk(2) if handle.rank == 0 else reversed(x.chunk(2))
-        if out.data_ptr() == mine.data_ptr():  # in place: the peer's half lands beside it
-            recv = torch.empty_like(out)
-            return _PairExchange(theirs, recv, handle,  # type: ignore[return-value]
-                                 finish=lambda: out.add_(recv))
-        return _PairExchange(theirs, out, handle,  # type: ignore[return-value]
-                             finish=lambda: out.add_(mine))
+        in_place = out.data_ptr() == mine.data_ptr()  # then the peer's half lands beside it
+        recv = torch.empty_like(out) if in_place else out
+        addend = recv if in_place else mine
+        return _PairExchange(theirs, recv, handle,  # type: ignore[return-value]
+                             finish=lambda: out.add_(addend))
     if dist.get_backend(handle.group) == "gloo":
         work = dist.all_reduce(x, group=handle.group, async_op=True)
         return _AllReduceThenSlice(work, out, x, handle.rank)  # type: ignore[return-value]
