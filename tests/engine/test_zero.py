@@ -200,6 +200,37 @@ def test_gradients_are_reduced_during_backward_once_per_bucket() -> None:
         assert counts["backward"] == counts["buckets"] == 3  # 2 layers + the rest
 
 
+def _whole_gradients_at_once(ctx: ParallelContext) -> dict[int, int]:
+    """The most buckets holding a whole (unreduced) gradient buffer at any point of backward."""
+    most = {}
+    for stage in (2, 3):
+        model = build_model(tiny_bert(num_layers=6), ctx, task="classification",
+                            num_labels=LABELS)
+        engine = build_engine(model, OPTIM, ParallelConfig(zero_stage=stage), ctx)
+        seen = [0]
+
+        def count(param: torch.Tensor, engine=engine, seen=seen) -> None:
+            seen[0] = max(seen[0], sum(s.grad is not None for s in engine.states))
+        for p in model.parameters():  # runs after the engine's own hook on the same parameter
+            p.register_post_accumulate_grad_hook(count)
+        batch = {k: v[:2] for k, v in _batch(0).items()}
+        for _ in range(2):
+            engine.backward(model(**batch).loss)
+            engine.step()
+        most[stage] = seen[0]
+    return most
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_whole_gradients_are_freed_as_they_are_reduced(dp: int) -> None:
+    """Stages 2-3 keep only shards: a layer's whole gradient goes back to the pool once its
+    reduce-scatter is done, so the root bucket's and at most two layers' coexist (the one
+    in flight and the one filling), not all six (dp=2 runs the point-to-point exchange, whose
+    gloo work never reports completion before it is waited for)."""
+    for most in run_distributed(_whole_gradients_at_once, dp, tensor=1):
+        assert most == {2: 3, 3: 3}
+
+
 LAMB = replace(OPTIM, name="lamb", lr=1e-2)
 
 

@@ -272,8 +272,9 @@ class ZeroEngine:
         if self.sync and not state.launched and state.grad is not None:
             state.launched = True
             if self.stage >= 2:
-                self._release_reduced()
-                state.work = reduce_scatter_async(state.grad_shard, state.grad, self.ctx.dp)
+                work = reduce_scatter_async(state.grad_shard, state.grad, self.ctx.dp)
+                self._retire_reductions()
+                state.work = work
             elif self.stage == 1:  # only this rank's part is stepped: reduce it in place
                 state.work = reduce_scatter_async(bucket.shard_of(state.grad), state.grad,
                                                   self.ctx.dp)
@@ -282,13 +283,15 @@ class ZeroEngine:
         if self.stage == 3 and bucket.module is not None:
             self._free(bucket, state)
 
-    def _release_reduced(self) -> None:
-        """Stages 2-3: return the full gradient buffers whose reduce-scatter has finished, so
-        the next bucket reuses them and the whole model's gradients never coexist."""
+    def _retire_reductions(self) -> None:
+        """Stages 2-3: wait for the reduce-scatters launched before the one just started and
+        return their full gradient buffers, so the next bucket reuses them and at most two
+        buckets' whole gradients coexist. The previous bucket's reduction had a whole unit's
+        backward to finish, so the wait is normally free; it is a wait, not a poll, because
+        gloo's point-to-point work reports completion only once waited for."""
         for state in self.states:
-            work = state.work
-            if state.grad is not None and work is not None and work.is_completed():
-                wait(work)
+            if state.grad is not None and state.work is not None:
+                wait(state.work)
                 state.work = None
                 self.pool.give(state.grad)
                 state.grad = None

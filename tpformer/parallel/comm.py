@@ -155,9 +155,6 @@ class _AllReduceThenSlice:
     def __init__(self, work: dist.Work, out: Tensor, x: Tensor, rank: int) -> None:
         self.work, self.out, self.x, self.rank = work, out, x, rank
 
-    def is_completed(self) -> bool:
-        return self.work.is_completed()
-
     def wait(self) -> None:
         self.work.wait()
         n = self.out.numel()
@@ -175,10 +172,6 @@ class _PairExchange:
             dist.P2POp(dist.isend, send, group=handle.group, group_peer=peer),
             dist.P2POp(dist.irecv, recv, group=handle.group, group_peer=peer)])
         self.finish = finish
-
-    def is_completed(self) -> bool:
-        """Both transfers are done (the local `finish` still runs in `wait`)."""
-        return all(work.is_completed() for work in self.works)
 
     def wait(self) -> None:
         for work in self.works:
