@@ -285,8 +285,9 @@ class ZeroEngine:
 
     def _retire_reductions(self) -> None:
         """Stages 2-3: wait for the reduce-scatters launched before the one just started and
-        return their full gradient buffers, so the next bucket reuses them and at most two
-        buckets' whole gradients coexist. The previous bucket's reduction had a whole unit's
+        return their full gradient buffers, so the next bucket reuses them: besides the root's
+        (filled from the heads to the embeddings), at most two layers' whole gradients coexist,
+        the one in flight and the one filling. The previous bucket's reduction had a whole unit's
         backward to finish, so the wait is normally free; it is a wait, not a poll, because
         gloo's point-to-point work reports completion only once waited for."""
         for state in self.states:
