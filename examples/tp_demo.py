@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tpformer.config.schema import ParallelConfig
 from tpformer.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                              vocab_parallel_cross_entropy)
 from tpformer.parallel import GroupHandle, ParallelContext
@@ -54,7 +53,7 @@ def train(ctx: ParallelContext) -> list[float]:
 
 
 def main() -> None:
-    ctx = ParallelContext.create(ParallelConfig(tensor=2, seed=0))
+    ctx = ParallelContext.create(tensor=2, seed=0)
     tp_losses = train(ctx)
     if ctx.is_main:
         single = train(ParallelContext.single(seed=0, device="cpu"))

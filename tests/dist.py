@@ -36,7 +36,8 @@ def _worker(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, wor
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
-        ctx = ParallelContext.create(config)
+        ctx = ParallelContext.create(config.tensor, config.data, seed=config.seed,
+                                     timeout_s=timeout_s)
         try:
             result = fn(ctx, *args)
         finally:

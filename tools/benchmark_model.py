@@ -21,7 +21,7 @@ from datetime import timedelta
 
 import torch
 
-from tpformer.config.schema import ModelConfig, ParallelConfig
+from tpformer.config.schema import ModelConfig
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 
@@ -109,7 +109,7 @@ def _tp_worker(rank: int, world: int, store: str, dropout: float, commands, repl
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                                          world_size=world, timeout=timedelta(seconds=300))
-    ctx = ParallelContext.create(ParallelConfig(tensor=world), device=torch.device("cpu"))
+    ctx = ParallelContext.create(tensor=world, device=torch.device("cpu"))
     step = TPStep(ctx, dropout)
     while commands[rank].get() == "step":
         step()

@@ -31,7 +31,6 @@ import torch.distributed as dist
 from tpformer.config.presets import preset
 from tpformer.config.schema import OptimConfig, ParallelConfig
 from tpformer.engine import build_engine
-from tpformer.engine.memory import memory_report
 from tpformer.layers.block import TransformerLayer
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
@@ -117,7 +116,7 @@ class Contender:
 
     def accounted(self) -> int:
         if self.engine is not None:
-            return memory_report(self.engine).total
+            return self.engine.memory_report().total
         params = list(self.model.parameters())
         grads = [p.grad for p in params if p.grad is not None]
         return _bytes(params) + _bytes(grads) + _optimizer_bytes(getattr(self.opt, "optim", self.opt))
@@ -127,7 +126,7 @@ def _init(rank: int, world: int, store: str) -> ParallelContext:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=900))
-    return ParallelContext.create(ParallelConfig(tensor=1), device=torch.device("cpu"))
+    return ParallelContext.create(tensor=1, device=torch.device("cpu"))
 
 
 def _speed_worker(rank: int, world: int, store: str, args, queue) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tpformer.checkpoint.convert import from_hf, to_hf
+from tpformer.convert import from_hf, to_hf
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from tpformer.config.schema import FinetuneConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import validate_finetune
 from tpformer.parallel.context import ParallelContext
-from tpformer.run import run_entry_point
+from tpformer.run import hydra_exit_codes, run_entry_point
 from tpformer.train.finetune import Finetuner
 
 log = logging.getLogger("tpformer")
@@ -32,6 +32,7 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
              best.get("step"), results["wall_time_s"], run_dir / "results.json")
 
 
+@hydra_exit_codes
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="finetune")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.finetune", finetune, check=validate_finetune)

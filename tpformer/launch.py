@@ -8,11 +8,6 @@ import os
 log = logging.getLogger(__name__)
 
 
-def under_launcher() -> bool:
-    """True inside a rank started by torchrun or by `launch_local`."""
-    return "LOCAL_RANK" in os.environ
-
-
 def available_devices() -> tuple[int, str]:
     import torch
 

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.parallel.context import ParallelContext
-from tpformer.run import run_entry_point
+from tpformer.run import hydra_exit_codes, run_entry_point
 from tpformer.train.loop import Trainer
 
 log = logging.getLogger("tpformer")
@@ -32,6 +32,7 @@ def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
                  run_dir / "metrics.jsonl")
 
 
+@hydra_exit_codes
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.pretrain", pretrain)

@@ -4,21 +4,22 @@ set up logging, save the config once, and turn bad input into exit code 2 with o
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import sys
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from tpformer.config.store import to_config
 from tpformer.config.validate import validate
-from tpformer.launch import launch_local, under_launcher
+from tpformer.launch import launch_local
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.env import LaunchEnv
+from tpformer.parallel.layout import Layout
 
 log = logging.getLogger("tpformer")
 
@@ -44,18 +45,42 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+class _JobState:
+    """Whether Hydra got as far as calling the job: an exit before that is a config error."""
+
+    started = False
+
+
+def hydra_exit_codes(hydra_main: Callable[[], None]) -> Callable[[], None]:
+    """Wrap a @hydra.main function so a config Hydra rejects while composing (a typo, a wrong
+    type, a value outside a key's choices) exits with 2 like every other config error, not
+    with Hydra's 1. Hydra has already printed its one-line message."""
+
+    def main() -> None:
+        try:
+            hydra_main()
+        except SystemExit as exit_:
+            if exit_.code == 1 and not _JobState.started:
+                sys.exit(2)
+            raise
+
+    return main
+
+
 def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelContext, Path], None],
-                    check: Callable[..., None] = validate) -> None:
+                    check: Callable[..., Layout] = validate) -> None:
     """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. `check`
-    validates the typed config for a world size before any process group exists."""
+    validates the typed config for a world size before any process group exists and returns
+    the layout."""
+    _JobState.started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         config = to_config(cfg)
     except Exception as err:  # noqa: BLE001 - OmegaConf validation errors, shown as one line
         _fail(str(err).splitlines()[0])
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if not under_launcher() and config.launcher.nproc_per_node > 1:
+    env = LaunchEnv.read()  # the one read of the launcher's variables
+    if not env.under_launcher and config.launcher.nproc_per_node > 1:
         world = config.launcher.nproc_per_node
         try:
             check(config, world, device_type=_device_type())
@@ -68,11 +93,11 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
             sys.exit(code)
         return
     try:
-        check(config, world, device_type=_device_type())
+        layout = check(config, env.world_size, device_type=_device_type())
     except ValueError as err:
         _fail(str(err))
-    ctx = (ParallelContext.create(config.parallel) if under_launcher()
-           else ParallelContext.single(seed=config.parallel.seed))
+    ctx = (ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env)
+           if env.under_launcher else ParallelContext.single(seed=config.parallel.seed))
     try:
         shared = Path(broadcast_object(str(run_dir)))  # type: ignore[arg-type]
         if shared != run_dir and run_dir.exists() and not any(run_dir.iterdir()):

@@ -23,7 +23,8 @@ PUBLIC_KEYS = {
                  "zero_stage"],
     "optim": ["base_batch_size", "beta1", "beta2", "clip_grad", "decay", "eps",
               "initial_loss_scale", "loss_scale_window", "lr", "lr_scaling",
-              "max_nonfinite_steps", "min_lr", "name", "warmup_steps", "weight_decay"],
+              "max_nonfinite_steps", "min_lr", "name", "warmup_ratio", "warmup_steps",
+              "weight_decay"],
     "data": ["cache_dir", "config", "eval_fraction", "mask_prob", "name", "paths",
              "sentence_pairs", "seq_length", "source", "split", "text_field", "tokenizer",
              "tokenizer_type", "whole_word_mask", "workers"],
@@ -76,6 +77,31 @@ def test_typos_and_wrong_types_fail_in_hydra(override: str, error: type) -> None
         assert "bert_huge" in str(info.value) and "bert_base" in str(info.value)
 
 
+CHOICES = {"parallel.zero_stage": "0, 1, 2, 3", "parallel.precision": "fp32, bf16, fp16",
+           "parallel.cpu_offload": "none, optimizer, optimizer+params",
+           "parallel.activation_checkpointing": "none, selective, full",
+           "optim.name": "adamw, lamb", "optim.decay": "linear, cosine",
+           "optim.lr_scaling": "none, linear, sqrt", "model.arch": "bert, gpt",
+           "model.activation": "gelu, gelu_tanh",
+           "data.source": "shakespeare, text, jsonl, hf, synthetic",
+           "data.tokenizer_type": "bpe, unigram", "data.sentence_pairs": "nsp, sop"}
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_every_choice_key_names_its_allowed_values(key: str) -> None:
+    """Declared beside the field (an Enum in schema.py): Hydra rejects the value while composing;
+    the one validator says the same for configs built in code."""
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config(f"{key}=bogus")
+    message = str(info.value.__cause__ or info.value)
+    assert f"Invalid value 'bogus', expected one of [{CHOICES[key]}]" in message, message
+    config = compose_config()
+    group, name = key.split(".")
+    setattr(getattr(config, group), name, "bogus")
+    with pytest.raises(ValueError, match=rf"{key}='bogus' is not one of \["):
+        validate(config, 1)
+
+
 def test_corpus_groups_need_their_files_or_name() -> None:
     with pytest.raises(ValueError, match=r"data.source=text needs data.paths=\[file, ...\]"):
         validate(compose_config("data=text"), 1)
@@ -93,11 +119,7 @@ def test_corpus_groups_need_their_files_or_name() -> None:
     (["trainer.micro_batch_size=0"], 1, r"trainer.micro_batch_size=0 must be >= 1"),
     (["trainer.grad_accum=0"], 1, r"trainer.grad_accum=0 must be >= 1"),
     (["parallel.precision=fp16"], 1, r"parallel.precision=fp16 needs a GPU"),
-    (["parallel.zero_stage=5"], 1, r"parallel.zero_stage=5 must be 0, 1, 2 or 3"),
-    (["parallel.activation_checkpointing=most"], 1, r"activation_checkpointing='most' is not one of"),
     (["data.seq_length=1024"], 1, r"data.seq_length=1024 exceeds model.max_position_embeddings=512"),
-    (["data.source=wiki"], 1, r"data.source='wiki' is not one of \['shakespeare', 'text'"),
-    (["data.sentence_pairs=both"], 1, r"data.sentence_pairs='both' is not one of \['nsp', 'sop'\]"),
     (["data.mask_prob=1.5"], 1, r"data.mask_prob=1.5 must be in \(0, 1\)"),
 ])
 def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world: int, message: str) -> None:

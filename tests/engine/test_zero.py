@@ -9,8 +9,9 @@ from tests.dist import run_distributed
 from tests.models.common import tiny_bert
 from tests.tolerances import assert_rel_close, seeded
 from tpformer.config.schema import OptimConfig, ParallelConfig
+from tpformer.config.validate import validate_engine
 from tpformer.engine import build_engine
-from tpformer.engine.memory import memory_report, zero_memory_bytes
+from tpformer.engine.memory import zero_memory_bytes
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict
@@ -107,7 +108,7 @@ def _memory(ctx: ParallelContext) -> list[tuple]:
         engine.backward(model(**batch).loss)
         engine.step()
         padding = sum(b.padded_numel - b.numel for b in engine.buckets)
-        reports.append((stage, memory_report(engine), zero_memory_bytes(stage, n_params, ctx.dp.size),
+        reports.append((stage, engine.memory_report(), zero_memory_bytes(stage, n_params, ctx.dp.size),
                         padding))
     return reports
 
@@ -124,16 +125,15 @@ def test_memory_matches_zero_formula(tp: int, dp: int) -> None:
 
 
 def test_bad_engine_settings_raise() -> None:
-    ctx = ParallelContext.single(device="cpu")
-    model = _model(ctx)
-    with pytest.raises(ValueError, match="parallel.zero_stage=4 must be 0, 1, 2 or 3"):
-        build_engine(model, OPTIM, ParallelConfig(zero_stage=4), ctx)
+    """The one validator (run at the entry point) rejects them; the engine takes typed values."""
+    with pytest.raises(ValueError, match=r"parallel.zero_stage=4 is not one of \[0, 1, 2, 3\]"):
+        validate_engine(ParallelConfig(zero_stage=4), OPTIM, "cpu")
     with pytest.raises(ValueError, match="optimizer\\+params needs parallel.zero_stage=3"):
-        build_engine(model, OPTIM, ParallelConfig(zero_stage=2, cpu_offload="optimizer+params"), ctx)
-    with pytest.raises(ValueError, match="optim.name='sgd' is not an optimizer that can step on the CPU"):
-        build_engine(model, replace(OPTIM, name="sgd"), ParallelConfig(cpu_offload="optimizer"), ctx)
+        validate_engine(ParallelConfig(zero_stage=2, cpu_offload="optimizer+params"), OPTIM, "cpu")
+    with pytest.raises(ValueError, match=r"optim.name='sgd' is not one of \['adamw', 'lamb'\]"):
+        validate_engine(ParallelConfig(cpu_offload="optimizer"), replace(OPTIM, name="sgd"), "cpu")
     with pytest.raises(ValueError, match="precision=fp16 needs a GPU"):
-        build_engine(model, OPTIM, ParallelConfig(precision="fp16"), ctx)
+        validate_engine(ParallelConfig(precision="fp16"), OPTIM, "cpu")
 
 
 def test_nonfinite_loss_stops_with_the_step_count() -> None:
@@ -158,7 +158,7 @@ def _losses(precision: str) -> list[float]:
     engine = build_engine(model, OPTIM, ParallelConfig(precision=precision, zero_stage=1), ctx)
     if precision == "bf16":
         assert next(model.parameters()).dtype == torch.bfloat16
-        assert engine.states[0].master.dtype == torch.float32
+        assert engine.masters[0].values.dtype == torch.float32
     losses = []
     for step in range(10):
         ctx.rng.set_position(step, 0)
@@ -210,7 +210,7 @@ def _whole_gradients_at_once(ctx: ParallelContext) -> dict[int, int]:
         seen = [0]
 
         def count(param: torch.Tensor, engine=engine, seen=seen) -> None:
-            seen[0] = max(seen[0], sum(s.grad is not None for s in engine.states))
+            seen[0] = max(seen[0], engine.grads.whole_buffers_held())
         for p in model.parameters():  # runs after the engine's own hook on the same parameter
             p.register_post_accumulate_grad_hook(count)
         batch = {k: v[:2] for k, v in _batch(0).items()}

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
-from tpformer.config.schema import ParallelConfig
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import GroupHandle, ParallelContext
 
@@ -45,7 +44,7 @@ def test_destroy_releases_the_groups() -> None:
 
 def _bad_layout_raises(ctx: ParallelContext) -> str:
     with pytest.raises(ValueError) as info:
-        ParallelContext.create(ParallelConfig(tensor=3))
+        ParallelContext.create(tensor=3)
     return str(info.value)
 
 
@@ -69,7 +68,7 @@ def test_uninitialized_distributed_names_the_missing_variables(monkeypatch) -> N
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ValueError, match="torch.distributed is not initialized and RANK"):
-        ParallelContext.create(ParallelConfig(tensor=1))
+        ParallelContext.create(tensor=1)
 
 
 def test_single_context_has_trivial_groups() -> None:

@@ -119,7 +119,7 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     glue = tmp_path / "glue"
     result = _cli(["task=sst5", f"init={hf}", f"data.glue_dir={glue}"], tmp_path)
     assert result.returncode == 2
-    assert "task='sst5' is not a GLUE task" in result.stderr
+    assert "Invalid value 'sst5', expected one of [cola, sst2, mrpc" in result.stderr
     result = _cli(["task=sst2", f"init={hf}", f"data.glue_dir={glue}",
                    f"data.cache_dir={tmp_path}"], tmp_path)
     assert result.returncode != 0 and "SST-2/train.tsv is missing" in result.stderr
@@ -135,7 +135,7 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
     """Pretrain 2 steps on a corpus, then fine-tune from the checkpoint: the encoder is the
     pretrained one and the checkpoint's sentencepiece tokenizer is used."""
     from tests.train.test_pretrain_corpus import corpus_config
-    from tpformer.checkpoint.convert import load_classifier
+    from tpformer.convert import load_classifier
     from tpformer.train.loop import Trainer
 
     config = corpus_config(tmp_path, steps=2)

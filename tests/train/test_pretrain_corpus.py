@@ -13,7 +13,7 @@ from tests.data.common import write_corpus
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import _cli, tiny_config
-from tpformer.checkpoint.convert import to_hf
+from tpformer.convert import to_hf
 from tpformer.config.schema import Config, DataConfig
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.context import ParallelContext

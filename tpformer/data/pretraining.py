@@ -76,8 +76,6 @@ class BertPretrainingDataset:
     def __init__(self, corpus: IndexedCorpus, tokenizer: Tokenizer, *, seq_length: int,
                  mask_prob: float, whole_word: bool, sentence_pairs: str, seed: int,
                  eval_fraction: float) -> None:
-        if sentence_pairs not in ("nsp", "sop"):
-            raise ValueError(f"data.sentence_pairs={sentence_pairs!r} is not one of ['nsp', 'sop']")
         self.corpus, self.tok, self.seq, self.seed = corpus, tokenizer, seq_length, seed
         self.mask_prob, self.whole_word, self.pairs = mask_prob, whole_word, sentence_pairs
         train_docs, eval_docs = split_documents(corpus, eval_fraction)

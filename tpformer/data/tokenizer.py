@@ -97,8 +97,6 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: Path, *, vocab_size: 
     atomically and returns its path."""
     import sentencepiece as spm
 
-    if model_type not in ("bpe", "unigram"):
-        raise ValueError(f"data.tokenizer_type={model_type!r} is not one of ['bpe', 'unigram']")
     buffer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

@@ -1,4 +1,5 @@
-"""Per-rank bytes held in parameters, gradients and optimizer state, next to the ZeRO formula."""
+"""Per-rank bytes of model state (the ZeRO paper's formula, next to which the engine's own
+memory_report is tested) and the activations autograd saves for backward."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tpformer.engine.zero import ZeroEngine
+from tpformer.engine.units import model_blocks
 
 
 @dataclass(frozen=True)
@@ -38,39 +39,18 @@ def zero_memory_bytes(stage: int, n_params: int, dp: int, *, param_bytes: int = 
     )
 
 
-def _nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
-
-
-def memory_report(engine: ZeroEngine) -> MemoryBytes:
-    """Bytes this rank holds between steps, measured from the engine's own tensors."""
-    params = grads = optimizer = 0
-    for state in engine.states:
-        params += _nbytes(state.param_shard) if engine.stage == 3 else _nbytes(state.full)
-        grads += _nbytes(state.grad_shard if engine.stage >= 2 else state.grad)
-        if not state.master_aliased:
-            optimizer += _nbytes(state.master)
-        for param, _, _, _ in state.opt_params:
-            for value in engine.optimizer.state.get(param, {}).values():
-                if isinstance(value, torch.Tensor) and value.numel() > 1:
-                    optimizer += _nbytes(value)
-    return MemoryBytes(params, grads, optimizer)
-
-
 @dataclass(frozen=True)
 class SavedActivations:
     """Bytes autograd keeps for backward after one forward (distinct storages counted once)."""
 
     total: int
     per_layer: list[int]
-    """The part saved while inside each TransformerLayer's forward."""
+    """The part saved while inside each of the model's blocks' forward."""
 
 
 def measure_saved_activations(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> SavedActivations:
     """Run `forward()` (which returns the loss) under saved-tensor hooks, then its backward."""
-    from tpformer.layers.block import TransformerLayer
-
-    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
+    layers = model_blocks(model)
     per_layer = [0] * len(layers)
     current: list[int] = []
     handles = []

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from tpformer.config.validate import validate_precision
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """The parameter/activation dtype of `precision`, checked against the device."""
-    validate_precision(precision, device.type)
+def compute_dtype(precision: str) -> torch.dtype:
+    """The parameter/activation dtype of `precision` (fp32, bf16 or fp16)."""
     return DTYPES[precision]
 
 

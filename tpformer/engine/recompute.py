@@ -1,11 +1,13 @@
-"""Activation checkpointing applied to built blocks (torch.utils.checkpoint, non-reentrant).
+"""Activation checkpointing applied to the blocks a built model names (torch.utils.checkpoint,
+non-reentrant). It wraps any model with `blocks()`; it knows no layer class.
 
-full       a checkpointed TransformerLayer keeps only its input; everything inside is
-           recomputed in backward. Granularity: the first `checkpoint_num_layers` layers
-           (0 = all), every `checkpoint_every`-th of them.
-selective  only the attention core (scores, softmax, dropout, probs @ v) is recomputed: it holds
-           the b x heads x s x s tensors that dominate activation memory at long sequences, and
-           costs two batched matmuls to redo (Megatron's selective scheme).
+full       a checkpointed block keeps only its input; everything inside is recomputed in
+           backward. Granularity: the first `checkpoint_num_layers` blocks (0 = all), every
+           `checkpoint_every`-th of them.
+selective  only what each block names in `selective_recompute_targets()` is recomputed: for a
+           transformer layer the attention core (scores, softmax, dropout, probs @ v), which
+           holds the b x heads x s x s tensors that dominate activation memory at long
+           sequences and costs two batched matmuls to redo (Megatron's selective scheme).
 
 Dropout masks are pure functions of the RNG tracker's position, which is saved at the forward
 and restored around the recomputation, so recomputed masks equal the original ones bit for bit.
@@ -19,21 +21,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tpformer.config.schema import ParallelConfig
-from tpformer.layers.attention import ParallelSelfAttention
-from tpformer.layers.block import TransformerLayer
+from tpformer.engine.units import model_blocks
 from tpformer.parallel.random import RNGTracker
-
-MODES = ("none", "selective", "full")
 
 
 def checkpointed_layer_indices(num_layers: int, num_checkpointed: int, every: int) -> list[int]:
-    """Which layers full recomputation wraps; raises on a granularity the model cannot have."""
-    if num_checkpointed < 0 or num_checkpointed > num_layers:
-        raise ValueError(f"parallel.checkpoint_num_layers={num_checkpointed} must be between 0 "
-                         f"(all) and the model's num_layers={num_layers}")
-    if every < 1 or every > num_layers:
-        raise ValueError(f"parallel.checkpoint_every={every} must be between 1 and the model's "
-                         f"num_layers={num_layers}")
+    """Which blocks full recomputation wraps (granularity checked by the config validator)."""
     limit = num_checkpointed or num_layers
     return [i for i in range(limit) if i % every == 0]
 
@@ -59,26 +52,25 @@ def _recomputed(fn: Callable[..., Tensor], rng: RNGTracker, *, offload: bool) ->
 
 
 def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker) -> list[str]:
-    """Wrap the built model's layers (full) or attention cores (selective) in place.
+    """Wrap the model's blocks (full) or their selective targets in place.
 
-    Returns the names of the wrapped modules (shown in the startup plan and tested).
+    Returns the names of the wrapped modules and methods (shown in the startup plan and tested).
     """
     mode = parallel.activation_checkpointing
-    if mode not in MODES:
-        raise ValueError(f"parallel.activation_checkpointing={mode!r} is not one of {list(MODES)}")
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, TransformerLayer)]
     if mode == "none":
         return []
+    names = {id(m): n for n, m in model.named_modules()}
+    blocks = model_blocks(model)
     if mode == "selective":
         wrapped = []
-        for name, module in model.named_modules():
-            if isinstance(module, ParallelSelfAttention):
-                module.core = _recomputed(module.core, rng, offload=False)  # type: ignore[method-assign]
-                wrapped.append(f"{name}.core")
+        for block in blocks:
+            for module, method in getattr(block, "selective_recompute_targets", list)():
+                setattr(module, method, _recomputed(getattr(module, method), rng, offload=False))
+                wrapped.append(f"{names[id(module)]}.{method}")
         return wrapped
-    indices = checkpointed_layer_indices(len(layers), parallel.checkpoint_num_layers,
+    indices = checkpointed_layer_indices(len(blocks), parallel.checkpoint_num_layers,
                                          parallel.checkpoint_every)
     for i in indices:
-        layer = layers[i][1]
-        layer.forward = _recomputed(layer.forward, rng, offload=parallel.checkpoint_offload)  # type: ignore[method-assign]
-    return [layers[i][0] for i in indices]
+        blocks[i].forward = _recomputed(blocks[i].forward, rng,  # type: ignore[method-assign]
+                                        offload=parallel.checkpoint_offload)
+    return [names[id(blocks[i])] for i in indices]

@@ -33,6 +33,11 @@ class TransformerLayer(nn.Module):
         self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng)
         self.mlp_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
 
+    def selective_recompute_targets(self) -> list[tuple[nn.Module, str]]:
+        """(module, method) pairs that selective recomputation wraps: the attention core, which
+        holds the b x heads x s x s tensors and costs two batched matmuls to redo."""
+        return [(self.attention, "core")]
+
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         if self.pre_norm:
             x = x + self.attention_dropout(self.attention(self.attention_norm(x), mask))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from torch import nn
 
 from tpformer.config.schema import ModelConfig
-from tpformer.config.validate import validate_model
 from tpformer.layers.dropout import assign_dropout_sites
 from tpformer.models.bert import BertForPreTraining, BertForSequenceClassification, BertModel
 from tpformer.models.gpt import GPTForCausalLM, GPTModel
@@ -23,12 +22,11 @@ TASKS = {
 
 def build_model(config: ModelConfig, ctx: ParallelContext, *, task: str, initialize: bool = True,
                 **kwargs: object) -> nn.Module:
-    """Validate, construct, key the dropout sites by module name and (optionally) initialize.
+    """Construct, key the dropout sites by module name and (optionally) initialize.
 
     The initialization is layout independent: the same seed gives the TP=1 weights' slices.
     Pass initialize=False when a checkpoint will be loaded next.
     """
-    validate_model(config, ctx.tp.size)
     cls = TASKS.get((config.arch, task))
     if cls is None:
         valid = [t for a, t in TASKS if a == config.arch]

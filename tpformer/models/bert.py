@@ -68,6 +68,10 @@ class BertModel(TPModule):
         self.encoder = TransformerStack(config, ctx, pre_norm=False, causal=False)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
 
+    def blocks(self) -> list[nn.Module]:
+        """The repeated units the engine buckets and recomputation wraps, in forward order."""
+        return list(self.encoder.layers)
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated."""
@@ -110,6 +114,9 @@ class BertForPreTraining(TPModule):
         self.mlm_bias = mark_sharded(nn.Parameter(torch.zeros(embedding.rows_per_rank)), 0,
                                      config.vocab_size)
         self.nsp = nn.Linear(h, 2)
+
+    def blocks(self) -> list[nn.Module]:
+        return self.bert.blocks()
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> this rank's logits [..., padded_vocab / tp]."""
@@ -156,6 +163,9 @@ class BertForSequenceClassification(TPModule):
         self.bert = BertModel(config, ctx)
         self.dropout = ParallelDropout(config.dropout, ctx.rng)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
+
+    def blocks(self) -> list[nn.Module]:
+        return self.bert.blocks()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None,

@@ -39,6 +39,10 @@ class GPTModel(TPModule):
             set_init(layer.attention.out.weight, scaled)
             set_init(layer.mlp.fc_out.weight, scaled)
 
+    def blocks(self) -> list[nn.Module]:
+        """The repeated units the engine buckets and recomputation wraps, in forward order."""
+        return list(self.decoder.layers)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """-> hidden states [b, s, hidden], replicated."""
         b, s = input_ids.shape
@@ -66,6 +70,9 @@ class GPTForCausalLM(TPModule):
         super().__init__()
         self.config, self.tp = config, ctx.tp
         self.transformer = GPTModel(config, ctx)
+
+    def blocks(self) -> list[nn.Module]:
+        return self.transformer.blocks()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None) -> CausalLMOutput:

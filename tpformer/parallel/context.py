@@ -7,7 +7,6 @@ contexts in one process.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,11 +14,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from tpformer.config.schema import ParallelConfig
+from tpformer.parallel.env import LaunchEnv
 from tpformer.parallel.layout import Layout, resolve_layout
 from tpformer.parallel.random import RNGTracker
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -49,36 +48,35 @@ class GroupHandle:
         return GroupHandle(group=None, rank=0, size=1)
 
 
-def _default_device() -> torch.device:
+def default_device(env: LaunchEnv) -> torch.device:
+    """This rank's GPU (by LOCAL_RANK) when CUDA is available, else the CPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", env.local_rank)
     return torch.device("cpu")
 
 
-def init_distributed(*, timeout_s: float = 600.0) -> None:
+def init_distributed(env: LaunchEnv, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Initialize torch.distributed from the variables torchrun sets; NCCL on CUDA, gloo on CPU.
 
     A no-op when it is already initialized (tests initialize through a file store first).
     """
     if dist.is_initialized():
         return
-    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
-    if missing:
+    if env.missing:
         raise ValueError(
-            f"torch.distributed is not initialized and {', '.join(missing)} is not set; "
+            f"torch.distributed is not initialized and {', '.join(env.missing)} is not set; "
             "launch with torchrun (or launcher.nproc_per_node=N), or build the model with "
             "ParallelContext.single() for one process"
         )
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(env.local_rank)
     timeout = timedelta(seconds=timeout_s)
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
     # torchrun keeps one store for all restart attempts, and the ranks' keys carry no attempt
     # number: after `--max-restarts` restarts the workers, gloo would read the dead ranks'
     # addresses left by the previous attempt and hang or be refused. One prefix per attempt.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"tpformer/attempt{attempt}/", store)
+    store = dist.PrefixStore(f"tpformer/attempt{env.restart_count}/", store)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
 
@@ -108,23 +106,28 @@ class ParallelContext:
             tp=GroupHandle.single(),
             dp=GroupHandle.single(),
             rng=RNGTracker(seed),
-            device=torch.device(device) if device is not None else _default_device(),
+            device=torch.device(device) if device is not None else default_device(LaunchEnv.read()),
         )
 
     @classmethod
-    def create(cls, config: ParallelConfig, *, device: torch.device | None = None) -> ParallelContext:
-        """Validate the layout, initialize torch.distributed if needed, and build the mesh.
+    def create(cls, tensor: int = 1, data: int | str = "auto", *, seed: int = 1234,
+               timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = None,
+               env: LaunchEnv | None = None) -> ParallelContext:
+        """Check the layout against the world size, initialize torch.distributed if needed (from
+        `env`, read from the environment when not given), and build the mesh.
 
-        The layout is checked against the world size before any collective is issued.
+        The layout is checked before any collective is issued, against WORLD_SIZE when the
+        process group does not exist yet.
         """
-        if not dist.is_initialized():
-            world = int(os.environ.get("WORLD_SIZE", "0"))
-            if world:
-                resolve_layout(config.tensor, config.data, world)
-            init_distributed()
-        world_size, rank = dist.get_world_size(), dist.get_rank()
-        layout = resolve_layout(config.tensor, config.data, world_size)
-        device = device if device is not None else _default_device()
+        env = env if env is not None else LaunchEnv.read()
+        world = dist.get_world_size() if dist.is_initialized() else env.world_size
+        layout = resolve_layout(tensor, data, world)
+        init_distributed(env, timeout_s=timeout_s)
+        rank = dist.get_rank()
+        if dist.get_world_size() != layout.world_size:
+            raise RuntimeError(f"WORLD_SIZE={world} but the process group has "
+                               f"{dist.get_world_size()} ranks")
+        device = device if device is not None else default_device(env)
         mesh = init_device_mesh(
             device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp")
         )
@@ -134,7 +137,7 @@ class ParallelContext:
             rank=rank,
             tp=_handle(mesh, "tp", tp_rank, layout.tp),
             dp=_handle(mesh, "dp", dp_rank, layout.dp),
-            rng=RNGTracker(config.seed),
+            rng=RNGTracker(seed),
             device=device,
             mesh=mesh,
         )

@@ -22,8 +22,7 @@ import torch
 from tqdm import tqdm
 
 from tpformer.checkpoint import store
-from tpformer.checkpoint.convert import load_classifier
-from tpformer.checkpoint.engine_state import logical_state_dict, scalar_state
+from tpformer.convert import load_classifier
 from tpformer.config.schema import FinetuneConfig
 from tpformer.data.glue import GlueTask, get_task, load_split, score
 from tpformer.data.pretraining import EpochOrder
@@ -222,7 +221,7 @@ class Finetuner:
                 "config": {"model": asdict(self.model.config), "finetune": asdict(self.config)}}
         for key in store.MODEL_KEYS:
             meta[key] = getattr(self.model.config, key)
-        state = {"engine": logical_state_dict(self.engine), **scalar_state(self.engine)}
+        state = {"engine": self.engine}
         return store.save(self.run_dir / "checkpoints", step, state, self.ctx, meta=meta,
                           keep_last=1, tokenizer_files=self.tokenizer.files)
 

@@ -17,14 +17,11 @@ import torch
 from tqdm import tqdm
 
 from tpformer.checkpoint import store
-from tpformer.checkpoint.engine_state import (load_logical_state_dict, load_scalar_state,
-                                              logical_state_dict, logical_template, scalar_state)
 from tpformer.config.schema import Config
 from tpformer.data import load_pretraining_data, prepare_data
 from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.tokenizer import Tokenizer
-from tpformer.engine import build_engine
-from tpformer.engine.recompute import apply_recompute
+from tpformer.engine import parallelize
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_reduce, broadcast_object
 from tpformer.parallel.context import ParallelContext
@@ -48,8 +45,8 @@ class Trainer:
         self.model = build_model(m, ctx, task=self.task)
         self.params_per_rank = sum(p.numel() for p in self.model.parameters())
         self.total_params = sum(logical_shape(p).numel() for p in self.model.parameters())
-        self.checkpointed = apply_recompute(self.model, config.parallel, ctx.rng)
-        self.engine = build_engine(self.model, config.optim, config.parallel, ctx)
+        wrapped = parallelize(self.model, config.parallel, config.optim, ctx)
+        self.engine, self.checkpointed = wrapped.engine, wrapped.recomputed
         t = config.trainer
         self.global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
         self.peak_lr = scaled_lr(config.optim, self.global_batch)
@@ -86,8 +83,7 @@ class Trainer:
 
     def save(self, step: int) -> Path:
         """Logical (layout-free) engine state, written by the ranks together through DCP."""
-        state = {"engine": logical_state_dict(self.engine), **scalar_state(self.engine),
-                 f"rng_rank{self.ctx.rank}": store.rng_state()}
+        state = {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()}
         return store.save(self.checkpoint_root, step, state, self.ctx,
                           meta=store.checkpoint_meta(self.config, self.ctx),
                           keep_last=self.config.trainer.keep_last,
@@ -109,13 +105,10 @@ class Trainer:
             details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
             raise ValueError(f"{directory} holds another model ({details})")
         same_world = meta.get("world_size") == self.ctx.layout.world_size
-        template: dict[str, object] = {"engine": logical_template(self.engine),
-                                       **scalar_state(self.engine)}
+        template: dict[str, object] = {"engine": self.engine}
         if same_world:  # per-rank RNG states only mean something for the same ranks
             template[f"rng_rank{self.ctx.rank}"] = store.rng_state()
         store.load(directory, template)
-        load_logical_state_dict(self.engine, template["engine"])  # type: ignore[arg-type]
-        load_scalar_state(self.engine, template)
         if same_world:
             torch.set_rng_state(template[f"rng_rank{self.ctx.rank}"]["cpu"])  # type: ignore[index]
         now = store.checkpoint_meta(self.config, self.ctx)

@@ -17,12 +17,19 @@ def scaled_lr(optim: OptimConfig, global_batch: int) -> float:
     return optim.lr
 
 
+def warmup_steps(optim: OptimConfig, max_steps: int) -> int:
+    """optim.warmup_steps when given, else optim.warmup_ratio of the run's steps."""
+    return optim.warmup_steps if optim.warmup_steps is not None else round(
+        optim.warmup_ratio * max_steps)
+
+
 def lr_at(step: int, *, peak: float, optim: OptimConfig, max_steps: int) -> float:
     """The learning rate of optimizer step `step` (0-based)."""
-    if step < optim.warmup_steps:
-        return peak * (step + 1) / optim.warmup_steps
-    span = max(1, max_steps - optim.warmup_steps)
-    progress = min(1.0, (step - optim.warmup_steps) / span)
+    warmup = warmup_steps(optim, max_steps)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, max_steps - warmup)
+    progress = min(1.0, (step - warmup) / span)
     if optim.decay == "cosine":
         factor = 0.5 * (1.0 + math.cos(math.pi * progress))
     else:

@@ -13,13 +13,12 @@ import torch
 from torch import nn
 
 from tpformer.checkpoint import store
-from tpformer.checkpoint.engine_state import logical_state_dict, scalar_state
 from tpformer.config.schema import Config, ModelConfig, OptimConfig, ParallelConfig
 from tpformer.engine import build_engine
 from tpformer.models import build_model
 from tpformer.models.hf import load_hf_model, save_hf_checkpoint
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import logical_shape
+from tpformer.engine.state import parameter_template
 
 TASK = {"bert": "pretraining", "gpt": "causal_lm"}
 
@@ -37,7 +36,7 @@ def to_hf(checkpoint: Path, out: Path) -> Path:
     ctx = ParallelContext.single(device="cpu")
     model = build_model(config, ctx, task=TASK[config.arch], initialize=False)
     params = dict(model.named_parameters())
-    template = {"engine": {f"param/{n}": torch.empty(logical_shape(p)) for n, p in params.items()}}
+    template = {"engine": parameter_template(list(params.items()))}
     store.load(checkpoint, template)
     model.load_full_state_dict({n: template["engine"][f"param/{n}"] for n in params})
     save_hf_checkpoint(model, ctx, out)
@@ -52,7 +51,7 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
     model = load_hf_model(hf_dir, ctx, task=None)
     config = Config(model=model.config)  # type: ignore[arg-type]
     engine = build_engine(model, OptimConfig(), ParallelConfig(), ctx)
-    state = {"engine": logical_state_dict(engine), **scalar_state(engine)}
+    state = {"engine": engine}
     meta = {**store.checkpoint_meta(config, ctx), "source": str(hf_dir)}
     tokenizer = [hf_dir / f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                                       "special_tokens_map.json", "tokenizer.model")
@@ -72,8 +71,7 @@ def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tup
             raise ValueError(f"init={init} holds a {config.arch} model; fine-tuning needs BERT")
         model = build_model(config, ctx, task="classification", num_labels=num_labels)
         encoder = dict(model.bert.named_parameters())
-        template = {"engine": {f"param/bert.{n}": torch.empty(logical_shape(p))
-                               for n, p in encoder.items()}}
+        template = {"engine": parameter_template([(f"bert.{n}", p) for n, p in encoder.items()])}
         store.load(init, template)
         model.bert.load_full_state_dict({n: template["engine"][f"param/bert.{n}"] for n in encoder})
         return model, init / store.TOKENIZER_DIR

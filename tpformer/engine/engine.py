@@ -1,0 +1,219 @@
+"""ZeroEngine: data parallelism and ZeRO stages 0-3 over the DP group, on flat padded buffers (one
+bucket per block the model names, plus one for every other parameter).
+
+stage 0  plain data parallelism: whole gradients all-reduced bucket by bucket while backward
+         still runs (as DDP), the whole optimizer state on every rank.
+stage 1  + optimizer state (and fp32 master weights) partitioned; updated shards all-gathered.
+stage 2  + gradients reduce-scattered: each rank keeps only its gradient shard.
+stage 3  + parameters partitioned: gathered for each block's forward and backward, then freed.
+
+The stage picks three strategies once, here: where parameters live (params.py), how gradients
+are reduced (grads.py) and which part of each bucket the optimizer owns (optimizer.py). The
+engine only wires autograd hooks to them and runs the step; it knows no layer or model class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from tpformer.config.schema import OptimConfig
+from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
+from tpformer.engine.grad_clip import global_grad_norm
+from tpformer.engine.grads import ReplicatedGrads, ShardedGrads
+from tpformer.engine.memory import MemoryBytes
+from tpformer.engine.optimizer import build_masters, build_optimizer
+from tpformer.engine.params import PartitionedParams, ReplicatedParams
+from tpformer.engine.precision import LossScaler, compute_dtype
+from tpformer.engine.state import load_logical_state, logical_state
+from tpformer.engine.units import split_units
+from tpformer.parallel.context import ParallelContext
+
+
+class ZeroEngine:
+    """Owns the model's parameter storage, gradient buffers, optimizer and their state.
+
+    Use: `engine.backward(loss, sync=last_micro_batch)` per micro-batch, then `engine.step()`.
+    `state_dict()` / `load_state_dict()` follow DCP's Stateful protocol in logical form, so a
+    checkpoint written at one layout loads at any other.
+    NOTE: the model's parameters become views of the engine's flat buffers (stage 3: empty
+    between uses); do not build another optimizer over them.
+    """
+
+    def __init__(self, model: nn.Module, optim: OptimConfig, ctx: ParallelContext, *,
+                 zero_stage: int, cpu_offload: str = "none", precision: str = "fp32") -> None:
+        self.model, self.optim, self.ctx, self.stage = model, optim, ctx, zero_stage
+        self.dtype = compute_dtype(precision)
+        device = ctx.device
+        state_device = torch.device("cpu") if cpu_offload != "none" else device
+        self.scaler = LossScaler(enabled=precision == "fp16", initial=optim.initial_loss_scale,
+                                 window=optim.loss_scale_window)
+        self.lr = optim.lr
+        self.nonfinite_steps = 0
+        self.sync = True
+        self._callback_queued = False
+        self.pool = BufferPool()
+        self.buckets = [FlatBucket(u.params, ctx.dp.size, ctx.dp.rank, module=u.module)
+                        for u in split_units(model)]
+        self.whole_master = zero_stage == 0
+        if zero_stage == 3:
+            self.params: ReplicatedParams | PartitionedParams = PartitionedParams(
+                model, self.buckets, ctx.dp, self.pool, dtype=self.dtype, device=device,
+                offload=cpu_offload == "optimizer+params")
+        else:
+            self.params = ReplicatedParams(model, self.buckets, ctx.dp, dtype=self.dtype,
+                                           device=device, sharded_master=zero_stage >= 1)
+        self.grads = (ShardedGrads(self.buckets, ctx.dp, device, self.pool) if zero_stage >= 2
+                      else ReplicatedGrads(self.buckets, ctx.dp, device, self.pool,
+                                           sharded=zero_stage == 1))
+        self.master_aliased = (self.dtype == torch.float32 and state_device == device
+                               and self.params.aliasable)
+        owned = [self.params.owned(i) for i in range(len(self.buckets))]
+        self.masters = build_masters(self.buckets, owned, whole=self.whole_master,
+                                     aliased=self.master_aliased, device=state_device)
+        self.optimizer = build_optimizer(optim, self.buckets, self.masters,
+                                         whole=self.whole_master, tp=ctx.tp, dp=ctx.dp,
+                                         comm_device=device)
+        self._ready = [0] * len(self.buckets)
+        for i, bucket in enumerate(self.buckets):
+            for seg in bucket.segments:
+                seg.param.register_post_accumulate_grad_hook(self._grad_hook(i, seg))
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self, loss: Tensor, *, sync: bool = True) -> None:
+        """Backward of one micro-batch; `sync=False` accumulates without any communication."""
+        self.sync = sync
+        (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
+
+    def _grad_hook(self, i: int, seg: Segment) -> Callable[[Tensor], None]:
+        def hook(param: Tensor) -> None:
+            if not self._callback_queued:
+                self._callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self.grads.accumulate(i, seg, param.grad)
+            param.grad = None
+            self._ready[i] += 1
+            if self._ready[i] == len(self.buckets[i].segments):
+                self._bucket_done(i)
+        return hook
+
+    def _bucket_done(self, i: int) -> None:
+        """All of a bucket's gradients are in: launch its reduction (last micro-batch only)."""
+        if self.sync:
+            self.grads.launch(i)
+        self.params.after_backward(i)
+
+    def _end_of_backward(self) -> None:
+        """Launch what no hook launched (parameters without a gradient this time), in order."""
+        self._callback_queued = False
+        for i, bucket in enumerate(self.buckets):
+            if self._ready[i] != len(bucket.segments):
+                self._bucket_done(i)
+            self._ready[i] = 0
+        self.params.free_all()
+
+    # ------------------------------------------------------------------ step
+
+    @torch.no_grad()
+    def step(self) -> dict[str, float]:
+        """Reduce, unscale, clip, update and redistribute. Returns grad_norm and skipped."""
+        self.settle()  # a step without a forward in between
+        scale = 1.0 / (self.ctx.dp.size * self.scaler.scale)
+        grads = [self.grads.reduced(i).mul_(scale) for i in range(len(self.buckets))]
+        shard_grads = ([b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master
+                       else grads)  # each DP rank counts only its chunk in the norm
+        norm = global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp)
+        finite = math.isfinite(norm)
+        self.scaler.update(not finite)
+        if not finite:
+            self.grads.zero()
+            self.nonfinite_steps += 1
+            if not self.scaler.enabled and self.nonfinite_steps > self.optim.max_nonfinite_steps:
+                raise FloatingPointError(
+                    f"non-finite gradients for {self.nonfinite_steps} consecutive steps "
+                    f"(optim.max_nonfinite_steps={self.optim.max_nonfinite_steps}); the loss "
+                    "diverged: lower optim.lr or check the data")
+            return {"grad_norm": norm, "skipped": 1.0}
+        self.nonfinite_steps = 0
+        clip = self.optim.clip_grad
+        coef = clip / (norm + 1e-6) if clip > 0 and norm > clip else 1.0
+        for master, grad in zip(self.masters, grads):
+            if coef != 1.0:
+                grad.mul_(coef)
+            grad = grad.to(master.values.device, non_blocking=True)
+            for view in master.views:
+                view.param.grad = grad[view.start:view.stop]
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        self.optimizer.step()
+        for master in self.masters:
+            for view in master.views:
+                view.param.grad = None
+        self.params.publish([m.values for m in self.masters], self.master_aliased)
+        self.grads.zero()
+        return {"grad_norm": norm, "skipped": 0.0}
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next step (the schedule lives in the training loop)."""
+        self.lr = lr
+
+    def settle(self) -> None:
+        """Finish the post-step all-gathers (stages 1-2) so the parameters can be read."""
+        self.params.settle()
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Every parameter whole and current inside the block (evaluation, export, tests)."""
+        self.settle()
+        self.params.gather_all()
+        try:
+            yield
+        finally:
+            self.params.free_all()
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Logical, layout-free state: fp32 parameters and optimizer moments by parameter name
+        (DTensors for TP-sharded ones), the optimizer step, the loss scaler and the count of
+        consecutive non-finite steps. Every rank of the job must call it (it gathers over DP)."""
+        self.settle()
+        state = logical_state(self.buckets, self.masters, self.optimizer, self.ctx,
+                              whole=self.whole_master)
+        state.update({"loss_scale": torch.tensor(self.scaler.scale, dtype=torch.float64),
+                      "clean_steps": torch.tensor(self.scaler.clean_steps),
+                      "nonfinite_steps": torch.tensor(self.nonfinite_steps)})
+        return state
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Load `state_dict()`'s form, saved at any layout (DCP reshards into this one's)."""
+        self.settle()
+        params = load_logical_state(self.buckets, self.masters, self.optimizer, self.ctx, state,
+                                    whole=self.whole_master)
+        for i, values in enumerate(params):
+            self.params.load_whole(i, values)
+        self.scaler.scale = float(state["loss_scale"])
+        self.scaler.clean_steps = int(state["clean_steps"])
+        self.nonfinite_steps = int(state["nonfinite_steps"])
+
+    def memory_report(self) -> MemoryBytes:
+        """Bytes this rank holds between steps in parameters, gradients and optimizer state,
+        measured from the engine's own tensors (compare with memory.zero_memory_bytes)."""
+        optimizer = 0 if self.master_aliased else sum(
+            m.values.numel() * m.values.element_size() for m in self.masters)
+        for master in self.masters:
+            for view in master.views:
+                for value in self.optimizer.state.get(view.param, {}).values():
+                    if isinstance(value, Tensor) and value.numel() > 1:
+                        optimizer += value.numel() * value.element_size()
+        return MemoryBytes(self.params.nbytes(), self.grads.nbytes(), optimizer)
+
+    def __repr__(self) -> str:
+        return (f"ZeroEngine(stage={self.stage}, buckets={len(self.buckets)}, "
+                f"dtype={self.dtype}, dp={self.ctx.dp.size})")
+

@@ -1,0 +1,137 @@
+"""Gradient reduction over the DP group, bucket by bucket while backward still runs.
+
+Gradients accumulate in one fp32 flat buffer per bucket ("whole": every parameter of the
+bucket) over micro-batches; only the last micro-batch communicates. Two strategies:
+
+ReplicatedGrads  stages 0-1: the whole buffer is persistent. Stage 0 all-reduces it (DDP);
+                 stage 1 reduce-scatters it in place, since only this rank's chunk is stepped.
+ShardedGrads     stages 2-3: the whole buffer is transient (taken from the pool when the first
+                 gradient of the bucket arrives) and reduce-scattered into a persistent
+                 shard; it goes back to the pool as soon as its reduction is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
+from tpformer.parallel.comm import all_reduce_async, reduce_scatter_async, wait
+from tpformer.parallel.context import GroupHandle
+
+
+@dataclass
+class PendingReduction:
+    """A bucket's reduction in flight: launched once per step, waited for before the update."""
+
+    work: object = None
+    launched: bool = False
+
+
+class ReplicatedGrads:
+    """Stages 0-1 (see the module docstring). `sharded` selects stage 1's in-place
+    reduce-scatter, whose result is this rank's chunk of the whole buffer."""
+
+    def __init__(self, buckets: list[FlatBucket], dp: GroupHandle, device: torch.device,
+                 pool: BufferPool, *, sharded: bool) -> None:
+        self.buckets, self.dp, self.device, self.pool = buckets, dp, device, pool
+        self.sharded = sharded
+        self.whole: list[Tensor | None] = [None] * len(buckets)
+        self.pending = [PendingReduction() for _ in buckets]
+
+    def accumulate(self, i: int, seg: Segment, grad: Tensor) -> None:
+        if self.whole[i] is None:
+            self.whole[i] = self.pool.take(self.buckets[i].padded_numel, torch.float32,
+                                           self.device, zero=True)
+        self.buckets[i].view(self.whole[i], seg).add_(grad)
+
+    def launch(self, i: int) -> None:
+        """Start bucket i's reduction (once per step; nothing to do if it has no gradient)."""
+        pending = self.pending[i]
+        if pending.launched or self.whole[i] is None:
+            return
+        pending.launched = True
+        pending.work = self._reduce(i)
+
+    def _reduce(self, i: int) -> object:
+        whole = self.whole[i]
+        if self.sharded:  # only this rank's part is stepped: reduce it in place
+            return reduce_scatter_async(self.buckets[i].shard_of(whole), whole, self.dp)
+        return all_reduce_async(whole, self.dp)
+
+    def reduced(self, i: int) -> Tensor:
+        """Wait for bucket i's reduction; its summed gradient over the part this rank steps.
+
+        A bucket that launched nothing this step (no gradient reached it, or the last backward
+        had sync=False) is reduced now, as zeros if it never got a gradient."""
+        if not self.pending[i].launched:
+            if self.whole[i] is None:
+                self.whole[i] = torch.zeros(self.buckets[i].padded_numel, dtype=torch.float32,
+                                            device=self.device)
+            self.launch(i)
+        wait(self.pending[i].work)
+        self.pending[i] = PendingReduction()
+        return self._result(i)
+
+    def _result(self, i: int) -> Tensor:
+        return self.buckets[i].shard_of(self.whole[i]) if self.sharded else self.whole[i]
+
+    def zero(self) -> None:
+        """Clear the accumulators for the next step (the buffers stay allocated)."""
+        for whole in self.whole:
+            if whole is not None:
+                whole.zero_()
+
+    def whole_buffers_held(self) -> int:
+        """How many buckets hold a whole (unreduced) gradient buffer right now."""
+        return sum(w is not None for w in self.whole)
+
+    def nbytes(self) -> int:
+        """Bytes held between steps."""
+        return sum(w.numel() * w.element_size() for w in self.whole if w is not None)
+
+
+class ShardedGrads(ReplicatedGrads):
+    """Stages 2-3 (see the module docstring): whole buffers are transient, shards persistent."""
+
+    def __init__(self, buckets: list[FlatBucket], dp: GroupHandle, device: torch.device,
+                 pool: BufferPool) -> None:
+        super().__init__(buckets, dp, device, pool, sharded=True)
+        self.shard = [torch.zeros(b.shard_size, dtype=torch.float32, device=device)
+                      for b in buckets]
+
+    def _reduce(self, i: int) -> object:
+        work = reduce_scatter_async(self.shard[i], self.whole[i], self.dp)
+        self._retire_reductions()
+        return work
+
+    def _retire_reductions(self) -> None:
+        """Wait for the reduce-scatters launched before the one just started and return their
+        whole buffers, so the next bucket reuses them: besides the root's (filled from the heads
+        to the embeddings), at most two blocks' whole gradients coexist, the one in flight and
+        the one filling. The previous bucket's reduction had a whole block's backward to finish,
+        so the wait is normally free; it is a wait, not a poll, because gloo's point-to-point
+        work reports completion only once waited for."""
+        for i, pending in enumerate(self.pending):
+            if self.whole[i] is not None and pending.work is not None:
+                wait(pending.work)
+                pending.work = None
+                self._release(i)
+
+    def _release(self, i: int) -> None:
+        self.pool.give(self.whole[i])
+        self.whole[i] = None
+
+    def _result(self, i: int) -> Tensor:
+        self._release(i)  # the transient whole buffer goes once reduced
+        return self.shard[i]
+
+    def zero(self) -> None:
+        for i, shard in enumerate(self.shard):
+            shard.zero_()
+            self._release(i)
+
+    def nbytes(self) -> int:
+        return sum(s.numel() * s.element_size() for s in self.shard)

@@ -1,0 +1,105 @@
+"""The fp32 master weights and the optimizer that steps them.
+
+Each bucket has one master: the part of the bucket this rank updates (the whole bucket at stage
+0, this rank's DP chunk at stages 1-3), fp32, on the CPU with offload. When the compute
+parameters are fp32 on the same device, the master *is* their storage (aliased) and no copy
+back is needed. The optimizer sees at most two views of each master, the weight-decayed part
+and the rest (FlatBucket puts decayed parameters first), so AdamW decays inside its fused
+kernel and LAMB can find each logical parameter inside its views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tpformer.config.schema import OptimConfig
+from tpformer.engine.flat_buffer import FlatBucket
+from tpformer.engine.lamb import FlatLamb, Piece
+from tpformer.parallel.context import GroupHandle
+
+
+@dataclass
+class OptimizerView:
+    """A slice [start, stop) of a master, stepped as one optimizer parameter."""
+
+    param: nn.Parameter
+    start: int
+    stop: int
+    decay: bool
+
+
+@dataclass
+class Master:
+    """One bucket's fp32 optimizer copy and its views."""
+
+    values: Tensor
+    views: list[OptimizerView]
+
+
+def build_masters(buckets: list[FlatBucket], owned: list[Tensor], *, whole: bool,
+                  aliased: bool, device: torch.device) -> list[Master]:
+    """fp32 masters from the owned parts of the buckets (aliased: the owned tensors themselves)."""
+    masters = []
+    for bucket, values in zip(buckets, owned):
+        master = values if aliased else values.float().to(device, copy=True)
+        split = bucket.decay_split(whole=whole)
+        views = [OptimizerView(nn.Parameter(master[a:b], requires_grad=False), a, b, decay)
+                 for (a, b), decay in zip(split, (True, False)) if b > a]
+        masters.append(Master(master, views))
+    return masters
+
+
+def _lamb_pieces(buckets: list[FlatBucket], masters: list[Master], *,
+                 whole: bool) -> tuple[dict[Tensor, list[Piece]], int]:
+    """Where each logical parameter lies inside this rank's optimizer views, by segment id
+    (ids are the same on every rank, so per-parameter norms can be all-reduced)."""
+    pieces: dict[Tensor, list[Piece]] = {}
+    first = 0
+    for bucket, master in zip(buckets, masters):
+        ranges = ([(seg, seg.offset, seg.offset + seg.numel) for seg in bucket.segments]
+                  if whole else bucket.shard_ranges())
+        ids = {id(seg): first + i for i, seg in enumerate(bucket.segments)}
+        for view in master.views:
+            lo, hi = view.start, view.stop
+            pieces[view.param] = [(ids[id(seg)], max(a, lo) - lo, min(b, hi) - lo, seg.tp_sharded)
+                                  for seg, a, b in ranges if max(a, lo) < min(b, hi)]
+        first += len(bucket.segments)
+    return pieces, first
+
+
+def build_optimizer(optim: OptimConfig, buckets: list[FlatBucket], masters: list[Master], *,
+                    whole: bool, tp: GroupHandle, dp: GroupHandle,
+                    comm_device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (fused where the state's device has it) or LAMB over the masters' views; biases and
+    LayerNorms (the non-decayed views) get no weight decay."""
+    views = [v for m in masters for v in m.views]
+    groups = [{"params": [v.param for v in views if v.decay == decay],
+               "weight_decay": optim.weight_decay if decay else 0.0} for decay in (True, False)]
+    groups = [g for g in groups if g["params"]]
+    betas = (optim.beta1, optim.beta2)
+    if optim.name == "lamb":
+        pieces, num_segments = _lamb_pieces(buckets, masters, whole=whole)
+        return FlatLamb(groups, pieces=pieces, num_segments=num_segments, tp=tp,
+                        dp=None if whole else dp, comm_device=comm_device, lr=optim.lr,
+                        betas=betas, eps=optim.eps)
+    state_device = masters[0].values.device
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.eps,
+                             fused=state_device.type in ("cpu", "cuda"))
+
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+"""The per-element state of AdamW and LAMB (both keep Adam's moments under these names)."""
+
+
+def optimizer_slots(optimizer: torch.optim.Optimizer, param: Tensor) -> dict[str, Tensor]:
+    """The optimizer's state of one view, created as a fresh optimizer would have it (zero
+    moments, step 0) when it has not stepped yet, so it can be saved or loaded into."""
+    state = optimizer.state[param]
+    if not state:
+        state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+        for name in MOMENTS:
+            state[name] = torch.zeros_like(param)
+    return state

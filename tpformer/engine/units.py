@@ -1,0 +1,42 @@
+"""The units a model names for the engine: its repeated blocks, in forward order.
+
+A model that defines `blocks()` (a list of modules, e.g. its transformer layers) gets one ZeRO
+bucket and one recomputation unit per block, and one bucket for every other parameter; a model
+without it is one bucket. This is the whole contract between the engine and a model, so the
+engine wraps any nn.Module and imports no layer or model class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+def model_blocks(model: nn.Module) -> list[nn.Module]:
+    """model.blocks(), or [] for a model that names none."""
+    blocks = getattr(model, "blocks", None)
+    return list(blocks()) if callable(blocks) else []
+
+
+@dataclass
+class Unit:
+    """Parameters the engine keeps in one flat bucket; module None = every parameter outside
+    the blocks (embeddings, heads, final norms), the "root" unit."""
+
+    module: nn.Module | None
+    params: list[tuple[str, nn.Parameter]]
+
+
+def split_units(model: nn.Module) -> list[Unit]:
+    """One unit per block, then the root unit (if it has parameters)."""
+    names = {id(m): n for n, m in model.named_modules()}
+    units, in_block = [], set()
+    for block in model_blocks(model):
+        params = [(f"{names[id(block)]}.{n}", p) for n, p in block.named_parameters()]
+        in_block.update(id(p) for _, p in params)
+        units.append(Unit(block, params))
+    rest = [(n, p) for n, p in model.named_parameters() if id(p) not in in_block]
+    if rest:
+        units.append(Unit(None, rest))
+    return [u for u in units if u.params]
