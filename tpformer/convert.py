@@ -1,6 +1,9 @@
-"""Between tpformer checkpoints and Hugging Face directories, in one process.
+"""Between tpformer checkpoints and Hugging Face directories, in one process; above the engine
+and checkpoint I/O, which it uses.
 
-to_hf:   the logical parameters of a checkpoint -> the tpformer model -> save_pretrained.
+to_hf:   a checkpoint's logical parameters -> the tpformer model of the task it trained
+         (meta.json "task": pretraining, causal_lm or classification) -> save_pretrained, with a
+         tokenizer that AutoTokenizer loads when the run used a WordPiece vocabulary.
 from_hf: a HF directory -> the tpformer model -> a step-0 checkpoint (fresh optimizer state)
          that `trainer.resume=<dir>` continues from at any layout.
 """
@@ -9,18 +12,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from tpformer.checkpoint import store
-from tpformer.config.schema import Config, ModelConfig, OptimConfig, ParallelConfig
+from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from tpformer.engine import build_engine
-from tpformer.models import build_model
-from tpformer.models.hf import load_hf_model, save_hf_checkpoint
-from tpformer.parallel.context import ParallelContext
 from tpformer.engine.state import parameter_template
+from tpformer.models import build_model
+from tpformer.models.hf import load_hf_model, save_hf_checkpoint, task_of
+from tpformer.parallel.context import ParallelContext
 
-TASK = {"bert": "pretraining", "gpt": "causal_lm"}
+DEFAULT_TASK = {"bert": "pretraining", "gpt": "causal_lm"}
+"""The task of checkpoints written before meta.json recorded one (pretraining runs)."""
 
 
 def checkpoint_model_config(directory: Path) -> ModelConfig:
@@ -30,18 +33,36 @@ def checkpoint_model_config(directory: Path) -> ModelConfig:
     return ModelConfig(**meta["config"]["model"])  # type: ignore[index]
 
 
-def to_hf(checkpoint: Path, out: Path) -> Path:
-    """Write the checkpoint's model as a HF directory (BertForPreTraining or GPT2LMHeadModel)."""
+def load_checkpoint_model(checkpoint: Path, ctx: ParallelContext) -> nn.Module:
+    """The model a checkpoint trained, at ctx's layout, with its saved parameters."""
+    meta = store.read_meta(checkpoint)
     config = checkpoint_model_config(checkpoint)
-    ctx = ParallelContext.single(device="cpu")
-    model = build_model(config, ctx, task=TASK[config.arch], initialize=False)
-    params = dict(model.named_parameters())
-    template = {"engine": parameter_template(list(params.items()))}
+    task = str(meta.get("task", DEFAULT_TASK[config.arch]))
+    extra = {"num_labels": int(meta["num_labels"])} if task == "classification" else {}  # type: ignore[arg-type]
+    model = build_model(config, ctx, task=task, initialize=False, **extra)
+    params = list(model.named_parameters())
+    template = {"engine": parameter_template(params)}
     store.load(checkpoint, template)
-    model.load_full_state_dict({n: template["engine"][f"param/{n}"] for n in params})
-    save_hf_checkpoint(model, ctx, out)
+    model.load_full_state_dict({n: template["engine"][f"param/{n}"] for n, _ in params})
+    return model
+
+
+def to_hf(checkpoint: Path, out: Path) -> Path:
+    """Write the checkpoint's model as a HF directory: BertForPreTraining, GPT2LMHeadModel or
+    BertForSequenceClassification (num_labels, id2label; regression for STS-B)."""
+    meta = store.read_meta(checkpoint)
+    ctx = ParallelContext.single(device="cpu")
+    model = load_checkpoint_model(checkpoint, ctx)
+    labels = meta.get("id2label")
+    id2label = {int(k): v for k, v in labels.items()} if isinstance(labels, dict) else None
+    save_hf_checkpoint(model, ctx, out, id2label=id2label)
     tokenizer = checkpoint / store.TOKENIZER_DIR
-    store.copy_tokenizer(sorted(tokenizer.iterdir()) if tokenizer.is_dir() else [], out)
+    if (tokenizer / "vocab.txt").is_file():  # WordPiece: a tokenizer AutoTokenizer loads
+        from transformers import BertTokenizerFast
+
+        BertTokenizerFast.from_pretrained(str(tokenizer)).save_pretrained(str(out))
+    else:  # a tpformer sentencepiece model travels as it is
+        store.copy_tokenizer(sorted(tokenizer.iterdir()) if tokenizer.is_dir() else [], out)
     return out
 
 
@@ -49,15 +70,17 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
     """A step-0 tpformer checkpoint under out_root/checkpoints with the HF weights."""
     ctx = ParallelContext.single(device="cpu")
     model = load_hf_model(hf_dir, ctx, task=None)
-    config = Config(model=model.config)  # type: ignore[arg-type]
-    engine = build_engine(model, OptimConfig(), ParallelConfig(), ctx)
-    state = {"engine": engine}
-    meta = {**store.checkpoint_meta(config, ctx), "source": str(hf_dir)}
+    parallel = ParallelConfig()
+    engine = build_engine(model, OptimConfig(), parallel, ctx)
+    task = task_of(model)
+    extra = {"num_labels": model.num_labels} if task == "classification" else {}
+    meta = {**store.checkpoint_meta(model.config, parallel, ctx.layout, task=task,  # type: ignore[arg-type]
+                                    run_config={}, **extra), "source": str(hf_dir)}
     tokenizer = [hf_dir / f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                                       "special_tokens_map.json", "tokenizer.model")
                  if (hf_dir / f).is_file()]
-    return store.save(out_root / "checkpoints", 0, state, ctx, meta=meta, keep_last=0,
-                      tokenizer_files=tokenizer)
+    return store.save(out_root / "checkpoints", 0, {"engine": engine}, ctx, meta=meta,
+                      keep_last=0, tokenizer_files=tokenizer)
 
 
 def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tuple[nn.Module, Path]:
@@ -70,10 +93,11 @@ def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tup
         if config.arch != "bert":
             raise ValueError(f"init={init} holds a {config.arch} model; fine-tuning needs BERT")
         model = build_model(config, ctx, task="classification", num_labels=num_labels)
-        encoder = dict(model.bert.named_parameters())
-        template = {"engine": parameter_template([(f"bert.{n}", p) for n, p in encoder.items()])}
+        encoder = [(f"bert.{n}", p) for n, p in model.bert.named_parameters()]
+        template = {"engine": parameter_template(encoder)}
         store.load(init, template)
-        model.bert.load_full_state_dict({n: template["engine"][f"param/bert.{n}"] for n in encoder})
+        model.bert.load_full_state_dict({n.removeprefix("bert."): template["engine"][f"param/{n}"]
+                                         for n, _ in encoder})
         return model, init / store.TOKENIZER_DIR
     if not (init / "config.json").is_file():
         raise FileNotFoundError(f"init={init} is neither a tpformer checkpoint (meta.json) nor a "

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import hydra
@@ -17,18 +18,20 @@ from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import validate_finetune
 from tpformer.parallel.context import ParallelContext
 from tpformer.run import hydra_exit_codes, run_entry_point
-from tpformer.train.finetune import Finetuner
+from tpformer.train.finetuning import finetuning_trainer, write_results
 
 log = logging.getLogger("tpformer")
 register_configs()
 
 
 def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> None:
-    results = Finetuner(config, ctx, run_dir).train()
+    start = time.perf_counter()
+    trainer = finetuning_trainer(config, ctx, run_dir)
+    trainer.train()
+    results = write_results(trainer, config, time.perf_counter() - start)
     best = results.get("best", {})
     log.info("done: best dev %s at step %s in %.0f s; results in %s",
-             {k: round(v, 4) for k, v in best.items() if k not in ("step", "epoch", "wall_time_s",
-                                                                    "train_loss")},
+             {k: round(v, 4) for k, v in best.items() if k not in ("step", "epoch")},
              best.get("step"), results["wall_time_s"], run_dir / "results.json")
 
 

@@ -16,16 +16,14 @@ from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.parallel.context import ParallelContext
 from tpformer.run import hydra_exit_codes, run_entry_point
-from tpformer.train.loop import Trainer
+from tpformer.train.pretraining import pretraining_trainer
 
 log = logging.getLogger("tpformer")
 register_configs()
 
 
 def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
-    trainer = Trainer(config, ctx, run_dir)
-    log.info("plan:\n%s", trainer.plan())
-    records = trainer.train()
+    records = pretraining_trainer(config, ctx, run_dir).train()
     if records:
         log.info("done: step %d, loss %.4f (first logged %.4f); metrics in %s",
                  records[-1]["step"], records[-1]["loss"], records[0]["loss"],

@@ -12,7 +12,7 @@ from tests.tolerances import assert_rel_close
 from tests.train.test_trainer import REPO, tiny_config
 from tpformer.parallel.comm import gather_from_tp
 from tpformer.parallel.context import ParallelContext
-from tpformer.train.loop import Trainer
+from tpformer.train.pretraining import pretraining_trainer
 
 CONVERT = [sys.executable, str(REPO / "tools" / "convert_checkpoint.py")]
 
@@ -21,7 +21,7 @@ def test_checkpoint_to_hf_and_back(tmp_path: Path) -> None:
     config = tiny_config(steps=2)
     config = replace(config, trainer=replace(config.trainer, save_every=2))
     ctx = ParallelContext.single(device="cpu")
-    trainer = Trainer(config, ctx, tmp_path / "run")
+    trainer = pretraining_trainer(config, ctx, tmp_path / "run")
     trainer.train()
     checkpoint = tmp_path / "run" / "checkpoints" / "step00000002"
     subprocess.run([*CONVERT, "to-hf", str(checkpoint), str(tmp_path / "hf")], check=True)

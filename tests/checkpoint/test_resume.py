@@ -12,7 +12,7 @@ from tests.train.test_trainer import tiny_config
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
 from tpformer.parallel.context import ParallelContext
-from tpformer.train.loop import Trainer
+from tpformer.train.pretraining import pretraining_trainer
 
 STEPS, EXIT = 6, 3
 
@@ -22,7 +22,7 @@ def _trainer(config: Config, run_dir: str, **trainer) -> Config:
 
 
 def _run(ctx: ParallelContext, config: Config, run_dir: str, **trainer) -> dict[int, float]:
-    records = Trainer(_trainer(config, run_dir, **trainer), ctx, Path(run_dir)).train()
+    records = pretraining_trainer(_trainer(config, run_dir, **trainer), ctx, Path(run_dir)).train()
     return {r["step"]: r["loss"] for r in records}
 
 

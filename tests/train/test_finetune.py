@@ -19,7 +19,7 @@ from tests.train.test_trainer import REPO
 from tpformer.config.schema import FinetuneConfig, FinetuneTrainerConfig, GlueDataConfig, OptimConfig
 from tpformer.data.tokenizer import SPECIAL_TOKENS
 from tpformer.parallel.context import ParallelContext
-from tpformer.train.finetune import Finetuner
+from tpformer.train.finetuning import finetuning_trainer, write_results
 
 WORDS = ["good", "bad", "the", "movie", "plot", "was", "acting", "very", "quite", "and", "a", "film",
          "story", "music", "is", "really", "not", "so", "cast", "ending"]
@@ -82,15 +82,17 @@ def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     lines = (run / "predictions" / "SST-2.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == 11
     assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
-    best = run / "checkpoints" / f"step{results['best']['step']:08d}"
+    best = run / "best" / f"step{results['best']['step']:08d}"
     assert (best / "meta.json").is_file() and (best / "tokenizer" / "vocab.txt").is_file()
 
 
 def _predictions(ctx: ParallelContext, config: FinetuneConfig, run_dir: str) -> tuple:
-    tuner = Finetuner(config, ctx, Path(run_dir))
-    results = tuner.train()
-    pred, _ = tuner.predict("dev")
-    return pred, [e["train_loss"] for e in results["evaluations"]]
+    trainer = finetuning_trainer(config, ctx, Path(run_dir))
+    records = trainer.train()
+    with trainer.engine.gathered():
+        trainer.model.eval()
+        pred, _ = trainer.task.evaluator.predictor.predict("dev")
+    return pred, [r["loss"] for r in records]
 
 
 @pytest.mark.parametrize(("tp", "dp"), [(2, 1), (1, 2)])
@@ -136,11 +138,11 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
     pretrained one and the checkpoint's sentencepiece tokenizer is used."""
     from tests.train.test_pretrain_corpus import corpus_config
     from tpformer.convert import load_classifier
-    from tpformer.train.loop import Trainer
+    from tpformer.train.pretraining import pretraining_trainer
 
     config = corpus_config(tmp_path, steps=2)
     config.trainer.save_every = 2
-    trainer = Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "pre")
+    trainer = pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "pre")
     trainer.train()
     checkpoint = tmp_path / "pre" / "checkpoints" / "step00000002"
     ctx = ParallelContext.single(device="cpu")
@@ -157,6 +159,8 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
                           data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
                                               cache_dir=str(tmp_path / "cache")),
                           trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False))
-    results = Finetuner(tune, ctx, tmp_path / "tune").train()
+    trainer = finetuning_trainer(tune, ctx, tmp_path / "tune")
+    trainer.train()
+    results = write_results(trainer, tune, 0.0)
     assert results["steps"] == 2 and "accuracy" in results["best"]
-    assert (tmp_path / "tune" / "checkpoints" / "step00000002" / "tokenizer" / "tokenizer.model").is_file()
+    assert (tmp_path / "tune" / "best" / "step00000002" / "tokenizer" / "tokenizer.model").is_file()

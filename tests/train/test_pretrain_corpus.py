@@ -17,7 +17,7 @@ from tpformer.convert import to_hf
 from tpformer.config.schema import Config, DataConfig
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.context import ParallelContext
-from tpformer.train.loop import Trainer
+from tpformer.train.pretraining import pretraining_trainer
 
 VOCAB = 160
 
@@ -35,7 +35,7 @@ def corpus_config(root: Path, steps: int = 4, micro: int = 4, accum: int = 1,
 
 
 def _losses(ctx: ParallelContext, config: Config, run_dir: str) -> list[float]:
-    return [r["loss"] for r in Trainer(config, ctx, Path(run_dir)).train()]
+    return [r["loss"] for r in pretraining_trainer(config, ctx, Path(run_dir)).train()]
 
 
 @pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
@@ -58,7 +58,7 @@ def test_mlm_loss_halves_on_a_tiny_corpus(tmp_path: Path) -> None:
     config.optim.warmup_steps, config.optim.lr = 20, 2e-3
     config.trainer.log_every = 20
     config.trainer.save_every = 300
-    records = Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "run").train()
+    records = pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "run").train()
     mlm = [r["mlm_loss"] for r in records]
     assert mlm[0] > 4.0, mlm  # starts near ln(160) = 5.08
     assert mlm[-1] < 0.5 * mlm[0], mlm
@@ -72,13 +72,13 @@ def test_mlm_loss_halves_on_a_tiny_corpus(tmp_path: Path) -> None:
 
 def test_tokenizer_vocabulary_must_match_the_model(tmp_path: Path) -> None:
     config = corpus_config(tmp_path)
-    Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "a")  # trains the tokenizer
+    pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "a")  # trains the tokenizer
     tokenizer = next((tmp_path / "cache").glob("tokenizer-*/tokenizer.model"))
     config.data.tokenizer = str(tokenizer)
     config.model.vocab_size = 256
     with pytest.raises(ValueError, match=rf"has {VOCAB} tokens but model.vocab_size=256; set "
                                          rf"model.vocab_size={VOCAB}"):
-        Trainer(config, ParallelContext.single(device="cpu"), tmp_path / "b")
+        pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "b")
 
 
 def test_cli_on_a_text_corpus_and_its_errors(tmp_path: Path) -> None:

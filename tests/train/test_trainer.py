@@ -16,7 +16,7 @@ from tpformer.config.presets import preset
 from tpformer.config.schema import (Config, DataConfig, OptimConfig, ParallelConfig,
                                     TrainerConfig)
 from tpformer.parallel.context import ParallelContext
-from tpformer.train.loop import Trainer
+from tpformer.train.pretraining import pretraining_trainer
 from tpformer.train.plan import estimate_memory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def tiny_config(steps: int = 4, micro: int = 4, accum: int = 1, **parallel) -> C
 
 
 def _losses(ctx: ParallelContext, config: Config, run_dir: str) -> list[float]:
-    return [r["loss"] for r in Trainer(config, ctx, Path(run_dir)).train()]
+    return [r["loss"] for r in pretraining_trainer(config, ctx, Path(run_dir)).train()]
 
 
 @pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2)])
@@ -52,7 +52,7 @@ def test_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int
 def test_mlm_loss_falls_on_learnable_data(tmp_path: Path) -> None:
     config = replace(tiny_config(steps=300, micro=8), optim=OptimConfig(lr=1e-3, warmup_steps=10))
     config.trainer.log_every = 20
-    records = Trainer(config, ParallelContext.single(device="cpu"), tmp_path).train()
+    records = pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path).train()
     mlm = [r["mlm_loss"] for r in records]
     assert mlm[-1] < 0.7 * mlm[0], mlm  # from ln(128) = 4.85 toward ln(128 / 16 topics) = 2.08
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -62,18 +62,18 @@ def test_mlm_loss_falls_on_learnable_data(tmp_path: Path) -> None:
     assert any((tmp_path / "tensorboard").iterdir())
 
 
-def _memory(ctx: ParallelContext, stage: int) -> tuple:
+def _memory(ctx: ParallelContext, stage: int, run_dir: str) -> tuple:
     config = tiny_config(steps=1, zero_stage=stage)
-    trainer = Trainer(config, ctx, Path("/tmp"))
-    trainer.metrics.enabled = False
+    trainer = pretraining_trainer(config, ctx, Path(run_dir))
     trainer.train()
-    estimate = estimate_memory(config, ctx.layout, trainer.params_per_rank).model_state
+    params_per_rank = sum(s.numel for b in trainer.engine.buckets for s in b.segments)
+    estimate = estimate_memory(config, ctx.layout, params_per_rank).model_state
     return trainer.engine.memory_report(), estimate
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_memory_model_matches_measured_accounting(stage: int) -> None:
-    for measured, estimate in run_distributed(_memory, 2, stage, tensor=1):
+def test_memory_model_matches_measured_accounting(stage: int, tmp_path: Path) -> None:
+    for measured, estimate in run_distributed(_memory, 2, stage, str(tmp_path), tensor=1):
         for field in ("params", "grads", "optimizer"):
             got, want = getattr(measured, field), getattr(estimate, field)
             assert abs(got - want) <= 0.10 * want, f"stage {stage} {field}: {got} vs {want}"

@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from tpformer.config.schema import Config
+from tpformer.config.schema import ModelConfig, ParallelConfig
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import Layout
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 2
@@ -35,19 +36,20 @@ MODEL_KEYS = ("arch", "num_layers", "hidden_size", "num_heads", "intermediate_si
 """Model fields a checkpoint must agree on to load (everything else may change)."""
 
 
-def checkpoint_meta(config: Config, ctx: ParallelContext) -> dict[str, object]:
-    """What meta.json records besides the step: model shape, layout, the resolved config."""
-    layout = ctx.layout
-    return {**{k: getattr(config.model, k) for k in MODEL_KEYS},
+def checkpoint_meta(model: ModelConfig, parallel: ParallelConfig, layout: Layout, *, task: str,
+                    run_config: dict[str, object], **extra: object) -> dict[str, object]:
+    """What meta.json records besides the step: the model's shape and task (what export
+    builds), the layout it was saved at, and the run's resolved config ({"model": ..., ...})."""
+    return {**{k: getattr(model, k) for k in MODEL_KEYS}, "task": task,
             "world_size": layout.world_size, "tensor": layout.tp, "data": layout.dp,
-            "zero_stage": config.parallel.zero_stage, "precision": config.parallel.precision,
-            "config": asdict(config)}
+            "zero_stage": parallel.zero_stage, "precision": parallel.precision,
+            "config": {"model": asdict(model), **run_config}, **extra}
 
 
-def model_mismatches(meta: dict[str, object], config: Config) -> dict[str, tuple[object, object]]:
+def model_mismatches(meta: dict[str, object], model: ModelConfig) -> dict[str, tuple[object, object]]:
     """{field: (checkpoint value, run value)} for the model fields that differ."""
-    return {k: (meta.get(k), getattr(config.model, k)) for k in MODEL_KEYS
-            if meta.get(k) != getattr(config.model, k)}
+    return {k: (meta.get(k), getattr(model, k)) for k in MODEL_KEYS
+            if meta.get(k) != getattr(model, k)}
 
 
 def step_dir_name(step: int) -> str:

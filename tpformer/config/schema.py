@@ -170,8 +170,31 @@ class DataConfig:
 
 
 @dataclass
-class TrainerConfig:
-    """The training loop."""
+class LoopConfig:
+    """What the one training loop does around the steps, for pretraining and fine-tuning alike."""
+
+    log_every: int = 10
+    """Steps per metrics.jsonl line and progress-bar update."""
+    progress: bool = True
+    """Rank 0 shows a progress bar."""
+    peak_tflops: float = 0.0
+    """Peak TFLOP/s of one device for the MFU estimate (0: auto on known GPUs, else not shown)."""
+    max_time_minutes: float = 0.0
+    """Stop after this wall time, agreed by all ranks (0: no limit)."""
+    save_every: int = 0
+    """Save a checkpoint every N steps and at the end into <run dir>/checkpoints (0: only at
+    exit_at_step or SIGTERM)."""
+    keep_last: int = 3
+    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    resume: str = "none"
+    """none, auto (the latest complete checkpoint of this run dir) or a checkpoint directory."""
+    exit_at_step: int = 0
+    """Save and stop after this step, leaving the LR schedule unchanged (0: off)."""
+
+
+@dataclass
+class TrainerConfig(LoopConfig):
+    """Pretraining: a fixed number of steps over the corpus."""
 
     max_steps: int = 100
     """Optimizer steps; the LR schedule ends here."""
@@ -179,25 +202,10 @@ class TrainerConfig:
     """Samples per DP rank per forward."""
     grad_accum: int = 1
     """Micro-batches per step; global batch = micro_batch_size x grad_accum x dp."""
-    log_every: int = 10
     eval_every: int = 0
-    """Evaluate every N steps (0: only at the end)."""
+    """Evaluate the held-out loss every N steps (0: only at the end)."""
     eval_steps: int = 4
     """Batches per evaluation."""
-    max_time_minutes: float = 0.0
-    """Stop after this wall time (0: no limit)."""
-    peak_tflops: float = 0.0
-    """Peak TFLOP/s of one device for the MFU estimate (0: auto on known GPUs, else not shown)."""
-    progress: bool = True
-    """Rank 0 shows a progress bar."""
-    save_every: int = 0
-    """Save a checkpoint every N steps into <run dir>/checkpoints (0: only at exit_at_step)."""
-    keep_last: int = 3
-    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
-    resume: str = "none"
-    """none, auto (the latest complete checkpoint of this run dir) or a checkpoint directory."""
-    exit_at_step: int = 0
-    """Save and stop after this step, leaving the LR schedule (max_steps) unchanged (0: off)."""
 
 
 @dataclass
@@ -241,18 +249,15 @@ class GlueDataConfig:
 
 
 @dataclass
-class FinetuneTrainerConfig:
-    """The fine-tuning loop: epochs over the training split, dev evaluation after each."""
+class FinetuneTrainerConfig(LoopConfig):
+    """Fine-tuning: epochs over the training split, dev evaluation after each; the best
+    checkpoint by the task's first dev metric is kept in <run dir>/best."""
 
     epochs: float = 3.0
     batch_size: int = 32
     """Global batch (examples per optimizer step, over all DP ranks)."""
     micro_batch_size: int = 0
     """Examples per DP rank per forward (0: batch_size / dp, no accumulation)."""
-    warmup_ratio: float = 0.1
-    """Warmup as a fraction of the steps, used when optim.warmup_steps is 0."""
-    log_every: int = 10
-    progress: bool = True
 
 
 @dataclass

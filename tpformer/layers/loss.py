@@ -56,10 +56,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         probs.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(probs, local_target, outside, ignored)
         ctx.smoothing, ctx.valid, ctx.vocab_size = smoothing, valid, vocab_size
-        return loss
+        # the target's shifted logit is exactly 0 where it is the global row max: a hit, known
+        # on every rank without another collective (ties count as hits)
+        correct = (target_logit == 0.0) & ~ignored
+        ctx.mark_non_differentiable(correct)
+        return loss, correct
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_loss: Tensor, grad_correct: Tensor | None = None):  # type: ignore[override]
         probs, local_target, outside, ignored = ctx.saved_tensors
         grad = probs                                              # softmax, reused in place
         hit = (~outside).to(grad.dtype)
@@ -79,6 +83,16 @@ def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, tp: GroupHandle
     Matches F.cross_entropy(full_logits[:, :vocab_size], target, reduction="none",
     ignore_index=..., label_smoothing=...) on the gathered logits. Ignored rows give 0.
     """
+    return vocab_parallel_cross_entropy_and_hits(logits, target, tp, vocab_size=vocab_size,
+                                                 ignore_index=ignore_index,
+                                                 label_smoothing=label_smoothing)[0]
+
+
+def vocab_parallel_cross_entropy_and_hits(logits: Tensor, target: Tensor, tp: GroupHandle, *,
+                                          vocab_size: int, ignore_index: int = -100,
+                                          label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(per-token loss [N], bool [N] whether the target is the argmax of the full logits), with
+    the same three all-reduces as the loss alone: accuracy comes free."""
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
         raise ValueError(f"expected logits [N, V/tp] and target [N], got {tuple(logits.shape)} "
                          f"and {tuple(target.shape)}")

@@ -16,7 +16,7 @@ from tpformer.layers.base import TPModule
 from tpformer.layers.block import TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
-from tpformer.layers.loss import vocab_parallel_cross_entropy
+from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
 from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.context import ParallelContext
@@ -91,6 +91,9 @@ class PretrainingOutput:
     nsp_loss: Tensor | None = None
     mlm_loss_sum: Tensor | None = None
     mlm_count: Tensor | None = None
+    mlm_correct: Tensor | None = None
+    """Masked positions whose label is the argmax of the full logits."""
+    nsp_correct: Tensor | None = None
     mlm_logits: Tensor | None = None
     nsp_logits: Tensor | None = None
 
@@ -135,13 +138,15 @@ class BertForPreTraining(TPModule):
         flat_labels = mlm_labels.reshape(-1)
         masked = (flat_labels != -100).nonzero().squeeze(-1)   # gather before the transform
         logits = self.mlm_logits(sequence.reshape(-1, sequence.shape[-1]).index_select(0, masked))
-        losses = vocab_parallel_cross_entropy(logits, flat_labels.index_select(0, masked), self.tp,
-                                              vocab_size=self.config.vocab_size)
+        losses, hits = vocab_parallel_cross_entropy_and_hits(
+            logits, flat_labels.index_select(0, masked), self.tp, vocab_size=self.config.vocab_size)
         out.mlm_loss_sum, out.mlm_count = losses.sum(), torch.tensor(masked.numel())
+        out.mlm_correct = hits.sum()
         out.mlm_loss = out.mlm_loss_sum / max(masked.numel(), 1)
         out.loss = out.mlm_loss
         if nsp_labels is not None:
             out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), nsp_labels)
+            out.nsp_correct = (out.nsp_logits.argmax(-1) == nsp_labels).sum()
             out.loss = out.loss + out.nsp_loss
         return out
 

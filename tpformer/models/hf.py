@@ -171,7 +171,7 @@ def load_hf_weights(model: nn.Module, directory: str | Path, ctx: ParallelContex
     directory = Path(directory)
     files = CheckpointFiles(directory)
     config: ModelConfig = model.config  # type: ignore[assignment]
-    task = _task_of(model)
+    task = task_of(model)
     keys = files.keys()
     rules = KEY_MAPS[config.arch](config, task, _hf_prefix(keys, config.arch))
     available = set(keys)
@@ -208,7 +208,8 @@ def load_hf_weights(model: nn.Module, directory: str | Path, ctx: ParallelContex
     return skipped
 
 
-def _task_of(model: nn.Module) -> str:
+def task_of(model: nn.Module) -> str:
+    """The build_model task of a built model ("pretraining", "classification", ...)."""
     from tpformer.models import TASKS
 
     return next(task for (_, task), cls in TASKS.items() if type(model) is cls)
@@ -253,7 +254,7 @@ HF_ARCHITECTURE = {"BertModel": "BertModel", "BertForPreTraining": "BertForPreTr
 def to_hf_state_dict(model: nn.Module, ctx: ParallelContext, architecture: str) -> dict[str, Tensor]:
     """Full HF-named tensors of `model` (all-gathers over TP; same on every TP rank)."""
     config: ModelConfig = model.config  # type: ignore[assignment]
-    task = _task_of(model)
+    task = task_of(model)
     prefix = "" if task == "base" else ("bert." if config.arch == "bert" else "transformer.")
     full = full_state_dict(model, ctx.tp)
     head_dim = config.hidden_size // config.num_heads
@@ -275,8 +276,10 @@ def to_hf_state_dict(model: nn.Module, ctx: ParallelContext, architecture: str) 
     return out
 
 
-def save_hf_checkpoint(model: nn.Module, ctx: ParallelContext, directory: str | Path) -> None:
-    """Write `model` as a HF directory that transformers' from_pretrained loads.
+def save_hf_checkpoint(model: nn.Module, ctx: ParallelContext, directory: str | Path, *,
+                       id2label: dict[int, str] | None = None) -> None:
+    """Write `model` as a HF directory that transformers' from_pretrained loads; a classifier
+    records num_labels, `id2label` (and label2id) and the regression problem type (1 label).
 
     Every TP rank takes part in the gathers; global rank 0 writes through `save_pretrained`.
     """
@@ -291,6 +294,9 @@ def save_hf_checkpoint(model: nn.Module, ctx: ParallelContext, directory: str | 
         extra["num_labels"] = model.num_labels  # type: ignore[attr-defined]
         if model.num_labels == 1:  # type: ignore[attr-defined]
             extra["problem_type"] = "regression"
+        if id2label is not None:
+            extra["id2label"] = id2label
+            extra["label2id"] = {v: k for k, v in id2label.items()}
     hf_config = hf_config_from_model(model.config, architecture, **extra)  # type: ignore[arg-type]
     hf_model = getattr(transformers, architecture)(hf_config)
     result = hf_model.load_state_dict(state, strict=False)

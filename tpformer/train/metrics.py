@@ -63,7 +63,9 @@ class MetricsWriter:
 
 
 def plot_loss_curve(metrics: Path, png: Path) -> None:
-    """Loss (train and eval) and learning rate against steps, from a metrics.jsonl."""
+    """Training loss (with its MLM/NSP parts) and evaluation against steps, from a
+    metrics.jsonl; the right axis shows the LR, or the dev metrics when evaluation reports
+    metrics rather than a loss (fine-tuning)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,18 +80,24 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
         if train and part in train[0]:
             ax.plot([r["step"] for r in train], [r[part] for r in train], lw=0.8, alpha=0.7,
                     label=f"train {part.split('_')[0].upper()}")
-    if evals:
+    if evals and "loss" in evals[0]:
         ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
-    lr_ax = ax.twinx()
-    lr_ax.plot([r["step"] for r in train], [r["lr"] for r in train], color="gray", ls="--",
-               label="lr")
-    lr_ax.set_ylabel("learning rate")
+    right = ax.twinx()
+    dev = [k for k in (evals[0] if evals else {}) if k not in ("step", "epoch", "eval")]
+    if evals and "loss" not in evals[0]:
+        for key in dev:
+            right.plot([r["step"] for r in evals], [r[key] for r in evals], "o--", label=f"dev {key}")
+        right.set_ylabel("dev metric")
+    else:
+        right.plot([r["step"] for r in train], [r["lr"] for r in train], color="gray", ls="--",
+                   label="lr")
+        right.set_ylabel("learning rate")
     lines = ax.get_legend_handles_labels()
-    lr_lines = lr_ax.get_legend_handles_labels()
-    ax.legend(lines[0] + lr_lines[0], lines[1] + lr_lines[1], loc="upper right")
+    right_lines = right.get_legend_handles_labels()
+    ax.legend(lines[0] + right_lines[0], lines[1] + right_lines[1], loc="upper right")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)

@@ -1,0 +1,102 @@
+"""GLUE rows -> token ids: [CLS] a [SEP] (b [SEP]), the longer segment truncated first, cached by
+file content, tokenizer and max_length; and the collation of examples into padded batches."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from tpformer.config.schema import GlueDataConfig
+from tpformer.data.glue.tasks import GlueTask, get_task, load_split
+from tpformer.data.tokenizer import Tokenizer
+
+
+def encode(tokenizer: Tokenizer, rows: dict[str, list], max_length: int) -> list[dict[str, list]]:
+    """[CLS] a [SEP] (b [SEP]) per row, the longer segment truncated first."""
+    a = tokenizer.encode(rows["text_a"])
+    b = tokenizer.encode(rows["text_b"]) if rows["text_b"] is not None else [None] * len(a)
+    examples = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        room = max_length - (3 if y is not None else 2)
+        x, y = list(x), list(y) if y is not None else None
+        while len(x) + (len(y) if y is not None else 0) > room:
+            if y is not None and len(y) > len(x):
+                y.pop()
+            else:
+                x.pop()
+        ids = [tokenizer.cls_id, *x, tokenizer.sep_id]
+        types = [0] * len(ids)
+        if y is not None:
+            ids += [*y, tokenizer.sep_id]
+            types += [1] * (len(y) + 1)
+        example = {"input_ids": ids, "token_type_ids": types, "index": rows["index"][i]}
+        if "label" in rows:
+            example["label"] = rows["label"][i]
+        examples.append(example)
+    return examples
+
+
+def collate(examples: list[dict], pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
+    """Pad to the longest row of this micro-batch, not to max_length."""
+    width = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    types = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for row, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[row, :n] = torch.tensor(e["input_ids"])
+        types[row, :n] = torch.tensor(e["token_type_ids"])
+        mask[row, :n] = 1
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    if "label" in examples[0]:
+        batch["labels"] = torch.tensor([e["label"] for e in examples],
+                                       dtype=torch.float if regression else torch.long)
+    return batch
+
+
+def split_files(data: GlueDataConfig) -> dict[str, str]:
+    return {"train": data.train_file, "dev": data.dev_file, "test": data.test_file}
+
+
+def dev_splits(task: GlueTask, data: GlueDataConfig) -> tuple[str, ...]:
+    """The dev splits evaluated: MNLI has two, unless one dev file is given."""
+    return task.dev_splits[:1] if data.dev_file else task.dev_splits
+
+
+def test_splits(task: GlueTask, data: GlueDataConfig) -> list[str]:
+    """The test splits predicted: those present in glue_dir (or the given test file)."""
+    if data.test_file:
+        return list(task.test_splits[:1])
+    if data.train_file or data.dev_file:
+        return []
+    if not data.glue_dir:
+        return list(task.test_splits)
+    folder = Path(data.glue_dir).expanduser() / task.directory
+    return [s for s in task.test_splits if (folder / f"{s}.tsv").is_file()]
+
+
+def load_examples(task_name: str, data: GlueDataConfig, split: str, tokenizer: Tokenizer, *,
+                  rank: int) -> list[dict]:
+    """Tokenized rows of a split, cached by file content, tokenizer and max_length."""
+    task = get_task(task_name)
+    key = hashlib.sha256(repr((task_name, split, data.glue_dir, data.max_length,
+                               tokenizer.fingerprint())).encode())
+    kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
+    files = split_files(data)
+    source = (Path(files[kind]) if files[kind]
+              else Path(data.glue_dir).expanduser() / task.directory / f"{split}.tsv")
+    if source.is_file():  # a missing file fails in load_split, by name
+        key.update(source.read_bytes())
+    cache = (Path(data.cache_dir).expanduser() / "glue"
+             / f"{task_name}-{split}-{key.hexdigest()[:16]}.pt")
+    if cache.is_file():
+        return torch.load(cache)
+    examples = encode(tokenizer, load_split(data.glue_dir, task_name, split, files),
+                      data.max_length)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp{rank}")
+    torch.save(examples, tmp)
+    tmp.replace(cache)
+    return examples

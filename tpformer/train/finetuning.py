@@ -1,0 +1,140 @@
+"""The fine-tuning task: BertForSequenceClassification on a GLUE task, for the one loop.
+
+The model starts from a tpformer checkpoint or a Hugging Face BERT; the GLUE specifics (features,
+the order of training examples, metrics, submission files) live in tpformer.data.glue. Dev is
+evaluated after every epoch; the best epoch by the task's first metric is checkpointed in
+<run dir>/best with its test predictions; results.json holds every evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tpformer.checkpoint import store
+from tpformer.config.schema import FinetuneConfig
+from tpformer.config.validate import validate_recompute_granularity
+from tpformer.convert import load_classifier
+from tpformer.data.glue import get_task, score
+from tpformer.data.glue.batches import GlueTrainSteps, prediction_batches
+from tpformer.data.glue.features import dev_splits, load_examples, test_splits
+from tpformer.data.glue.submission import submission_name, write_submission
+from tpformer.data.tokenizer import Tokenizer
+from tpformer.engine import parallelize
+from tpformer.parallel.comm import all_gather_object
+from tpformer.parallel.context import ParallelContext
+from tpformer.train.loop import BestCheckpoint, Trainer, TrainingTask
+from tpformer.train.objectives import ClassificationObjective
+from tpformer.train.schedule import scaled_lr
+
+log = logging.getLogger(__name__)
+
+
+class GluePredictor:
+    """Predictions (class ids, or scores for STS-B) of whole splits, the DP ranks sharing each."""
+
+    def __init__(self, model: nn.Module, splits: dict[str, list[dict]], *, task_name: str,
+                 micro_batch_size: int, pad_id: int, ctx: ParallelContext) -> None:
+        self.model, self.splits, self.task_name = model, splits, task_name
+        self.micro, self.pad_id, self.ctx = micro_batch_size, pad_id, ctx
+        self.regression = get_task(task_name).labels is None
+
+    @torch.no_grad()
+    def predict(self, split: str) -> tuple[torch.Tensor, list[int]]:
+        """Call with the model in eval mode and its parameters gathered (the loop's evaluate)."""
+        examples, dp = self.splits[split], self.ctx.dp
+        preds: list[float] = []
+        for batch in prediction_batches(examples, micro_batch_size=self.micro, dp_size=dp.size,
+                                        dp_rank=dp.rank, pad_id=self.pad_id):
+            logits = self.model(**{k: v.to(self.ctx.device) for k, v in batch.items()}).logits
+            out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
+            preds += out.float().cpu().tolist()
+        gathered = [p for part in all_gather_object(preds, dp) for p in part]  # type: ignore[union-attr]
+        return torch.tensor(gathered), [e["index"] for e in examples]
+
+
+class GlueDev:
+    """Fine-tuning's evaluator: the task's metrics on each dev split (MNLI: m_ and mm_ prefixed)."""
+
+    def __init__(self, predictor: GluePredictor, splits: tuple[str, ...]) -> None:
+        self.predictor, self.dev_splits = predictor, splits
+
+    @property
+    def main_metric(self) -> str:
+        first = get_task(self.predictor.task_name).metrics[0]
+        return first if len(self.dev_splits) == 1 else f"{self._prefix(self.dev_splits[0])}{first}"
+
+    def _prefix(self, split: str) -> str:
+        return "" if len(self.dev_splits) == 1 else f"{split.removeprefix('dev_')}_"
+
+    def __call__(self, trainer: Trainer) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for split in self.dev_splits:
+            pred, _ = self.predictor.predict(split)
+            gold = torch.tensor([e["label"] for e in self.predictor.splits[split]])
+            metrics.update({self._prefix(split) + k: v
+                            for k, v in score(self.predictor.task_name, pred, gold).items()})
+        return metrics
+
+
+def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Trainer:
+    """Load the model and the task's splits, parallelize; the loop runs it."""
+    t, data = config.trainer, config.data
+    task = get_task(config.task)
+    model, tokenizer_path = load_classifier(Path(config.init), ctx, num_labels=task.num_labels)
+    validate_recompute_granularity(config.parallel, model.config.num_layers)
+    tokenizer = Tokenizer(tokenizer_path)
+    tokenizer.check_vocab(model.config.vocab_size)
+    splits = {split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)
+              for split in ("train", *dev_splits(task, data), *test_splits(task, data))}
+    wrapped = parallelize(model, config.parallel, config.optim, ctx)
+    micro = t.micro_batch_size or t.batch_size // ctx.dp.size
+    train = GlueTrainSteps(splits["train"], batch_size=t.batch_size, micro_batch_size=micro,
+                           dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
+                           group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
+                           regression=task.labels is None)
+    predictor = GluePredictor(model, splits, task_name=config.task, micro_batch_size=micro,
+                              pad_id=tokenizer.pad_id, ctx=ctx)
+    evaluator = GlueDev(predictor, dev_splits(task, data))
+
+    def write_predictions(step: int) -> None:
+        for split in test_splits(task, data):
+            pred, index = predictor.predict(split)
+            if ctx.is_main:
+                write_submission(run_dir / "predictions" / f"{submission_name(config.task, split)}.tsv",
+                                 config.task, pred, index)
+
+    extra = {"num_labels": task.num_labels, "glue_task": config.task,
+             "id2label": dict(enumerate(task.labels)) if task.labels else {0: "score"}}
+    run_config = {"finetune": asdict(config)}
+    steps = math.ceil(t.epochs * len(splits["train"]) / t.batch_size)
+    return Trainer(TrainingTask(
+        model=model, engine=wrapped.engine, objective=ClassificationObjective(),
+        train_batches=train, evaluator=evaluator, max_steps=steps, global_batch=t.batch_size,
+        peak_lr=scaled_lr(config.optim, t.batch_size), model_config=model.config,
+        meta=store.checkpoint_meta(model.config, config.parallel, ctx.layout,
+                                   task="classification", run_config=run_config, **extra),
+        eval_every=train.steps_per_epoch, steps_per_epoch=train.steps_per_epoch,
+        best=BestCheckpoint(evaluator.main_metric, write_predictions),
+        tokenizer_files=tokenizer.files, description=f"finetune {config.task}"),
+        t, config.optim, ctx, run_dir)
+
+
+def write_results(trainer: Trainer, config: FinetuneConfig, wall_time_s: float) -> dict:
+    """results.json: every evaluation, the best by the main metric and the wall time."""
+    metric = trainer.task.best.metric  # type: ignore[union-attr]
+    evaluations = trainer.evaluations
+    results: dict = {"task": config.task, "init": config.init, "steps": trainer.task.max_steps,
+                     "evaluations": evaluations, "wall_time_s": wall_time_s}
+    finite = [e for e in evaluations if math.isfinite(e[metric])]
+    if finite:
+        results["best"] = max(finite, key=lambda e: e[metric])
+    if trainer.ctx.is_main:
+        (trainer.run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    return results

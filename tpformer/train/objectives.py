@@ -1,0 +1,92 @@
+"""What a task optimizes: a micro-batch -> its shares of the global-batch means.
+
+The loop sums each objective's `counts` over this rank's micro-batches, all-reduces them over DP
+(one small all-reduce) and passes the global counts back, so every layout -- any DP degree,
+micro-batch size or accumulation -- optimizes and reports the same global means. The first
+value of `__call__` is the loss that is backpropagated; the rest are metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch import Tensor, nn
+
+
+class Objective(Protocol):
+    names: tuple[str, ...]
+    """What __call__ returns, in order; names[0] is the loss."""
+    head_fraction: float
+    """Share of the tokens the output head runs on (for the FLOPs estimate)."""
+
+    def counts(self, batch: dict[str, Tensor]) -> list[float]:
+        """This micro-batch's normalizing counts (summed over the global batch by the loop)."""
+        ...
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
+                 counts: list[float]) -> list[Tensor]:
+        """This micro-batch's share of each global-batch mean in `names`."""
+        ...
+
+
+class MaskedLMObjective:
+    """BERT pretraining: MLM loss over the masked tokens of the global batch plus NSP/SOP loss
+    over its samples; MLM accuracy (argmax over the full vocabulary) and NSP/SOP accuracy."""
+
+    names = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+
+    def __init__(self, mask_prob: float) -> None:
+        self.head_fraction = mask_prob
+
+    def counts(self, batch: dict[str, Tensor]) -> list[float]:
+        return [float(int((batch["mlm_labels"] != -100).sum())), float(batch["input_ids"].shape[0])]
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
+                 counts: list[float]) -> list[Tensor]:
+        masked, samples = counts
+        out = model(**batch)
+        mlm = out.mlm_loss_sum / masked
+        nsp = out.nsp_loss * batch["input_ids"].shape[0] / samples
+        return [mlm + nsp, mlm, nsp, out.mlm_correct / masked, out.nsp_correct / samples]
+
+
+class CausalLMObjective:
+    """GPT pretraining: next-token loss over every predicted token of the global batch."""
+
+    names = ("loss",)
+    head_fraction = 1.0
+
+    def counts(self, batch: dict[str, Tensor]) -> list[float]:
+        ids = batch["input_ids"]
+        return [float(ids.shape[0] * (ids.shape[1] - 1))]
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
+                 counts: list[float]) -> list[Tensor]:
+        out = model(batch["input_ids"], labels=batch["input_ids"])
+        tokens = batch["input_ids"].shape[0] * (batch["input_ids"].shape[1] - 1)
+        return [out.loss * (tokens / counts[0])]
+
+
+class ClassificationObjective:
+    """Sequence classification (cross-entropy) or regression (MSE), mean over the examples."""
+
+    names = ("loss",)
+    head_fraction = 0.0
+
+    def counts(self, batch: dict[str, Tensor]) -> list[float]:
+        return [float(batch["input_ids"].shape[0])]
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
+                 counts: list[float]) -> list[Tensor]:
+        return [model(**batch).loss * (batch["input_ids"].shape[0] / counts[0])]
+
+
+def objective_for(task: str, *, mask_prob: float = 0.15) -> Objective:
+    """The objective of a model task ("pretraining", "causal_lm" or "classification")."""
+    if task == "pretraining":
+        return MaskedLMObjective(mask_prob)
+    return CausalLMObjective() if task == "causal_lm" else ClassificationObjective()
+
+
+__all__ = ["CausalLMObjective", "ClassificationObjective", "MaskedLMObjective", "Objective",
+           "objective_for"]

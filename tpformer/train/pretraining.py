@@ -1,0 +1,95 @@
+"""The pretraining task: BERT (MLM + NSP/SOP) or GPT (causal LM) on a corpus, for the one loop.
+
+Data is prepared first (a bad corpus or tokenizer fails before any model is built); step s
+trains on global samples [s x G, (s+1) x G), which DP rank r slices and cuts into micro-batches
+(data/loader.py), so the samples of a step never depend on the layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from tpformer.checkpoint import store
+from tpformer.config.schema import Config
+from tpformer.data import load_pretraining_data, prepare_data
+from tpformer.data.loader import micro_batch_ranges
+from tpformer.data.tokenizer import Tokenizer
+from tpformer.engine import parallelize
+from tpformer.models import build_model
+from tpformer.parallel.comm import broadcast_object
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import logical_shape
+from tpformer.train.loop import StepBatches, Trainer, TrainingTask
+from tpformer.train.objectives import objective_for
+from tpformer.train.plan import format_plan
+from tpformer.train.schedule import scaled_lr
+
+log = logging.getLogger(__name__)
+
+
+def prepare_data_on_rank0(config: Config, ctx: ParallelContext) -> tuple[Path, Path] | None:
+    """Rank 0 trains the tokenizer and preprocesses the corpus (or finds them cached); every
+    rank gets the paths, or rank 0's error, so no rank is left waiting."""
+    if config.data.source == "synthetic":
+        return None
+    outcome: object = None
+    if ctx.is_main:
+        try:
+            outcome = prepare_data(config.data, config.model.vocab_size,
+                                   progress=config.trainer.progress)
+        except Exception as err:
+            broadcast_object((type(err).__name__, str(err)))
+            raise
+    outcome = broadcast_object(outcome)
+    if isinstance(outcome, tuple) and isinstance(outcome[0], str):
+        raise RuntimeError(f"rank 0 could not prepare the data: {outcome[0]}: {outcome[1]}")
+    return outcome  # type: ignore[return-value]
+
+
+class HeldOutLoss:
+    """Pretraining's evaluator: the objective's means over `steps` batches of held-out data."""
+
+    def __init__(self, batches: StepBatches, steps: int) -> None:
+        self.batches, self.steps = batches, steps
+
+    def __call__(self, trainer: Trainer) -> dict[str, float]:
+        parts = [trainer.run_step(i, self.batches, train=False) for i in range(self.steps)]
+        return {k: sum(p[k] for p in parts) / len(parts) for k in parts[0] if k != "tokens"}
+
+
+def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> Trainer:
+    """Prepare the data, build and parallelize the model, log the plan; the loop runs it."""
+    m, t = config.model, config.trainer
+    task = "pretraining" if m.arch == "bert" else "causal_lm"
+    prepared = prepare_data_on_rank0(config, ctx)
+    data = load_pretraining_data(config.data, m, seed=config.parallel.seed, prepared=prepared)
+    model = build_model(m, ctx, task=task)
+    params_per_rank = sum(p.numel() for p in model.parameters())
+    total_params = sum(logical_shape(p).numel() for p in model.parameters())
+    wrapped = parallelize(model, config.parallel, config.optim, ctx)
+    global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
+
+    def batches(split: str) -> StepBatches:
+        def of_step(step: int) -> list:
+            ranges = micro_batch_ranges(step, micro_batch_size=t.micro_batch_size,
+                                        grad_accum=t.grad_accum, dp_size=ctx.dp.size,
+                                        dp_rank=ctx.dp.rank)
+            return [(r.start, data.batch(r, split=split)) for r in ranges]
+        return of_step
+
+    log.info("plan:\n%s", format_plan(config, ctx.layout, params_per_rank, total_params,
+                                      wrapped.recomputed))
+    run_config = {k: v for k, v in asdict(config).items() if k != "model"}
+    return Trainer(TrainingTask(
+        model=model, engine=wrapped.engine,
+        objective=objective_for(task, mask_prob=config.data.mask_prob),
+        train_batches=batches("train"), evaluator=HeldOutLoss(batches("eval"), t.eval_steps),
+        max_steps=t.max_steps, global_batch=global_batch,
+        peak_lr=scaled_lr(config.optim, global_batch), model_config=m,
+        meta=store.checkpoint_meta(m, config.parallel, ctx.layout, task=task,
+                                   run_config=run_config),
+        eval_every=t.eval_every,
+        tokenizer_files=Tokenizer(prepared[0]).files if prepared else []),
+        t, config.optim, ctx, run_dir)
