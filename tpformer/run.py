@@ -19,7 +19,7 @@ from tpformer.launch import launch_local
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv
-from tpformer.parallel.layout import Layout
+from tpformer.parallel.layout import Layout, resolve_layout
 
 log = logging.getLogger("tpformer")
 
@@ -38,6 +38,12 @@ def setup_logging(run_dir: Path, rank: int) -> None:
         file.setFormatter(fmt)
         root.addHandler(file)
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def resolve(config: Any, world_size: int) -> Layout:
+    """The run's layout for this world size (parallel.data=auto resolved): the one place the
+    layout keys are read, before any process group exists."""
+    return resolve_layout(config.parallel.tensor, config.parallel.data, world_size)
 
 
 def _fail(message: str) -> None:
@@ -68,10 +74,10 @@ def hydra_exit_codes(hydra_main: Callable[[], None]) -> Callable[[], None]:
 
 
 def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelContext, Path], None],
-                    check: Callable[..., Layout] = validate) -> None:
-    """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. `check`
-    validates the typed config for a world size before any process group exists and returns
-    the layout."""
+                    check: Callable[..., None] = validate) -> None:
+    """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. The layout
+    is resolved once, here, and `check` validates the typed config at that layout before any
+    process group exists."""
     _JobState.started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -81,19 +87,20 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
         _fail(str(err).splitlines()[0])
     env = LaunchEnv.read()  # the one read of the launcher's variables
     if not env.under_launcher and config.launcher.nproc_per_node > 1:
-        world = config.launcher.nproc_per_node
         try:
-            check(config, world, device_type=_device_type())
+            check(config, resolve(config, config.launcher.nproc_per_node),
+                  device_type=_device_type())
         except ValueError as err:
             _fail(str(err))
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
-        code = launch_local(module, overrides, nproc_per_node=world,
+        code = launch_local(module, overrides, nproc_per_node=config.launcher.nproc_per_node,
                             max_restarts=config.launcher.max_restarts)
         if code:
             sys.exit(code)
         return
     try:
-        layout = check(config, env.world_size, device_type=_device_type())
+        layout = resolve(config, env.world_size)
+        check(config, layout, device_type=_device_type())
     except ValueError as err:
         _fail(str(err))
     ctx = (ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env)

@@ -11,6 +11,7 @@ from tpformer.config.presets import PRESETS
 from tpformer.config.schema import Config
 from tpformer.config.store import register_configs, to_config
 from tpformer.config.validate import validate
+from tpformer.run import resolve
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -99,17 +100,17 @@ def test_every_choice_key_names_its_allowed_values(key: str) -> None:
     group, name = key.split(".")
     setattr(getattr(config, group), name, "bogus")
     with pytest.raises(ValueError, match=rf"{key}='bogus' is not one of \["):
-        validate(config, 1)
+        validate(config, resolve(config, 1))
 
 
 def test_corpus_groups_need_their_files_or_name() -> None:
     with pytest.raises(ValueError, match=r"data.source=text needs data.paths=\[file, ...\]"):
-        validate(compose_config("data=text"), 1)
+        validate(compose_config("data=text"), resolve(compose_config(), 1))
     with pytest.raises(ValueError, match=r"data.source=hf needs data.name"):
-        validate(compose_config("data=hf"), 1)
+        validate(compose_config("data=hf"), resolve(compose_config(), 1))
     config = compose_config("data=jsonl", "data.paths=[a.jsonl]", "data.text_field=body")
     assert (config.data.source, config.data.paths, config.data.text_field) == ("jsonl", ["a.jsonl"], "body")
-    validate(config, 1)
+    validate(config, resolve(config, 1))
 
 
 @pytest.mark.parametrize(("overrides", "world", "message"), [
@@ -124,4 +125,5 @@ def test_corpus_groups_need_their_files_or_name() -> None:
 ])
 def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        validate(compose_config(*overrides), world, device_type="cpu")
+        config = compose_config(*overrides)
+        validate(config, resolve(config, world), device_type="cpu")

@@ -16,7 +16,9 @@ import torch
 from tests.data.test_glue import write_glue_file
 from tests.dist import run_distributed
 from tests.train.test_trainer import REPO
-from tpformer.config.schema import FinetuneConfig, FinetuneTrainerConfig, GlueDataConfig, OptimConfig
+from tests.tolerances import FP32_MODEL_REL, assert_rel_close
+from tpformer.config.schema import (FinetuneConfig, FinetuneTrainerConfig, GlueDataConfig,
+                                    OptimConfig, ParallelConfig)
 from tpformer.data.tokenizer import SPECIAL_TOKENS
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.finetuning import finetuning_trainer, write_results
@@ -84,6 +86,35 @@ def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
     best = run / "best" / f"step{results['best']['step']:08d}"
     assert (best / "meta.json").is_file() and (best / "tokenizer" / "vocab.txt").is_file()
+    # the one loop's reporting: train and dev lines, TensorBoard events, the plot
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [x for x in lines if x.get("eval")]
+    assert [e["accuracy"] for e in evals] == [e["accuracy"] for e in results["evaluations"]]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "epoch"} <= set(lines[0])
+    assert any((run / "tensorboard").iterdir())
+    assert (run / "loss_curve.png").stat().st_size > 1000
+    # export the best checkpoint; transformers loads it and predicts what tpformer wrote
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    hf_out = tmp_path / "exported"
+    exported = subprocess.run([sys.executable, str(REPO / "tools" / "convert_checkpoint.py"),
+                               "to-hf", str(best), str(hf_out)], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    model, info = BertForSequenceClassification.from_pretrained(hf_out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert model.config.id2label == {0: "0", 1: "1"}
+    tokenizer = AutoTokenizer.from_pretrained(hf_out)
+    test_rows = [line.split("\t")[1] for line in
+                 (glue / "SST-2" / "test.tsv").read_text().splitlines()[1:]]
+    with torch.no_grad():
+        logits = model.eval()(**tokenizer(test_rows, padding=True, return_tensors="pt")).logits
+    ours = [line.split("\t")[1] for line in lines_of(run / "predictions" / "SST-2.tsv")[1:]]
+    assert [model.config.id2label[int(i)] for i in logits.argmax(-1)] == ours
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text().splitlines()
 
 
 def _predictions(ctx: ParallelContext, config: FinetuneConfig, run_dir: str) -> tuple:
@@ -114,6 +145,99 @@ def test_same_dev_predictions_at_every_layout(tmp_path: Path, tp: int, dp: int) 
                                       tensor=tp):
         assert torch.equal(pred, want_pred)
         assert loss == pytest.approx(want_loss, rel=1e-5)
+
+
+def _rte_config(tmp_path: Path, **parallel: object) -> FinetuneConfig:
+    """RTE-style sentence pairs from the sentiment rows: 32 train, 16 dev, dropout 0.1."""
+    rows = [(a, b, "entailment" if label == "1" else "not_entailment")
+            for (a, _, label), (b, _, _) in zip(sentiment_rows(48, 4), sentiment_rows(48, 5))]
+    write_glue_file(tmp_path / "glue", "RTE", "train", rows[:32])
+    write_glue_file(tmp_path / "glue", "RTE", "dev", rows[32:])
+    return FinetuneConfig(task="rte", init=str(write_hf_bert(tmp_path / "hf")),
+                          data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
+                                              cache_dir=str(tmp_path / "cache")),
+                          parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
+                          optim=OptimConfig(lr=1e-3, warmup_steps=2),
+                          trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False))
+
+
+def _dev_after_training(config: FinetuneConfig, run_dir: Path) -> tuple[torch.Tensor, list]:
+    trainer = finetuning_trainer(config, ParallelContext.single(device="cpu"), run_dir)
+    trainer.train()
+    trainer.model.eval()
+    with trainer.engine.gathered():
+        pred, _ = trainer.task.evaluator.predictor.predict("dev")
+    return pred, trainer.evaluations
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recomputation_gives_the_same_dev_predictions(tmp_path: Path, mode: str) -> None:
+    """Fine-tuning reaches activation checkpointing through the one loop (dropout 0.1)."""
+    pred, evaluations = _dev_after_training(_rte_config(tmp_path), tmp_path / "none")
+    recomputed, recomputed_evals = _dev_after_training(
+        _rte_config(tmp_path, activation_checkpointing=mode), tmp_path / mode)
+    assert torch.equal(recomputed, pred)
+    assert recomputed_evals == evaluations
+
+
+def test_stopped_and_resumed_finetuning_gives_the_uninterrupted_metrics(tmp_path: Path) -> None:
+    """8 steps (2 epochs of 4); stop after step 3 (mid-epoch) and after step 4 (an epoch end,
+    evaluated before stopping), resume each: the same evaluations and the same best."""
+    _, want = _dev_after_training(_rte_config(tmp_path), tmp_path / "whole")
+    for exit_at in (3, 4):
+        config = _rte_config(tmp_path)
+        config.trainer.exit_at_step, config.trainer.save_every = exit_at, 0
+        run = tmp_path / f"stopped{exit_at}"
+        first, first_evals = _dev_after_training(config, run)
+        assert first_evals == want[:exit_at // 4]
+        config.trainer.exit_at_step, config.trainer.resume = 0, "auto"
+        pred, evaluations = _dev_after_training(config, run)
+        assert evaluations == want, (exit_at, evaluations, want)
+    best_steps = sorted(p.name for p in (tmp_path / "whole" / "best").glob("step*"))
+    assert sorted(p.name for p in (run / "best").glob("step*")) == best_steps
+
+
+def _export_regression(ctx: ParallelContext, config: FinetuneConfig, run_dir: str) -> list:
+    trainer = finetuning_trainer(config, ctx, Path(run_dir))
+    trainer.train()
+    trainer.model.eval()
+    with trainer.engine.gathered():
+        pred, _ = trainer.task.evaluator.predictor.predict("dev")
+    return pred.tolist()
+
+
+def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None:
+    """STS-B at TP=2: to-hf writes a regression BertForSequenceClassification whose dev scores
+    equal tpformer's (fp32, summed in another order across TP ranks: 1e-5 relative)."""
+    from transformers import BertForSequenceClassification
+
+    from tpformer.convert import to_hf
+
+    pairs = list(zip(sentiment_rows(40, 6), sentiment_rows(40, 7)))
+    rows = [(a, b, f"{(la == lb) * 4 + 0.5:.2f}") for (a, _, la), (b, _, lb) in pairs]
+    write_glue_file(tmp_path / "glue", "STS-B", "train", rows[:32])
+    write_glue_file(tmp_path / "glue", "STS-B", "dev", rows[32:])
+    config = FinetuneConfig(task="stsb", init=str(write_hf_bert(tmp_path / "hf")),
+                            data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
+                                                cache_dir=str(tmp_path / "cache")),
+                            optim=OptimConfig(lr=1e-3, warmup_steps=2),
+                            trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False))
+    ours = run_distributed(_export_regression, 2, config, str(tmp_path / "run"), tensor=2)[0]
+    best = sorted((tmp_path / "run" / "best").glob("step*"))[-1]
+    to_hf(best, tmp_path / "hf_out")
+    model, info = BertForSequenceClassification.from_pretrained(tmp_path / "hf_out",
+                                                                output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert (model.config.problem_type, model.config.num_labels) == ("regression", 1)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf_out")
+    dev = [line.split("\t") for line in lines_of(tmp_path / "glue" / "STS-B" / "dev.tsv")[1:]]
+    with torch.no_grad():
+        batch = tokenizer([r[7] for r in dev], [r[8] for r in dev], padding=True,
+                          return_tensors="pt")
+        scores = model.eval()(**batch).logits.squeeze(-1)
+    assert_rel_close(scores, torch.tensor(ours), FP32_MODEL_REL, "exported STS-B scores")
 
 
 def test_bad_input_is_named(tmp_path: Path) -> None:

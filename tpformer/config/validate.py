@@ -10,7 +10,7 @@ from enum import Enum
 
 from tpformer.config.schema import (Config, DataConfig, FinetuneConfig, ModelConfig, OptimConfig,
                                     ParallelConfig)
-from tpformer.parallel.layout import Layout, divisors, resolve_layout
+from tpformer.parallel.layout import Layout, divisors
 
 
 def check_choices(config: object, prefix: str = "") -> None:
@@ -98,10 +98,8 @@ def validate_data(data: DataConfig) -> None:
         raise ValueError(f"data.workers={data.workers} must be >= 1")
 
 
-def validate(config: Config, world_size: int, *, device_type: str = "cpu") -> Layout:
-    """Every rule of a pretraining run, checked before the first collective; returns the
-    layout (parallel.data=auto resolved for this world size)."""
-    layout = resolve_layout(config.parallel.tensor, config.parallel.data, world_size)
+def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> None:
+    """Every rule of a pretraining run at `layout`, checked before the first collective."""
     validate_model(config.model, config.parallel.tensor)
     validate_engine(config.parallel, config.optim, device_type)
     validate_recompute_granularity(config.parallel, config.model.num_layers)
@@ -113,12 +111,10 @@ def validate(config: Config, world_size: int, *, device_type: str = "cpu") -> La
         raise ValueError(f"data.seq_length={config.data.seq_length} exceeds "
                          f"model.max_position_embeddings={config.model.max_position_embeddings}")
     validate_data(config.data)
-    return layout
 
 
-def validate_finetune(config: FinetuneConfig, world_size: int, *, device_type: str = "cpu") -> Layout:
-    """The rules of a fine-tuning run that do not need its checkpoint; returns the layout."""
-    layout = resolve_layout(config.parallel.tensor, config.parallel.data, world_size)
+def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: str = "cpu") -> None:
+    """The rules of a fine-tuning run at `layout` that do not need its checkpoint."""
     validate_engine(config.parallel, config.optim, device_type)
     check_choices(config)
     t = config.trainer
@@ -130,4 +126,3 @@ def validate_finetune(config: FinetuneConfig, world_size: int, *, device_type: s
         raise ValueError(f"trainer.epochs={t.epochs} must be > 0")
     if not 8 <= config.data.max_length <= 512:
         raise ValueError(f"data.max_length={config.data.max_length} must be in [8, 512]")
-    return layout

@@ -46,7 +46,8 @@ class ZeroEngine:
 
     def __init__(self, model: nn.Module, optim: OptimConfig, ctx: ParallelContext, *,
                  zero_stage: int, cpu_offload: str = "none", precision: str = "fp32") -> None:
-        self.model, self.optim, self.ctx, self.stage = model, optim, ctx, zero_stage
+        self.model, self.ctx, self.stage = model, ctx, zero_stage
+        self.clip_grad = optim.clip_grad
         self.dtype = compute_dtype(precision)
         device = ctx.device
         state_device = torch.device("cpu") if cpu_offload != "none" else device
@@ -54,6 +55,7 @@ class ZeroEngine:
                                  window=optim.loss_scale_window)
         self.lr = optim.lr
         self.nonfinite_steps = 0
+        self.max_nonfinite_steps = optim.max_nonfinite_steps
         self.sync = True
         self._callback_queued = False
         self.pool = BufferPool()
@@ -133,14 +135,14 @@ class ZeroEngine:
         if not finite:
             self.grads.zero()
             self.nonfinite_steps += 1
-            if not self.scaler.enabled and self.nonfinite_steps > self.optim.max_nonfinite_steps:
+            if not self.scaler.enabled and self.nonfinite_steps > self.max_nonfinite_steps:
                 raise FloatingPointError(
                     f"non-finite gradients for {self.nonfinite_steps} consecutive steps "
-                    f"(optim.max_nonfinite_steps={self.optim.max_nonfinite_steps}); the loss "
+                    f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}); the loss "
                     "diverged: lower optim.lr or check the data")
             return {"grad_norm": norm, "skipped": 1.0}
         self.nonfinite_steps = 0
-        clip = self.optim.clip_grad
+        clip = self.clip_grad
         coef = clip / (norm + 1e-6) if clip > 0 and norm > clip else 1.0
         for master, grad in zip(self.masters, grads):
             if coef != 1.0:

@@ -1,0 +1,107 @@
+"""Every key an entry point accepts is read by the code that runs it.
+
+Each entry point runs in-process through its real Hydra main on a tiny task; the typed config
+it composes is swapped for one that records which fields tpformer's own code reads (reads by
+the validator, which only checks, and by dataclasses.asdict, which only records, do not count).
+A key that no code reads is one a user could set to no effect: the test names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+import tpformer.run
+from tests.data.common import write_corpus
+from tests.data.test_glue import write_glue_file
+from tests.train.test_finetune import sentiment_rows, write_hf_bert
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = str(REPO / "tpformer")
+VALIDATOR = str(REPO / "tpformer" / "config" / "validate.py")
+
+
+def _record_reads(obj: object, prefix: str, reads: set[str]) -> None:
+    """Swap obj's class (and its nested configs') for a subclass that records field reads."""
+    names = {f.name for f in dataclasses.fields(obj)}  # type: ignore[arg-type]
+    for name in names:
+        value = getattr(obj, name)
+        if dataclasses.is_dataclass(value):
+            _record_reads(value, f"{prefix}{name}.", reads)
+
+    def getattribute(self: object, name: str) -> object:
+        if name in names:
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(PACKAGE) and caller != VALIDATOR:
+                reads.add(prefix + name)
+        return object.__getattribute__(self, name)
+
+    cls = type(obj)
+    obj.__class__ = type(cls.__name__, (cls,), {"__getattribute__": getattribute})
+
+
+def _all_keys(obj: object, prefix: str = "") -> set[str]:
+    keys = set()
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        keys |= (_all_keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value)
+                 else {prefix + f.name})
+    return keys
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, module: str, overrides: list[str],
+         launch: bool = False) -> tuple[set[str], set[str]]:
+    """(keys read, all keys) of one in-process run of `module`'s Hydra main."""
+    reads: set[str] = set()
+    keys: set[str] = set()
+    to_config = tpformer.run.to_config
+
+    def recording(cfg: object) -> object:
+        config = to_config(cfg)
+        keys.update(_all_keys(config))
+        _record_reads(config, "", reads)
+        return config
+
+    monkeypatch.setattr(tpformer.run, "to_config", recording)
+    if launch:  # the relaunch path reads the launcher keys, then hands over to torchrun
+        monkeypatch.setattr(tpformer.run, "launch_local", lambda *a, **k: 0)
+    monkeypatch.setattr(sys, "argv", [module, *overrides])
+    entry = __import__(module, fromlist=["main"])
+    entry.main()
+    return reads, keys
+
+
+def test_every_pretraining_key_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=20)
+    common = ["model=bert_tiny", "model.vocab_size=160", "data=text", f"data.paths=[{corpus}]",
+              f"data.cache_dir={tmp_path / 'cache'}", "data.seq_length=32", "data.workers=1",
+              "trainer.micro_batch_size=4", "trainer.max_steps=2", "trainer.save_every=1",
+              "trainer.resume=auto", "trainer.progress=false", "trainer.eval_steps=1",
+              "parallel.activation_checkpointing=full"]
+    reads, keys = _run(monkeypatch, "tpformer.pretrain",
+                       [*common, f"hydra.run.dir={tmp_path / 'run'}"])
+    launched, _ = _run(monkeypatch, "tpformer.pretrain",
+                       [*common, "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'l'}"],
+                       launch=True)
+    assert len(keys) > 60
+    assert sorted(keys - reads - launched) == []
+
+
+def test_every_finetuning_key_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hf = write_hf_bert(tmp_path / "hf")
+    write_glue_file(tmp_path / "glue", "SST-2", "train", sentiment_rows(16, 1))
+    write_glue_file(tmp_path / "glue", "SST-2", "dev", sentiment_rows(8, 2))
+    common = ["task=sst2", f"init={hf}", f"data.glue_dir={tmp_path / 'glue'}",
+              f"data.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1", "trainer.batch_size=8",
+              "trainer.save_every=1", "trainer.resume=auto", "trainer.progress=false",
+              "parallel.activation_checkpointing=full"]
+    reads, keys = _run(monkeypatch, "tpformer.finetune",
+                       [*common, f"hydra.run.dir={tmp_path / 'run'}"])
+    launched, _ = _run(monkeypatch, "tpformer.finetune",
+                       [*common, "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'l'}"],
+                       launch=True)
+    assert len(keys) > 40
+    assert sorted(keys - reads - launched) == []

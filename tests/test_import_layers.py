@@ -1,0 +1,42 @@
+"""The packages depend on each other one way only (STYLE.md, "Who owns what"): the parallel core
+needs no Hydra schema, the engine wraps any model, checkpoint I/O knows no engine, models know
+only layers and never torch.distributed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tpformer"
+
+FORBIDDEN = {
+    "parallel": ["tpformer.config", "tpformer.layers", "tpformer.models", "tpformer.engine",
+                 "tpformer.train", "tpformer.checkpoint"],
+    "layers": ["tpformer.models", "tpformer.engine", "tpformer.train", "tpformer.checkpoint"],
+    "models": ["tpformer.engine", "tpformer.train", "tpformer.checkpoint", "torch.distributed"],
+    "engine": ["tpformer.layers", "tpformer.models", "tpformer.train", "tpformer.checkpoint"],
+    "checkpoint": ["tpformer.engine", "tpformer.models", "tpformer.layers", "tpformer.train"],
+    "data": ["tpformer.engine", "tpformer.models", "tpformer.layers", "tpformer.train",
+             "tpformer.checkpoint"],
+}
+
+
+def imports_of(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_flow_one_way(package: str) -> None:
+    bad = [f"{path.relative_to(PACKAGE)} imports {name}"
+           for path in sorted((PACKAGE / package).rglob("*.py"))
+           for name in sorted(imports_of(path))
+           if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[package])]
+    assert bad == []
