@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from tpformer.config.presets import preset
 from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.engine import build_engine
+from tpformer.engine import parallelize
 from tpformer.layers.block import TransformerLayer
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
@@ -79,7 +79,7 @@ class Contender:
         params = dict(lr=OPTIM.lr, weight_decay=OPTIM.weight_decay, fused=True)
         if name.startswith("tpformer"):
             stage = int(name[-1])
-            self.engine = build_engine(self.model, OPTIM, ParallelConfig(zero_stage=stage), ctx)
+            self.engine = parallelize(self.model, ParallelConfig(zero_stage=stage), OPTIM, ctx).engine
         elif name == "DDP":
             self.model = DDP(self.model, process_group=ctx.dp.group)
             self.opt = torch.optim.AdamW(self.model.parameters(), **params)

@@ -16,7 +16,7 @@ from torch import nn
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig
-from tpformer.engine import build_engine
+from tpformer.engine import parallelize
 from tpformer.engine.state import parameter_template
 from tpformer.models import build_model
 from tpformer.models.hf import load_hf_model, save_hf_checkpoint, task_of
@@ -71,7 +71,7 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
     ctx = ParallelContext.single(device="cpu")
     model = load_hf_model(hf_dir, ctx, task=None)
     parallel = ParallelConfig()
-    engine = build_engine(model, OptimConfig(), parallel, ctx)
+    engine = parallelize(model, parallel, OptimConfig(), ctx).engine
     task = task_of(model)
     extra = {"num_labels": model.num_labels} if task == "classification" else {}
     meta = {**store.checkpoint_meta(model.config, parallel, ctx.layout, task=task,  # type: ignore[arg-type]

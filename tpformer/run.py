@@ -87,39 +87,48 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
         _fail(str(err).splitlines()[0])
     env = LaunchEnv.read()  # the one read of the launcher's variables
     if not env.under_launcher and config.launcher.nproc_per_node > 1:
-        try:
-            check(config, resolve(config, config.launcher.nproc_per_node),
-                  device_type=_device_type())
-        except ValueError as err:
-            _fail(str(err))
+        _checked_layout(config, config.launcher.nproc_per_node, check)
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
         code = launch_local(module, overrides, nproc_per_node=config.launcher.nproc_per_node,
                             max_restarts=config.launcher.max_restarts)
         if code:
             sys.exit(code)
         return
-    try:
-        layout = resolve(config, env.world_size)
-        check(config, layout, device_type=_device_type())
-    except ValueError as err:
-        _fail(str(err))
+    layout = _checked_layout(config, env.world_size, check)
     ctx = (ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env)
            if env.under_launcher else ParallelContext.single(seed=config.parallel.seed))
     try:
-        shared = Path(broadcast_object(str(run_dir)))  # type: ignore[arg-type]
-        if shared != run_dir and run_dir.exists() and not any(run_dir.iterdir()):
-            shutil.rmtree(run_dir, ignore_errors=True)  # this rank's ${now} differed: drop it
-        shared.mkdir(parents=True, exist_ok=True)
-        setup_logging(shared, ctx.rank)
-        if ctx.is_main:
-            hydra_dir = shared / ".hydra"
-            hydra_dir.mkdir(exist_ok=True)
-            OmegaConf.save(cfg, hydra_dir / "config.yaml")
-            OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), hydra_dir / "overrides.yaml")
-            log.info("run directory: %s", shared.resolve())
-        job(config, ctx, shared)
+        job(config, ctx, _shared_run_dir(cfg, run_dir, ctx))
     finally:
         ctx.destroy()
+
+
+def _checked_layout(config: Any, world_size: int, check: Callable[..., None]) -> Layout:
+    """The layout for this world size, with the config validated at it (exit 2 if invalid)."""
+    try:
+        layout = resolve(config, world_size)
+        check(config, layout, device_type=_device_type())
+    except ValueError as err:
+        _fail(str(err))
+    return layout
+
+
+def _shared_run_dir(cfg: DictConfig, run_dir: Path, ctx: ParallelContext) -> Path:
+    """Rank 0's run directory for every rank (their ${now} may differ), with logging set up and
+    the composed config saved once into it."""
+    shared = Path(broadcast_object(str(run_dir)))  # type: ignore[arg-type]
+    if shared != run_dir and run_dir.exists() and not any(run_dir.iterdir()):
+        shutil.rmtree(run_dir, ignore_errors=True)  # this rank's ${now} differed: drop it
+    shared.mkdir(parents=True, exist_ok=True)
+    setup_logging(shared, ctx.rank)
+    if ctx.is_main:
+        hydra_dir = shared / ".hydra"
+        hydra_dir.mkdir(exist_ok=True)
+        OmegaConf.save(cfg, hydra_dir / "config.yaml")
+        overrides = list(HydraConfig.get().overrides.task)
+        OmegaConf.save(OmegaConf.create(overrides), hydra_dir / "overrides.yaml")
+        log.info("run directory: %s", shared.resolve())
+    return shared
 
 
 def _device_type() -> str:

@@ -127,3 +127,26 @@ def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world:
     with pytest.raises(ValueError, match=message):
         config = compose_config(*overrides)
         validate(config, resolve(config, world), device_type="cpu")
+
+
+@pytest.mark.parametrize(("module", "override", "message"), [
+    ("tpformer.pretrain", "parallel.precision=fp8", "expected one of [fp32, bf16, fp16]"),
+    ("tpformer.pretrain", "parallel.tensr=2", "Key 'tensr' not in 'ParallelConfig'"),
+    ("tpformer.finetune", "trainer.max_steps=10", "Key 'max_steps' not in 'FinetuneTrainerConfig'"),
+    ("tpformer.finetune", "data.seq_length=64", "Key 'seq_length' not in 'GlueDataConfig'"),
+])
+def test_config_errors_exit_2_before_any_process(tmp_path: Path, module: str, override: str,
+                                                 message: str) -> None:
+    """A pretraining-only key has no meaning in fine-tuning and is rejected there, like a typo
+    or a value outside a key's choices: exit code 2 and Hydra's one-line message."""
+    import os
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", module, override, f"hydra.run.dir={tmp_path}"]
+    if module == "tpformer.finetune":
+        args += ["task=sst2", f"init={tmp_path}"]
+    env = {**os.environ, "PYTHONPATH": str(Path(CONF).parent)}
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr

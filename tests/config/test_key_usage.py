@@ -74,34 +74,34 @@ def _run(monkeypatch: pytest.MonkeyPatch, module: str, overrides: list[str],
     return reads, keys
 
 
+def _assert_every_key_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str,
+                           overrides: list[str]) -> set[str]:
+    """One run on this rank and one through the relaunch path; every key read by one of them."""
+    reads, keys = _run(monkeypatch, module, [*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    launched, _ = _run(monkeypatch, module, [*overrides, "launcher.nproc_per_node=2",
+                                             f"hydra.run.dir={tmp_path / 'launched'}"], launch=True)
+    assert sorted(keys - reads - launched) == []
+    return keys
+
+
 def test_every_pretraining_key_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", documents=20)
-    common = ["model=bert_tiny", "model.vocab_size=160", "data=text", f"data.paths=[{corpus}]",
-              f"data.cache_dir={tmp_path / 'cache'}", "data.seq_length=32", "data.workers=1",
-              "trainer.micro_batch_size=4", "trainer.max_steps=2", "trainer.save_every=1",
-              "trainer.resume=auto", "trainer.progress=false", "trainer.eval_steps=1",
-              "parallel.activation_checkpointing=full"]
-    reads, keys = _run(monkeypatch, "tpformer.pretrain",
-                       [*common, f"hydra.run.dir={tmp_path / 'run'}"])
-    launched, _ = _run(monkeypatch, "tpformer.pretrain",
-                       [*common, "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'l'}"],
-                       launch=True)
+    keys = _assert_every_key_read(monkeypatch, tmp_path, "tpformer.pretrain", [
+        "model=bert_tiny", "model.vocab_size=160", "data=text", f"data.paths=[{corpus}]",
+        f"data.cache_dir={tmp_path / 'cache'}", "data.seq_length=32", "data.workers=1",
+        "trainer.micro_batch_size=4", "trainer.max_steps=2", "trainer.save_every=1",
+        "trainer.resume=auto", "trainer.progress=false", "trainer.eval_steps=1",
+        "parallel.activation_checkpointing=full"])
     assert len(keys) > 60
-    assert sorted(keys - reads - launched) == []
 
 
 def test_every_finetuning_key_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hf = write_hf_bert(tmp_path / "hf")
     write_glue_file(tmp_path / "glue", "SST-2", "train", sentiment_rows(16, 1))
     write_glue_file(tmp_path / "glue", "SST-2", "dev", sentiment_rows(8, 2))
-    common = ["task=sst2", f"init={hf}", f"data.glue_dir={tmp_path / 'glue'}",
-              f"data.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1", "trainer.batch_size=8",
-              "trainer.save_every=1", "trainer.resume=auto", "trainer.progress=false",
-              "parallel.activation_checkpointing=full"]
-    reads, keys = _run(monkeypatch, "tpformer.finetune",
-                       [*common, f"hydra.run.dir={tmp_path / 'run'}"])
-    launched, _ = _run(monkeypatch, "tpformer.finetune",
-                       [*common, "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'l'}"],
-                       launch=True)
+    keys = _assert_every_key_read(monkeypatch, tmp_path, "tpformer.finetune", [
+        "task=sst2", f"init={hf}", f"data.glue_dir={tmp_path / 'glue'}",
+        f"data.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1", "trainer.batch_size=8",
+        "trainer.save_every=1", "trainer.resume=auto", "trainer.progress=false",
+        "parallel.activation_checkpointing=full"])
     assert len(keys) > 40
-    assert sorted(keys - reads - launched) == []

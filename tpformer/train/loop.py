@@ -268,7 +268,12 @@ class Trainer:
         if peak > 0:
             record["mfu"] = tflops / peak
         self.metrics.log(record)
-        bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                        tok_s=f"{record['tokens_per_s']:.0f}", tflops=f"{tflops:.3f}",
-                        **({"mfu": f"{record['mfu']:.1%}"} if peak > 0 else {}))
+        shown = {"loss": f"{record['loss']:.3f}", "lr": f"{record['lr']:.2e}",
+                 "tok_s": f"{record['tokens_per_s']:.0f}", "tflops": f"{tflops:.3f}"}
+        if peak > 0:
+            shown["mfu"] = f"{record['mfu']:.1%}"
+        if self.evaluations:  # the latest evaluation's first metric (eval loss or dev metric)
+            name = next(k for k in self.evaluations[-1] if k not in ("step", "epoch"))
+            shown[f"eval_{name}"] = f"{self.evaluations[-1][name]:.4f}"
+        bar.set_postfix(**shown)
         return record
