@@ -27,7 +27,7 @@ DEFAULT_TASK = {"bert": "pretraining", "gpt": "causal_lm"}
 
 
 def checkpoint_model_config(directory: Path) -> ModelConfig:
-    meta = store.read_meta(directory)
+    meta = store.verify(directory)
     if "config" not in meta:
         raise ValueError(f"{directory}/meta.json has no resolved config; re-save it with this tpformer")
     return ModelConfig(**meta["config"]["model"])  # type: ignore[index]

@@ -135,7 +135,7 @@ def test_ranks_killed_mid_save_leave_the_previous_checkpoint_latest(tmp_path: Pa
 
 def test_bad_checkpoints_are_named(tmp_path: Path) -> None:
     ctx = ParallelContext.single(device="cpu")
-    with pytest.raises(FileNotFoundError, match="is not a complete tpformer checkpoint"):
+    with pytest.raises(store.CheckpointError, match="is not a complete tpformer checkpoint"):
         _run(ctx, tiny_config(), str(tmp_path), resume=str(tmp_path))
     _run(ctx, tiny_config(steps=2), str(tmp_path), save_every=2)
     saved = tmp_path / "checkpoints" / "step00000002"

@@ -1,5 +1,8 @@
 """Hydra composition of conf/ with the typed schema, the public key set and validation."""
 
+import dataclasses
+import re
+
 from pathlib import Path
 
 import pytest
@@ -8,9 +11,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from tpformer.config.presets import PRESETS
-from tpformer.config.schema import Config
+from tpformer.config.schema import Config, FinetuneConfig
 from tpformer.config.store import register_configs, to_config
-from tpformer.config.validate import validate
+from tpformer.config.validate import validate, validate_finetune
 from tpformer.run import resolve
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -31,7 +34,7 @@ PUBLIC_KEYS = {
              "tokenizer_type", "whole_word_mask", "workers"],
     "trainer": ["eval_every", "eval_steps", "exit_at_step", "grad_accum", "keep_last",
                 "log_every", "max_steps", "max_time_minutes", "micro_batch_size", "peak_tflops",
-                "progress", "resume", "save_every"],
+                "progress", "resume", "save_every", "verify_checkpoint"],
     "launcher": ["max_restarts", "nproc_per_node"],
 }
 
@@ -103,6 +106,43 @@ def test_every_choice_key_names_its_allowed_values(key: str) -> None:
         validate(config, resolve(config, 1))
 
 
+def _ranged_keys(config: object, prefix: str = "") -> list[tuple[str, object]]:
+    keys = []
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            keys += _ranged_keys(value, f"{prefix}{f.name}.")
+        elif "range" in f.metadata:
+            keys.append((prefix + f.name, f.metadata["range"]))
+    return keys
+
+
+def _outside(bounds: object) -> float:
+    lo, lo_open = bounds.lo, bounds.lo_open  # type: ignore[attr-defined]
+    return lo if lo_open else lo - 1
+
+
+@pytest.mark.parametrize("key", [k for k, _ in _ranged_keys(Config())])
+def test_every_numeric_pretraining_key_has_a_checked_range(key: str) -> None:
+    config = compose_config()
+    bounds = dict(_ranged_keys(config))[key]
+    group, name = key.rsplit(".", 1)
+    setattr(getattr(config, group), name, _outside(bounds))
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}=\S+ must be {re.escape(str(bounds))}"):
+        validate(config, resolve(config, 1))
+
+
+@pytest.mark.parametrize("key", [k for k, _ in _ranged_keys(FinetuneConfig(task="rte", init="x"))
+                                 if k.startswith(("trainer.", "data."))])
+def test_every_numeric_finetuning_key_has_a_checked_range(key: str) -> None:
+    config = FinetuneConfig(task="rte", init="x")
+    bounds = dict(_ranged_keys(config))[key]
+    group, name = key.rsplit(".", 1)
+    setattr(getattr(config, group), name, _outside(bounds))
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}=\S+ must be {re.escape(str(bounds))}"):
+        validate_finetune(config, resolve(config, 1))
+
+
 def test_corpus_groups_need_their_files_or_name() -> None:
     with pytest.raises(ValueError, match=r"data.source=text needs data.paths=\[file, ...\]"):
         validate(compose_config("data=text"), resolve(compose_config(), 1))
@@ -119,6 +159,9 @@ def test_corpus_groups_need_their_files_or_name() -> None:
     (["parallel.data=3"], 4, r"parallel.data=3 x parallel.tensor=1 = 3 must equal world_size=4"),
     (["trainer.micro_batch_size=0"], 1, r"trainer.micro_batch_size=0 must be >= 1"),
     (["trainer.grad_accum=0"], 1, r"trainer.grad_accum=0 must be >= 1"),
+    (["trainer.log_every=0"], 1, r"trainer.log_every=0 must be >= 1"),
+    (["trainer.eval_steps=0"], 1, r"trainer.eval_steps=0 must be >= 1"),
+    (["optim.min_lr=1e-3", "optim.lr=1e-4"], 1, r"optim.min_lr=0.001 must not exceed optim.lr"),
     (["parallel.precision=fp16"], 1, r"parallel.precision=fp16 needs a GPU"),
     (["data.seq_length=1024"], 1, r"data.seq_length=1024 exceeds model.max_position_embeddings=512"),
     (["data.mask_prob=1.5"], 1, r"data.mask_prob=1.5 must be in \(0, 1\)"),
@@ -132,6 +175,8 @@ def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world:
 @pytest.mark.parametrize(("module", "override", "message"), [
     ("tpformer.pretrain", "parallel.precision=fp8", "expected one of [fp32, bf16, fp16]"),
     ("tpformer.pretrain", "parallel.tensr=2", "Key 'tensr' not in 'ParallelConfig'"),
+    ("tpformer.pretrain", "trainer.log_every=0", "trainer.log_every=0 must be >= 1"),
+    ("tpformer.finetune", "trainer.epochs=0", "trainer.epochs=0.0 must be > 0"),
     ("tpformer.finetune", "trainer.max_steps=10", "Key 'max_steps' not in 'FinetuneTrainerConfig'"),
     ("tpformer.finetune", "data.seq_length=64", "Key 'seq_length' not in 'GlueDataConfig'"),
 ])

@@ -10,6 +10,7 @@ write returned and before the rename, so a save cut off mid-way is never picked 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -21,8 +22,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from tpformer.config.schema import ModelConfig, ParallelConfig
+from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
 
@@ -65,25 +68,70 @@ TOKENIZER_DIR = "tokenizer"
 """Subdirectory of a checkpoint holding a copy of the run's tokenizer files."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that is incomplete, damaged, of a newer format or of another model."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _checksums(directory: Path, names: Sequence[str]) -> dict[str, list]:
+    """{file name: [size, sha256]} of the named files of a checkpoint directory."""
+    return {n: [(directory / n).stat().st_size, _sha256(directory / n)] for n in names}
+
+
+def _all_ranks(value: object) -> list[object]:
+    if not dist.is_initialized():
+        return [value]
+    values: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
+
+
 def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, *,
          meta: dict[str, object], keep_last: int, tokenizer_files: Sequence[Path] = ()) -> Path:
-    """Every rank writes its own part of `state` (keys must be unique per rank); rank 0 copies
-    the tokenizer files into <checkpoint>/tokenizer/ before the directory becomes complete."""
+    """Every rank writes its own part of `state` (keys must be unique per rank) and hashes the
+    shard files it wrote; rank 0 adds the tokenizer files and meta.json (with every file's
+    checksum) before the directory becomes complete. A failed write on any rank raises OSError
+    on every rank, naming the cause, with the temporary directory removed."""
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{step_dir_name(step)}"
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    try:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    try:  # DCP reports a failed write as CheckpointException, a BaseException
         dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
-    except OSError as err:
-        raise OSError(f"saving the checkpoint of step {step} to {tmp} failed ({err}); the "
-                      f"previous checkpoints in {root} are intact") from err
-    _barrier()
+        outcome: object = _checksums(tmp, sorted(p.name for p in tmp.glob(f"__{rank}_*")))
+    except (OSError, CheckpointException) as err:
+        outcome = _one_line(err)
+    outcomes = _all_ranks(outcome)
+    failures = [f"rank {r}: {o}" for r, o in enumerate(outcomes) if isinstance(o, str)]
+    if failures:
+        if ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"saving the checkpoint of step {step} to {tmp} failed "
+                      f"({'; '.join(failures)}); the previous checkpoints in {root} are intact")
     if ctx.is_main:
         copy_tokenizer(tokenizer_files, tmp / TOKENIZER_DIR)
-        (tmp / META).write_text(json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta}))
+        sums: dict[str, list] = {}
+        for part in outcomes:
+            sums.update(part)  # type: ignore[arg-type]
+        sums.update(_checksums(tmp, [".metadata", *(f"{TOKENIZER_DIR}/{f.name}"
+                                                    for f in tokenizer_files)]))
+        (tmp / META).write_text(json.dumps({"format_version": FORMAT_VERSION, "step": step,
+                                            **meta, "checksums": sums}))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         marker = root / ".latest.tmp"
@@ -104,32 +152,96 @@ def copy_tokenizer(files: Sequence[Path], target: Path) -> None:
             shutil.copy2(file, target / file.name)
 
 
+def _candidates(root: Path) -> list[Path]:
+    """Checkpoints under root with a meta.json: the `latest` marker's first, then newest first."""
+    complete = sorted((p for p in root.glob("step*") if (p / META).exists()), reverse=True)
+    marker = root / "latest"
+    named = root / marker.read_text().strip() if marker.is_file() else None
+    return ([named] if named in complete else []) + [p for p in complete if p != named]
+
+
 def find_latest(root: Path) -> Path | None:
     """The newest complete checkpoint under root (the marker if it is valid, else a scan)."""
-    marker = root / "latest"
-    if marker.exists():
-        candidate = root / marker.read_text().strip()
-        if (candidate / META).exists():
+    candidates = _candidates(root)
+    return candidates[0] if candidates else None
+
+
+def verify(directory: Path) -> dict[str, object]:
+    """meta.json of a complete checkpoint whose files all match their recorded checksums;
+    raises CheckpointError naming the first file that does not."""
+    meta = read_meta(directory)
+    for name, (size, digest) in dict(meta.get("checksums", {})).items():  # type: ignore[arg-type]
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing: the checkpoint {directory} is damaged")
+        if path.stat().st_size != size:
+            raise CheckpointError(f"{path} has {path.stat().st_size} bytes but {size} were "
+                                  f"written: the checkpoint {directory} is damaged (truncated?)")
+        if _sha256(path) != digest:
+            raise CheckpointError(f"{path} does not match the checksum recorded when it was "
+                                  f"written: the checkpoint {directory} is damaged")
+    return meta
+
+
+def choose_checkpoint(root: Path, explicit: Path | None, ctx: ParallelContext, *,
+                      check: bool) -> Path | None:
+    """The checkpoint to resume from, decided by rank 0 and the same on every rank: `explicit`
+    (which must be intact), or else the newest intact one under root, skipping damaged ones
+    with a warning naming the file. check=False trusts the files (meta.json must still parse)."""
+    outcome: object = None
+    if ctx.is_main:
+        try:
+            outcome = _choose(root, explicit, check=check)
+        except CheckpointError as err:
+            outcome = str(err)
+    outcome = broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise CheckpointError(outcome)
+    return outcome  # type: ignore[return-value]
+
+
+def _choose(root: Path, explicit: Path | None, *, check: bool) -> Path | None:
+    inspect = verify if check else read_meta
+    if explicit is not None:
+        inspect(explicit)
+        return explicit
+    for candidate in _candidates(root):
+        try:
+            inspect(candidate)
             return candidate
-    complete = sorted(p for p in root.glob("step*") if (p / META).exists())
-    return complete[-1] if complete else None
+        except CheckpointError as err:
+            log.warning("trainer.resume=auto: skipping %s: %s", candidate.name, err)
+    return None
 
 
 def read_meta(directory: Path) -> dict[str, object]:
     path = directory / META
     if not directory.is_dir() or not path.exists():
-        raise FileNotFoundError(f"{directory} is not a complete tpformer checkpoint (no {META}); "
-                                "pass a checkpoints/stepNNNNNNNN directory or trainer.resume=auto")
-    meta = json.loads(path.read_text())
+        raise CheckpointError(f"{directory} is not a complete tpformer checkpoint (no {META}); "
+                              "pass a checkpoints/stepNNNNNNNN directory or trainer.resume=auto")
+    try:
+        meta = json.loads(path.read_text())
+        if not isinstance(meta, dict) or "step" not in meta:
+            raise ValueError("no step recorded")
+    except ValueError as err:
+        raise CheckpointError(f"{path} is unreadable ({err}): the checkpoint {directory} is "
+                              f"damaged") from None
     if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(f"{directory} has checkpoint format {meta['format_version']}, newer than "
-                         f"this tpformer's {FORMAT_VERSION}; upgrade tpformer to load it")
+        raise CheckpointError(f"{directory} has checkpoint format {meta['format_version']}, newer "
+                              f"than this tpformer's {FORMAT_VERSION}; upgrade tpformer to load it")
     return meta
 
 
 def load(directory: Path, template: dict[str, object]) -> dict[str, object]:
-    """Fill `template` (this rank's keys, shaped as saved) in place from `directory`."""
-    dcp.load(template, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+    """Fill `template` (this rank's keys, shaped as saved) in place from `directory`.
+
+    NOTE: DCP's .metadata is a pickle: load only checkpoints you trust."""
+    try:
+        dcp.load(template, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+    except (CheckpointException, Exception) as err:  # noqa: BLE001 - DCP's errors, named once
+        raise CheckpointError(f"reading the checkpoint {directory} failed ({_one_line(err)}); "
+                              f"its files may be damaged (trainer.verify_checkpoint=true names "
+                              f"the file)") from None
     return template
 
 

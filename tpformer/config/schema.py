@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -43,16 +43,43 @@ ZeroStage = IntEnum("ZeroStage", {str(i): i for i in range(4)}, module=__name__,
                     qualname="ZeroStage")
 """0, 1, 2 or 3; compares and orders as the int."""
 
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric key: lo <= x (or lo < x), x <= hi (or x < hi)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, x: float) -> bool:
+        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
+            return False
+        return self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        return (f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
+                f"{')' if self.hi_open else ']'}")
+
+
+def ranged(default: float | int | None, lo: float, hi: float | None = None, *,
+           lo_open: bool = False, hi_open: bool = False) -> Any:
+    """A numeric field whose valid range the validator checks (None always passes)."""
+    return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
+
+
 
 @dataclass
 class ParallelConfig:
     """How the world is split and how randomness is keyed."""
 
-    tensor: int = 1
+    tensor: int = ranged(1, 1)
     """TP degree: must divide the attention heads, hidden size and world size."""
     data: str = "auto"
     """DP degree, or "auto" = world_size / tensor."""
-    seed: int = 1234
+    seed: int = ranged(1234, 0)
     """Seeds weight init and every dropout mask; masks do not depend on the layout."""
     zero_stage: ZeroStage = ZeroStage(0)
     """0: plain DP; 1: shard optimizer state; 2: + gradients; 3: + parameters (over DP)."""
@@ -62,9 +89,9 @@ class ParallelConfig:
     """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
     activation_checkpointing: Recompute = Recompute("none")
     """none; selective (recompute the attention core); full (recompute whole layers)."""
-    checkpoint_num_layers: int = 0
+    checkpoint_num_layers: int = ranged(0, 0)
     """full: checkpoint only the first N layers (0 = all of them)."""
-    checkpoint_every: int = 1
+    checkpoint_every: int = ranged(1, 1)
     """full: checkpoint every k-th layer among those (1 = each one)."""
     checkpoint_offload: bool = False
     """full: keep the checkpointed layer inputs on the CPU between forward and backward."""
@@ -76,27 +103,27 @@ class ModelConfig:
 
     arch: Arch = Arch("bert")
     """bert (post-LayerNorm encoder) or gpt (pre-LayerNorm causal decoder)."""
-    vocab_size: int = 30522
+    vocab_size: int = ranged(30522, 1)
     """Real vocabulary size; the embedding is padded to a multiple of pad_vocab_to * tp."""
-    hidden_size: int = 768
+    hidden_size: int = ranged(768, 1)
     """Must be divisible by num_heads."""
-    num_layers: int = 12
-    num_heads: int = 12
+    num_layers: int = ranged(12, 1)
+    num_heads: int = ranged(12, 1)
     """parallel.tensor must divide it: each TP rank holds num_heads / tp whole heads."""
-    intermediate_size: int = 3072
+    intermediate_size: int = ranged(3072, 1)
     """FFN width; parallel.tensor must divide it."""
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
+    max_position_embeddings: int = ranged(512, 1)
+    type_vocab_size: int = ranged(2, 0)
     """Segment embeddings (BERT only)."""
-    dropout: float = 0.1
+    dropout: float = ranged(0.1, 0, 1, hi_open=True)
     """Dropout on embeddings and residual branches."""
-    attention_dropout: float = 0.1
+    attention_dropout: float = ranged(0.1, 0, 1, hi_open=True)
     """Dropout on attention probabilities (drawn per global head)."""
     activation: Activation = Activation("gelu")
     """gelu (erf, BERT) or gelu_tanh (GPT-2's gelu_new)."""
-    layer_norm_eps: float = 1e-12
-    init_std: float = 0.02
-    pad_vocab_to: int = 128
+    layer_norm_eps: float = ranged(1e-12, 0, lo_open=True)
+    init_std: float = ranged(0.02, 0, lo_open=True)
+    pad_vocab_to: int = ranged(128, 0)
     """Pad the vocabulary to a multiple of this times tp (0: no padding, tp must divide vocab)."""
 
 
@@ -107,30 +134,30 @@ class OptimConfig:
     name: OptimizerName = OptimizerName("adamw")
     """adamw, or lamb (per-parameter trust ratio, for large-batch pretraining); biases and
     LayerNorms are not decayed."""
-    lr: float = 5e-4
+    lr: float = ranged(5e-4, 0, lo_open=True)
     """Peak learning rate. 5e-4 suits the small presets at the default global batch of 8;
     BERT-base/large at batch 256 use 1e-4 (or set optim.lr_scaling)."""
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    clip_grad: float = 1.0
+    weight_decay: float = ranged(0.01, 0)
+    beta1: float = ranged(0.9, 0, 1, hi_open=True)
+    beta2: float = ranged(0.999, 0, 1, hi_open=True)
+    eps: float = ranged(1e-8, 0, lo_open=True)
+    clip_grad: float = ranged(1.0, 0)
     """Clip the global gradient norm (over TP and DP) to this; 0 turns clipping off."""
-    initial_loss_scale: float = 65536.0
+    initial_loss_scale: float = ranged(65536.0, 1)
     """fp16 only: starting loss scale; halved on inf/nan, doubled after loss_scale_window clean steps."""
-    loss_scale_window: int = 1000
-    max_nonfinite_steps: int = 10
+    loss_scale_window: int = ranged(1000, 1)
+    max_nonfinite_steps: int = ranged(10, 1)
     """Stop with an error after this many consecutive steps with non-finite gradients."""
-    warmup_ratio: float = 0.1
+    warmup_ratio: float = ranged(0.1, 0, 1)
     """Linear warmup from 0 to lr over this fraction of the run's optimizer steps."""
-    warmup_steps: Optional[int] = None
+    warmup_steps: Optional[int] = ranged(None, 0)
     """Warmup steps given explicitly; overrides warmup_ratio when set (0: no warmup)."""
     decay: Decay = Decay("linear")
     """linear or cosine decay from lr to min_lr at trainer.max_steps."""
-    min_lr: float = 0.0
+    min_lr: float = ranged(0.0, 0)
     lr_scaling: LrScaling = LrScaling("none")
     """none, linear or sqrt: scale lr by (global batch / base_batch_size) or its square root."""
-    base_batch_size: int = 256
+    base_batch_size: int = ranged(256, 1)
     """The global batch size `lr` was tuned for (used by lr_scaling)."""
 
 
@@ -157,17 +184,17 @@ class DataConfig:
     """bpe or unigram: the sentencepiece model trained when data.tokenizer is empty."""
     cache_dir: str = "~/.cache/tpformer"
     """Trained tokenizers and preprocessed corpora, keyed by content hash."""
-    workers: int = 2
+    workers: int = ranged(2, 1)
     """Tokenization worker processes for preprocessing."""
-    seq_length: int = 128
+    seq_length: int = ranged(128, 8)
     """Tokens per sample; at most model.max_position_embeddings."""
-    mask_prob: float = 0.15
+    mask_prob: float = ranged(0.15, 0, 1, lo_open=True, hi_open=True)
     """BERT: fraction of tokens chosen for MLM prediction (80% [MASK], 10% random, 10% kept)."""
     whole_word_mask: bool = False
     """BERT: mask all tokens of a word together."""
     sentence_pairs: SentencePairs = SentencePairs("nsp")
     """BERT: nsp (50% random next segment) or sop (50% swapped segments)."""
-    eval_fraction: float = 0.02
+    eval_fraction: float = ranged(0.02, 0, 1, hi_open=True)
     """Fraction of the documents held out for evaluation (at least one when there are two)."""
 
 
@@ -175,22 +202,24 @@ class DataConfig:
 class LoopConfig:
     """What the one training loop does around the steps, for pretraining and fine-tuning alike."""
 
-    log_every: int = 10
+    log_every: int = ranged(10, 1)
     """Steps per metrics.jsonl line and progress-bar update."""
     progress: bool = True
     """Rank 0 shows a progress bar."""
-    peak_tflops: float = 0.0
+    peak_tflops: float = ranged(0.0, 0)
     """Peak TFLOP/s of one device for the MFU estimate (0: auto on known GPUs, else not shown)."""
-    max_time_minutes: float = 0.0
+    max_time_minutes: float = ranged(0.0, 0)
     """Stop after this wall time, agreed by all ranks (0: no limit)."""
-    save_every: int = 0
+    save_every: int = ranged(0, 0)
     """Save a checkpoint every N steps and at the end into <run dir>/checkpoints (0: only at
     exit_at_step or SIGTERM)."""
-    keep_last: int = 3
-    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    keep_last: int = ranged(3, 1)
+    """Complete checkpoints kept (>= 1); older ones are deleted after a newer one is complete."""
     resume: str = "none"
-    """none, auto (the latest complete checkpoint of this run dir) or a checkpoint directory."""
-    exit_at_step: int = 0
+    """none, auto (the newest intact checkpoint of this run dir) or a checkpoint directory."""
+    verify_checkpoint: bool = True
+    """Check every file of the checkpoint to resume against the checksums recorded at save."""
+    exit_at_step: int = ranged(0, 0)
     """Save and stop after this step, leaving the LR schedule unchanged (0: off)."""
 
 
@@ -198,15 +227,15 @@ class LoopConfig:
 class TrainerConfig(LoopConfig):
     """Pretraining: a fixed number of steps over the corpus."""
 
-    max_steps: int = 100
+    max_steps: int = ranged(100, 1)
     """Optimizer steps; the LR schedule ends here."""
-    micro_batch_size: int = 8
+    micro_batch_size: int = ranged(8, 1)
     """Samples per DP rank per forward."""
-    grad_accum: int = 1
+    grad_accum: int = ranged(1, 1)
     """Micro-batches per step; global batch = micro_batch_size x grad_accum x dp."""
-    eval_every: int = 0
+    eval_every: int = ranged(0, 0)
     """Evaluate the held-out loss every N steps (0: only at the end)."""
-    eval_steps: int = 4
+    eval_steps: int = ranged(4, 1)
     """Batches per evaluation."""
 
 
@@ -214,9 +243,9 @@ class TrainerConfig(LoopConfig):
 class LauncherConfig:
     """Local multi-process start without torchrun (ignored under torchrun)."""
 
-    nproc_per_node: int = 1
+    nproc_per_node: int = ranged(1, 1)
     """Start this many local ranks through torch.distributed's elastic launcher."""
-    max_restarts: int = 0
+    max_restarts: int = ranged(0, 0)
 
 
 @dataclass
@@ -242,7 +271,7 @@ class GlueDataConfig:
     """A CSV/TSV/JSON(L)/parquet file with the hub's column names, instead of glue_dir/hub."""
     dev_file: str = ""
     test_file: str = ""
-    max_length: int = 128
+    max_length: int = ranged(128, 8, 512)
     """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
     group_by_length: bool = False
     """Sort each global batch by length before cutting micro-batches (less padding)."""
@@ -255,10 +284,10 @@ class FinetuneTrainerConfig(LoopConfig):
     """Fine-tuning: epochs over the training split, dev evaluation after each; the best
     checkpoint by the task's first dev metric is kept in <run dir>/best."""
 
-    epochs: float = 3.0
-    batch_size: int = 32
+    epochs: float = ranged(3.0, 0, lo_open=True)
+    batch_size: int = ranged(32, 1)
     """Global batch (examples per optimizer step, over all DP ranks)."""
-    micro_batch_size: int = 0
+    micro_batch_size: int = ranged(0, 0)
     """Examples per DP rank per forward (0: batch_size / dp, no accumulation)."""
 
 

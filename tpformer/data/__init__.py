@@ -39,6 +39,7 @@ def load_pretraining_data(data: DataConfig, model: ModelConfig, *, seed: int,
                                     seq_length=data.seq_length, mask_prob=data.mask_prob, seed=seed)
     assert prepared is not None, "prepare_data() first"
     tokenizer, corpus = Tokenizer(prepared[0]), IndexedCorpus(prepared[1])
+    corpus.check_token_ids(model.vocab_size)
     if model.arch == "gpt":
         return CausalLMDataset(corpus, seq_length=data.seq_length, seed=seed,
                                eval_fraction=data.eval_fraction)

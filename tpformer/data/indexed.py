@@ -75,12 +75,16 @@ class IndexedCorpus:
         if not meta_file.is_file():
             raise FileNotFoundError(f"{meta_file} is missing: {prefix} is not a complete "
                                     f"preprocessed corpus (rerun tools/preprocess_data.py)")
-        self.meta = json.loads(meta_file.read_text())
-        index = np.load(f"{prefix}.idx.npz")
-        self.sentence_offsets = index["sentence_offsets"]
-        self.doc_offsets = index["doc_offsets"]
+        try:
+            self.meta = json.loads(meta_file.read_text())
+            index = np.load(f"{prefix}.idx.npz")
+            self.sentence_offsets = index["sentence_offsets"]
+            self.doc_offsets = index["doc_offsets"]
+            dtype = np.dtype(self.meta["dtype"])
+        except Exception as err:  # noqa: BLE001 - JSON, zip, numpy: one message for all
+            raise ValueError(f"the preprocessed corpus {prefix} is unreadable ({type(err).__name__}: "
+                             f"{err}); delete {prefix}.* and rerun") from None
         bin_file = Path(f"{prefix}.bin")
-        dtype = np.dtype(self.meta["dtype"])
         expected = int(self.sentence_offsets[-1]) * dtype.itemsize
         size = bin_file.stat().st_size if bin_file.is_file() else -1
         if size != expected:
@@ -88,6 +92,19 @@ class IndexedCorpus:
                              f"preprocessed corpus is corrupt; delete {prefix}.* and rerun")
         self.tokens = (np.memmap(bin_file, dtype=dtype, mode="r") if expected
                        else np.zeros(0, dtype=dtype))
+
+    def check_token_ids(self, vocab_size: int, *, chunk: int = 1 << 24) -> None:
+        """Every token id is below vocab_size (a corpus tokenized with another tokenizer, or a
+        damaged token file, would otherwise embed out-of-range ids)."""
+        for start in range(0, len(self.tokens), chunk):
+            part = self.tokens[start:start + chunk]
+            top = int(part.max())
+            if top >= vocab_size:
+                at = start + int(np.argmax(part >= vocab_size))
+                raise ValueError(f"{self.prefix}.bin holds token id {int(self.tokens[at])} at "
+                                 f"position {at}, outside model.vocab_size={vocab_size}: the "
+                                 f"corpus was tokenized for another vocabulary or is damaged; "
+                                 f"delete {self.prefix}.* and rerun")
 
     @property
     def num_documents(self) -> int:

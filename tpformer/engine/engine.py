@@ -135,10 +135,11 @@ class ZeroEngine:
         if not finite:
             self.grads.zero()
             self.nonfinite_steps += 1
-            if not self.scaler.enabled and self.nonfinite_steps > self.max_nonfinite_steps:
+            if self.nonfinite_steps >= self.max_nonfinite_steps:
+                scale = f", loss scale now {self.scaler.scale:g}" if self.scaler.enabled else ""
                 raise FloatingPointError(
                     f"non-finite gradients for {self.nonfinite_steps} consecutive steps "
-                    f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}); the loss "
+                    f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}{scale}); the loss "
                     "diverged: lower optim.lr or check the data")
             return {"grad_norm": norm, "skipped": 1.0}
         self.nonfinite_steps = 0

@@ -132,9 +132,9 @@ def write_results(trainer: Trainer, config: FinetuneConfig, wall_time_s: float) 
     evaluations = trainer.evaluations
     results: dict = {"task": config.task, "init": config.init, "steps": trainer.task.max_steps,
                      "evaluations": evaluations, "wall_time_s": wall_time_s}
-    finite = [e for e in evaluations if math.isfinite(e[metric])]
-    if finite:
-        results["best"] = max(finite, key=lambda e: e[metric])
+    if evaluations:  # a NaN metric counts as the worst value, as in the loop
+        results["best"] = max(evaluations, key=lambda e: -math.inf if math.isnan(e[metric])
+                              else e[metric])
     if trainer.ctx.is_main:
         (trainer.run_dir / "results.json").write_text(json.dumps(results, indent=1))
     return results

@@ -127,11 +127,18 @@ class Trainer:
         self.evaluations.append(record)
         self.metrics.log({**record, "eval": True})
         log.info("eval at step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        nan = [k for k, v in metrics.items() if math.isnan(v)]
+        if nan:
+            log.warning("eval at step %d: %s is NaN (e.g. a correlation of constant "
+                        "predictions); it counts as the worst value", step, ", ".join(nan))
         best = self.task.best
-        if best is not None and metrics[best.metric] > self.best_value:
-            self.best_value = metrics[best.metric]
-            self.save(step, root=self.run_dir / "best", keep_last=1)
-            best.on_best(step)
+        if best is not None:
+            value = metrics[best.metric]
+            value = -math.inf if math.isnan(value) else value
+            if value > self.best_value or not self.evaluations[:-1]:  # the first is kept anyway
+                self.best_value = max(value, self.best_value)
+                self.save(step, root=self.run_dir / "best", keep_last=1)
+                best.on_best(step)
         return metrics
 
     def _epoch(self, step: int) -> dict[str, float]:
@@ -159,9 +166,11 @@ class Trainer:
         choice = self.loop.resume
         if choice == "none":
             return 0
-        directory = store.find_latest(self.checkpoint_root) if choice == "auto" else Path(choice)
+        directory = store.choose_checkpoint(
+            self.checkpoint_root, None if choice == "auto" else Path(choice), self.ctx,
+            check=self.loop.verify_checkpoint)
         if directory is None:
-            log.info("trainer.resume=auto: no complete checkpoint in %s, starting at step 0",
+            log.info("trainer.resume=auto: no intact checkpoint in %s, starting at step 0",
                      self.checkpoint_root)
             return 0
         meta = store.read_meta(directory)
