@@ -90,17 +90,42 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
         _checked_layout(config, config.launcher.nproc_per_node, check)
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
         code = launch_local(module, overrides, nproc_per_node=config.launcher.nproc_per_node,
-                            max_restarts=config.launcher.max_restarts)
+                            max_restarts=config.launcher.max_restarts, run_dir=run_dir)
         if code:
             sys.exit(code)
         return
     layout = _checked_layout(config, env.world_size, check)
-    ctx = (ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env)
-           if env.under_launcher else ParallelContext.single(seed=config.parallel.seed))
+    if env.under_launcher:
+        die_with_parent()
+        ctx = ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env,
+                                     timeout_s=config.launcher.timeout_s)
+    else:
+        ctx = ParallelContext.single(seed=config.parallel.seed)
     try:
         job(config, ctx, _shared_run_dir(cfg, run_dir, ctx))
+    except JOB_ERRORS as err:  # bad data or checkpoints, failed writes: one line, no traceback
+        log.error("%s", err)  # every rank logs errors to its console, rank 0 also to train.log
+        sys.exit(1)
     finally:
         ctx.destroy()
+
+
+JOB_ERRORS = (ValueError, FileNotFoundError, OSError, FloatingPointError)
+"""What a job raises for bad input (data, checkpoints, tokenizers), a failed write or a diverged
+loss: reported as one line. Anything else is a bug and keeps its traceback."""
+
+
+def die_with_parent() -> None:
+    """Linux: this rank gets SIGKILL when its launcher dies, so killing the launcher (even with
+    SIGKILL) takes its ranks with it; torch's launcher starts each rank in a session of its own,
+    out of reach of the launcher's process group."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: ranks outlive a killed launcher
+        pass
 
 
 def _checked_layout(config: Any, world_size: int, check: Callable[..., None]) -> Layout:

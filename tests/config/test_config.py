@@ -35,7 +35,7 @@ PUBLIC_KEYS = {
     "trainer": ["eval_every", "eval_steps", "exit_at_step", "grad_accum", "keep_last",
                 "log_every", "max_steps", "max_time_minutes", "micro_batch_size", "peak_tflops",
                 "progress", "resume", "save_every", "verify_checkpoint"],
-    "launcher": ["max_restarts", "nproc_per_node"],
+    "launcher": ["max_restarts", "nproc_per_node", "timeout_s"],
 }
 
 

@@ -241,11 +241,16 @@ class TrainerConfig(LoopConfig):
 
 @dataclass
 class LauncherConfig:
-    """Local multi-process start without torchrun (ignored under torchrun)."""
+    """Local multi-process start without torchrun (nproc_per_node, max_restarts: ignored under
+    torchrun, which has its own flags)."""
 
     nproc_per_node: int = ranged(1, 1)
     """Start this many local ranks through torch.distributed's elastic launcher."""
     max_restarts: int = ranged(0, 0)
+    """Restart all ranks this often when one fails (they resume with trainer.resume=auto)."""
+    timeout_s: float = ranged(1800.0, 1)
+    """Collective timeout: a rank that stops making progress fails the job after this long
+    (also applies under torchrun)."""
 
 
 @dataclass

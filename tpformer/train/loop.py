@@ -14,6 +14,7 @@ same objective); then the engine reduces, clips and updates.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -30,6 +31,7 @@ from tqdm import tqdm
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import LoopConfig, ModelConfig, OptimConfig
+from tpformer.launch import STOP_RECORD
 from tpformer.engine import ZeroEngine
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
@@ -227,7 +229,7 @@ class Trainer:
         first = self.resume()
         bar = tqdm(total=task.max_steps, initial=first, desc=task.description, dynamic_ncols=True,
                    disable=not (self.ctx.is_main and loop.progress))
-        step = first - 1
+        step, reason, saved = first - 1, "done", None
         for step in range(first, task.max_steps):
             lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
             self.engine.set_lr(lr)
@@ -245,19 +247,29 @@ class Trainer:
             if (task.eval_every and (step + 1) % task.eval_every == 0) or done or timed_out:
                 self.evaluate(step + 1)
             if preempted or (loop.exit_at_step and step + 1 == loop.exit_at_step):
-                self.save(step + 1)
+                reason, saved = ("sigterm" if preempted else "exit_at_step"), self.save(step + 1)
                 log.info("%s: saved step %d and stopping",
                          "SIGTERM" if preempted else "trainer.exit_at_step", step + 1)
                 break
             if loop.save_every and ((step + 1) % loop.save_every == 0 or done or timed_out):
-                self.save(step + 1)
+                saved = self.save(step + 1)
             if timed_out:
+                reason = "time_limit"
                 log.info("trainer.max_time_minutes=%s reached at step %d", loop.max_time_minutes,
                          step + 1)
                 break
         bar.close()
         self.metrics.close()
+        self._record_stop(reason, step + 1, saved if saved and saved.name.endswith(
+            store.step_dir_name(step + 1)) else None)
         return records
+
+    def _record_stop(self, reason: str, step: int, checkpoint: Path | None) -> None:
+        """stop.json: why training ended and what was saved then (read by the launcher)."""
+        if self.ctx.is_main:
+            record = {"reason": reason, "step": step,
+                      "checkpoint": str(checkpoint) if checkpoint else None}
+            (self.run_dir / STOP_RECORD).write_text(json.dumps(record))
 
     def _log(self, step: int, window: list[dict[str, float]], step_time: float, peak: float,
              bar: tqdm) -> dict:
