@@ -106,6 +106,13 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
     except JOB_ERRORS as err:  # bad data or checkpoints, failed writes: one line, no traceback
         log.error("%s", err)  # every rank logs errors to its console, rank 0 also to train.log
         sys.exit(1)
+    except RuntimeError as err:
+        if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+            raise
+        log.error("a collective timed out after launcher.timeout_s=%s s: another rank of this "
+                  "job stopped making progress (stopped, deadlocked, or stuck in I/O) [%s]",
+                  config.launcher.timeout_s, str(err).strip().splitlines()[-1])
+        sys.exit(1)
     finally:
         ctx.destroy()
 
