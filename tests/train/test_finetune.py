@@ -288,3 +288,27 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
     results = write_results(trainer, tune, 0.0)
     assert results["steps"] == 2 and "accuracy" in results["best"]
     assert (tmp_path / "tune" / "best" / "step00000002" / "tokenizer" / "tokenizer.model").is_file()
+
+
+def test_nan_dev_metric_is_reported_and_still_checkpointed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """STS-B dev scores that are all equal make Pearson and Spearman NaN: the run warns, counts
+    NaN as the worst value, and still keeps the first evaluation's checkpoint and results."""
+    import logging
+
+    pairs = list(zip(sentiment_rows(24, 8), sentiment_rows(24, 9)))
+    rows = [(a, b, f"{(la == lb) * 4 + 0.5:.2f}") for (a, _, la), (b, _, lb) in pairs]
+    write_glue_file(tmp_path / "glue", "STS-B", "train", rows[:16])
+    write_glue_file(tmp_path / "glue", "STS-B", "dev", [(a, b, "2.50") for a, b, _ in rows[16:]])
+    config = FinetuneConfig(task="stsb", init=str(write_hf_bert(tmp_path / "hf")),
+                            data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
+                                                cache_dir=str(tmp_path / "cache")),
+                            trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False))
+    trainer = finetuning_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "run")
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    results = write_results(trainer, config, 0.0)
+    assert "pearson, spearman is NaN" in caplog.text
+    assert all(e["pearson"] != e["pearson"] for e in results["evaluations"])  # NaN
+    assert results["best"]["step"] == 2
+    assert (tmp_path / "run" / "best" / "step00000002" / "meta.json").is_file()
