@@ -90,7 +90,7 @@ def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [x for x in lines if x.get("eval")]
     assert [e["accuracy"] for e in evals] == [e["accuracy"] for e in results["evaluations"]]
-    assert {"loss", "lr", "grad_norm", "tokens_per_s", "epoch"} <= set(lines[0])
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "epoch", "pad_fraction"} <= set(lines[0])
     assert any((run / "tensorboard").iterdir())
     assert (run / "loss_curve.png").stat().st_size > 1000
     # export the best checkpoint; transformers loads it and predicts what tpformer wrote

@@ -278,8 +278,9 @@ class GlueDataConfig:
     test_file: str = ""
     max_length: int = ranged(128, 8, 512)
     """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
-    group_by_length: bool = False
-    """Sort each global batch by length before cutting micro-batches (less padding)."""
+    group_by_length: bool = True
+    """Batches of similar lengths (transformers' LengthGroupedSampler, as a function of (seed,
+    epoch) only, so every layout trains on the same batches); false: plain shuffled batches."""
     cache_dir: str = "~/.cache/tpformer"
     """Tokenized splits, keyed by file content, tokenizer and max_length."""
 

@@ -22,7 +22,7 @@ from tpformer.config.schema import FinetuneConfig
 from tpformer.config.validate import validate_recompute_granularity
 from tpformer.convert import load_classifier
 from tpformer.data.glue import get_task, score
-from tpformer.data.glue.batches import GlueTrainSteps, prediction_batches
+from tpformer.data.glue.batches import GlueTrainSteps, prediction_batch, prediction_order
 from tpformer.data.glue.features import dev_splits, load_examples, test_splits
 from tpformer.data.glue.submission import submission_name, write_submission
 from tpformer.data.tokenizer import Tokenizer
@@ -40,23 +40,29 @@ class GluePredictor:
     """Predictions (class ids, or scores for STS-B) of whole splits, the DP ranks sharing each."""
 
     def __init__(self, model: nn.Module, splits: dict[str, list[dict]], *, task_name: str,
-                 micro_batch_size: int, pad_id: int, ctx: ParallelContext) -> None:
+                 token_budget: int, pad_id: int, ctx: ParallelContext) -> None:
         self.model, self.splits, self.task_name = model, splits, task_name
-        self.micro, self.pad_id, self.ctx = micro_batch_size, pad_id, ctx
+        self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
         self.regression = get_task(task_name).labels is None
 
     @torch.no_grad()
     def predict(self, split: str) -> tuple[torch.Tensor, list[int]]:
-        """Call with the model in eval mode and its parameters gathered (the loop's evaluate)."""
+        """Predictions in the split's order, made in length-sorted batches of up to
+        `token_budget` padded tokens. Call with the model in eval mode and its parameters
+        gathered (the loop's evaluate does)."""
         examples, dp = self.splits[split], self.ctx.dp
-        preds: list[float] = []
-        for batch in prediction_batches(examples, micro_batch_size=self.micro, dp_size=dp.size,
-                                        dp_rank=dp.rank, pad_id=self.pad_id):
+        done: list[tuple[int, float]] = []
+        for indices in prediction_order(examples, token_budget=self.token_budget,
+                                        dp_size=dp.size, dp_rank=dp.rank):
+            batch = prediction_batch(examples, indices, self.pad_id)
             logits = self.model(**{k: v.to(self.ctx.device) for k, v in batch.items()}).logits
             out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
-            preds += out.float().cpu().tolist()
-        gathered = [p for part in all_gather_object(preds, dp) for p in part]  # type: ignore[union-attr]
-        return torch.tensor(gathered), [e["index"] for e in examples]
+            done += zip(indices, out.float().cpu().tolist())
+        preds = torch.empty(len(examples))
+        for part in all_gather_object(done, dp):
+            for i, p in part:  # type: ignore[union-attr]
+                preds[i] = p
+        return preds, [e["index"] for e in examples]
 
 
 class GlueDev:
@@ -99,8 +105,10 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
                            dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
                            group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
                            regression=task.labels is None)
-    predictor = GluePredictor(model, splits, task_name=config.task, micro_batch_size=micro,
-                              pad_id=tokenizer.pad_id, ctx=ctx)
+    # prediction keeps no activations for backward: 4x the training micro-batch's worst case
+    predictor = GluePredictor(model, splits, task_name=config.task,
+                              token_budget=4 * micro * data.max_length, pad_id=tokenizer.pad_id,
+                              ctx=ctx)
     evaluator = GlueDev(predictor, dev_splits(task, data))
 
     def write_predictions(step: int) -> None:
@@ -113,7 +121,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     extra = {"num_labels": task.num_labels, "glue_task": config.task,
              "id2label": dict(enumerate(task.labels)) if task.labels else {0: "score"}}
     run_config = {"finetune": asdict(config)}
-    steps = math.ceil(t.epochs * len(splits["train"]) / t.batch_size)
+    steps = math.ceil(t.epochs * train.steps_per_epoch)
     return Trainer(TrainingTask(
         model=model, engine=wrapped.engine, objective=ClassificationObjective(),
         train_batches=train, evaluator=evaluator, max_steps=steps, global_batch=t.batch_size,

@@ -100,24 +100,30 @@ class Trainer:
 
     def run_step(self, step: int, batches: StepBatches, *, train: bool) -> dict[str, float]:
         """Forward (and backward when training) every micro-batch of global step `step`;
-        returns the global-batch means of the objective's values and the step's token count."""
+        returns the global-batch means of the objective's values, the step's token count and,
+        for padded batches (an attention mask), the share of those tokens that is padding."""
         parts = [(key, {k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()})
                  for key, b in batches(step)]
         objective = self.task.objective
         local = [sum(c) for c in zip(*(objective.counts(b) for _, b in parts))]
         local.append(float(sum(b["input_ids"].numel() for _, b in parts)))
+        local.append(float(sum(int(b["attention_mask"].sum()) if "attention_mask" in b
+                               else b["input_ids"].numel() for _, b in parts)))
         counts = all_reduce(torch.tensor(local, dtype=torch.float64, device=self.ctx.device),
                             self.ctx.dp).tolist()
+        counts, tokens, real = counts[:-2], counts[-2], counts[-1]
         totals = torch.zeros(len(objective.names), dtype=torch.float64, device=self.ctx.device)
         for i, (key, batch) in enumerate(parts):
             self.ctx.rng.set_position(step, key)
             with torch.set_grad_enabled(train):
-                values = objective(self.model, batch, counts[:-1])
+                values = objective(self.model, batch, counts)
             if train:  # the engine averages gradients over DP; this is a share of the global sum
                 self.engine.backward(values[0] * self.ctx.dp.size, sync=i == len(parts) - 1)
             totals += torch.stack([v.detach().double() for v in values])
+        masked = bool(parts) and "attention_mask" in parts[0][1]
+        padded = {"pad_fraction": 1.0 - real / tokens} if masked else {}
         return {**dict(zip(objective.names, all_reduce(totals, self.ctx.dp).tolist())),
-                "tokens": counts[-1]}
+                "tokens": tokens, **padded}
 
     def evaluate(self, step: int) -> dict[str, float]:
         """The evaluator's metrics at `step`, logged (and kept for the best checkpoint)."""

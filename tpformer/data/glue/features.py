@@ -13,8 +13,13 @@ from tpformer.data.glue.tasks import GlueTask, get_task, load_split
 from tpformer.data.tokenizer import Tokenizer
 
 
+FEATURES_VERSION = 2
+"""Part of the cache key: 2 = transformers' longest_first truncation (ties trim segment b)."""
+
+
 def encode(tokenizer: Tokenizer, rows: dict[str, list], max_length: int) -> list[dict[str, list]]:
-    """[CLS] a [SEP] (b [SEP]) per row, the longer segment truncated first."""
+    """[CLS] a [SEP] (b [SEP]) per row, truncated as transformers' `longest_first`: one token at
+    a time from the end of the longer segment, from b when both are as long."""
     a = tokenizer.encode(rows["text_a"])
     b = tokenizer.encode(rows["text_b"]) if rows["text_b"] is not None else [None] * len(a)
     examples = []
@@ -22,10 +27,10 @@ def encode(tokenizer: Tokenizer, rows: dict[str, list], max_length: int) -> list
         room = max_length - (3 if y is not None else 2)
         x, y = list(x), list(y) if y is not None else None
         while len(x) + (len(y) if y is not None else 0) > room:
-            if y is not None and len(y) > len(x):
-                y.pop()
-            else:
+            if y is None or len(x) > len(y):
                 x.pop()
+            else:
+                y.pop()
         ids = [tokenizer.cls_id, *x, tokenizer.sep_id]
         types = [0] * len(ids)
         if y is not None:
@@ -81,8 +86,8 @@ def load_examples(task_name: str, data: GlueDataConfig, split: str, tokenizer: T
                   rank: int) -> list[dict]:
     """Tokenized rows of a split, cached by file content, tokenizer and max_length."""
     task = get_task(task_name)
-    key = hashlib.sha256(repr((task_name, split, data.glue_dir, data.max_length,
-                               tokenizer.fingerprint())).encode())
+    key = hashlib.sha256(repr((FEATURES_VERSION, task_name, split, data.glue_dir,
+                               data.max_length, tokenizer.fingerprint())).encode())
     kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
     files = split_files(data)
     source = (Path(files[kind]) if files[kind]
