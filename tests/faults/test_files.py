@@ -171,3 +171,20 @@ def test_token_ids_outside_the_vocabulary_are_named(corpus: tuple[DataConfig, Pa
     tokens.flush()
     with pytest.raises(ValueError, match=r"token id 999 at position 17, outside model.vocab_size=160"):
         IndexedCorpus(prefix).check_token_ids(160)
+
+
+def _stop_for_time(ctx: ParallelContext, run_dir: str) -> tuple[int, int | None]:
+    """A run far longer than its time limit, checkpointing on (save_every past the stop)."""
+    config = tiny_config(steps=100_000)
+    config.trainer = replace(config.trainer, max_time_minutes=0.02, save_every=50_000,
+                             log_every=1_000)
+    records = pretraining_trainer(config, ctx, Path(run_dir)).train()
+    latest = store.find_latest(Path(run_dir) / "checkpoints")
+    return records[-1]["step"], (store.read_meta(latest)["step"] if latest else None)
+
+
+def test_time_limit_is_agreed_and_the_stop_is_saved(tmp_path: Path) -> None:
+    """Each rank's clock alone would stop them at different steps: the one all-reduce per step
+    stops both at the same one, which is saved (checkpointing is on)."""
+    (stop0, saved0), (stop1, saved1) = run_distributed(_stop_for_time, 2, str(tmp_path))
+    assert stop0 == stop1 == saved0 == saved1 and stop0 < 100_000
