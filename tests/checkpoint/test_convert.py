@@ -5,6 +5,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
@@ -17,6 +18,7 @@ from tpformer.train.pretraining import pretraining_trainer
 CONVERT = [sys.executable, str(REPO / "tools" / "convert_checkpoint.py")]
 
 
+@pytest.mark.slow
 def test_checkpoint_to_hf_and_back(tmp_path: Path) -> None:
     config = tiny_config(steps=2)
     config = replace(config, trainer=replace(config.trainer, save_every=2))

@@ -105,6 +105,7 @@ def _train_and_hang_in_second_save(ctx: ParallelContext, config: Config, run_dir
     _run(ctx, config, run_dir, save_every=2)
 
 
+@pytest.mark.slow
 def test_ranks_killed_mid_save_leave_the_previous_checkpoint_latest(tmp_path: Path) -> None:
     """SIGKILL both ranks after their shards of step 4 are on disk but before the checkpoint is
     complete: step 2 stays latest, resume=auto continues from it, the leftover is replaced."""
@@ -148,6 +149,7 @@ def test_bad_checkpoints_are_named(tmp_path: Path) -> None:
         _run(ctx, tiny_config(), str(tmp_path / "y"), resume=str(saved))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly_then_resume_finishes(tmp_path: Path) -> None:
     import os
     import signal
@@ -235,6 +237,7 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+@pytest.mark.slow
 def test_killed_rank_restarts_from_the_latest_checkpoint(tmp_path: Path) -> None:
     """launcher.max_restarts=1 (= torchrun --max-restarts 1): SIGKILL one rank after a checkpoint;
     the launcher restarts both ranks, which resume from it and finish the run."""

@@ -180,6 +180,7 @@ def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world:
     ("tpformer.finetune", "trainer.max_steps=10", "Key 'max_steps' not in 'FinetuneTrainerConfig'"),
     ("tpformer.finetune", "data.seq_length=64", "Key 'seq_length' not in 'GlueDataConfig'"),
 ])
+@pytest.mark.slow
 def test_config_errors_exit_2_before_any_process(tmp_path: Path, module: str, override: str,
                                                  message: str) -> None:
     """A pretraining-only key has no meaning in fine-tuning and is rejected there, like a typo

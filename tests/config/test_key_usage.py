@@ -90,6 +90,7 @@ def _assert_every_key_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, modu
     return keys
 
 
+@pytest.mark.slow
 def test_every_pretraining_key_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", documents=20)
     keys = _assert_every_key_read(monkeypatch, tmp_path, "tpformer.pretrain", [
@@ -101,6 +102,7 @@ def test_every_pretraining_key_is_read(tmp_path: Path, monkeypatch: pytest.Monke
     assert len(keys) > 60
 
 
+@pytest.mark.slow
 def test_every_finetuning_key_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hf = write_hf_bert(tmp_path / "hf")
     write_glue_file(tmp_path / "glue", "SST-2", "train", sentiment_rows(16, 1))

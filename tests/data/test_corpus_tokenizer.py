@@ -136,6 +136,7 @@ def _tool(script: str, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_tools_train_the_tokenizer_and_preprocess_with_hydra_overrides(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "c.txt", documents=6)
     common = ["data=text", f"data.paths=[{corpus}]", "model.vocab_size=150",

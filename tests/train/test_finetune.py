@@ -69,6 +69,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     hf = write_hf_bert(tmp_path / "hf")
     glue = write_sst2(tmp_path / "glue")
@@ -240,6 +241,7 @@ def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None
     assert_rel_close(scores, torch.tensor(ours), FP32_MODEL_REL, "exported STS-B scores")
 
 
+@pytest.mark.slow
 def test_bad_input_is_named(tmp_path: Path) -> None:
     hf = write_hf_bert(tmp_path / "hf")
     glue = tmp_path / "glue"

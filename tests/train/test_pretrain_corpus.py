@@ -51,6 +51,7 @@ def test_corpus_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, 
             assert abs(got - want) <= FP32_MODEL_REL * abs(want), (losses, reference)
 
 
+@pytest.mark.slow
 def test_mlm_loss_halves_on_a_tiny_corpus(tmp_path: Path) -> None:
     """bert_tiny, 300 steps of 16 x 64 tokens; the checkpoint carries the trained tokenizer."""
     config = corpus_config(tmp_path, steps=300, micro=16)
@@ -81,6 +82,7 @@ def test_tokenizer_vocabulary_must_match_the_model(tmp_path: Path) -> None:
         pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_cli_on_a_text_corpus_and_its_errors(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", documents=12)
     common = ["model=bert_tiny", "model.num_heads=4", f"model.vocab_size={VOCAB}", "data=text",

@@ -85,6 +85,7 @@ def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
     result = _cli([*TINY, "trainer.max_steps=3", "trainer.log_every=1", "parallel.tensor=2",
                    "launcher.nproc_per_node=2"],
@@ -99,6 +100,7 @@ def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
     assert (run / "train.log").exists() and (run / "loss_curve.png").exists()
 
 
+@pytest.mark.slow
 def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
     result = _cli(["-m", *TINY, "trainer.max_steps=2", "parallel.tensor=1,2",
                    "launcher.nproc_per_node=2"], tmp_path)
