@@ -19,11 +19,6 @@ def available_devices() -> tuple[int, str]:
     return os.cpu_count() or 1, "CPUs"
 
 
-STOP_RECORD = "stop.json"
-"""Written by rank 0 into the run directory when training ends: why, at which step, and the
-checkpoint saved then (or null). The launcher reads it after a preemption."""
-
-
 def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_restarts: int,
                  run_dir: Path) -> int:
     """Start `python -m module overrides...` on nproc_per_node local ranks (standalone rendezvous,
@@ -53,6 +48,8 @@ def launch_local(module: str, overrides: list[str], *, nproc_per_node: int, max_
 
 
 def _after_preemption(signal_name: str, run_dir: Path, started: float) -> int:
+    from tpformer.train.loop import STOP_RECORD
+
     record = run_dir / STOP_RECORD
     stop = (json.loads(record.read_text())
             if record.is_file() and record.stat().st_mtime >= started else {})

@@ -76,7 +76,7 @@ def test_damaged_latest_checkpoint_falls_back_or_stops(tmp_path: Path, kind: str
     damage(target)
     with caplog.at_level(logging.WARNING):
         resumed = _train(tiny_config(steps=6), tmp_path / "run", save_every=0, resume="auto")
-    assert f"skipping step00000004" in caplog.text and target.name in caplog.text
+    assert "skipping step00000004" in caplog.text and target.name in caplog.text
     assert min(resumed) == 3 and resumed == {s: want[s] for s in resumed}
     with pytest.raises(store.CheckpointError, match=message):
         _train(tiny_config(steps=6), tmp_path / "explicit", resume=str(root / "step00000004"))

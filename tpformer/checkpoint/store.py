@@ -49,7 +49,8 @@ def checkpoint_meta(model: ModelConfig, parallel: ParallelConfig, layout: Layout
             "config": {"model": asdict(model), **run_config}, **extra}
 
 
-def model_mismatches(meta: dict[str, object], model: ModelConfig) -> dict[str, tuple[object, object]]:
+def model_mismatches(meta: dict[str, object],
+                     model: ModelConfig) -> dict[str, tuple[object, object]]:
     """{field: (checkpoint value, run value)} for the model fields that differ."""
     return {k: (meta.get(k), getattr(model, k)) for k in MODEL_KEYS
             if meta.get(k) != getattr(model, k)}

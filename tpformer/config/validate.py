@@ -26,8 +26,10 @@ def check_choices(config: object, prefix: str = "") -> None:
             allowed = [m.value for m in kind]
             if value not in allowed:
                 raise ValueError(f"{prefix}{f.name}={value!r} is not one of {allowed}")
-        elif "range" in f.metadata and value is not None and not f.metadata["range"].contains(value):
-            raise ValueError(f"{prefix}{f.name}={value} must be {f.metadata['range']}")
+        elif "range" in f.metadata and value is not None:
+            bounds = f.metadata["range"]
+            if not bounds.contains(value):
+                raise ValueError(f"{prefix}{f.name}={value} must be {bounds}")
 
 
 def validate_model(model: ModelConfig, tp: int) -> None:

@@ -115,8 +115,8 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
         for split in test_splits(task, data):
             pred, index = predictor.predict(split)
             if ctx.is_main:
-                write_submission(run_dir / "predictions" / f"{submission_name(config.task, split)}.tsv",
-                                 config.task, pred, index)
+                name = submission_name(config.task, split)
+                write_submission(run_dir / "predictions" / f"{name}.tsv", config.task, pred, index)
 
     extra = {"num_labels": task.num_labels, "glue_task": config.task,
              "id2label": dict(enumerate(task.labels)) if task.labels else {0: "score"}}

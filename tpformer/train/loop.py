@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import LoopConfig, ModelConfig, OptimConfig
-from tpformer.launch import STOP_RECORD
 from tpformer.engine import ZeroEngine
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
@@ -40,6 +39,10 @@ from tpformer.train.objectives import Objective
 from tpformer.train.schedule import lr_at
 
 log = logging.getLogger(__name__)
+
+STOP_RECORD = "stop.json"
+"""Written by rank 0 into the run directory when training ends: why, at which step, and the
+checkpoint saved then (or null). The launcher reads it after a preemption."""
 
 StepBatches = Callable[[int], list[tuple[int, dict[str, Tensor]]]]
 """step -> this DP rank's micro-batches of that global step, as (dropout key, batch): the key is
@@ -184,7 +187,8 @@ class Trainer:
         meta = store.read_meta(directory)
         mismatched = store.model_mismatches(meta, self.task.model_config)
         if mismatched:
-            details = ", ".join(f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items())
+            details = ", ".join(f"{k}: checkpoint {a} vs run {b}"
+                                for k, (a, b) in mismatched.items())
             raise ValueError(f"{directory} holds another model ({details})")
         same_world = meta.get("world_size") == self.ctx.layout.world_size
         template: dict[str, object] = {"engine": self.engine}
@@ -233,6 +237,8 @@ class Trainer:
         self.model.train()
         self._install_sigterm()
         first = self.resume()
+        if self._due_for_eval(first) and not any(e["step"] == first for e in self.evaluations):
+            self.evaluate(first)  # stopped by SIGTERM at an evaluation step: evaluate it now
         bar = tqdm(total=task.max_steps, initial=first, desc=task.description, dynamic_ncols=True,
                    disable=not (self.ctx.is_main and loop.progress))
         step, reason, saved = first - 1, "done", None
@@ -250,8 +256,8 @@ class Trainer:
                 records.append(self._log(step + 1, window, (now - last) / len(window), peak, bar))
                 window, last = [], now
             bar.update(1)
-            if (task.eval_every and (step + 1) % task.eval_every == 0) or done or timed_out:
-                self.evaluate(step + 1)
+            if not preempted and (self._due_for_eval(step + 1) or done or timed_out):
+                self.evaluate(step + 1)  # on SIGTERM the save comes first (30 s grace)
             if preempted or (loop.exit_at_step and step + 1 == loop.exit_at_step):
                 reason, saved = ("sigterm" if preempted else "exit_at_step"), self.save(step + 1)
                 log.info("%s: saved step %d and stopping",
@@ -269,6 +275,10 @@ class Trainer:
         self._record_stop(reason, step + 1, saved if saved and saved.name.endswith(
             store.step_dir_name(step + 1)) else None)
         return records
+
+    def _due_for_eval(self, step: int) -> bool:
+        every = self.task.eval_every
+        return bool(every) and step > 0 and step % every == 0
 
     def _record_stop(self, reason: str, step: int, checkpoint: Path | None) -> None:
         """stop.json: why training ended and what was saved then (read by the launcher)."""

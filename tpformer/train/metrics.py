@@ -89,7 +89,8 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
     dev = [k for k in (evals[0] if evals else {}) if k not in ("step", "epoch", "eval")]
     if evals and "loss" not in evals[0]:
         for key in dev:
-            right.plot([r["step"] for r in evals], [r[key] for r in evals], "o--", label=f"dev {key}")
+            right.plot([r["step"] for r in evals], [r[key] for r in evals], "o--",
+                       label=f"dev {key}")
         right.set_ylabel("dev metric")
     else:
         right.plot([r["step"] for r in train], [r["lr"] for r in train], color="gray", ls="--",

@@ -97,7 +97,9 @@ def prediction_order(examples: list[dict], *, token_budget: int, dp_size: int,
     return batches
 
 
-def prediction_batch(examples: list[dict], indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+def prediction_batch(examples: list[dict], indices: list[int],
+                     pad_id: int) -> dict[str, torch.Tensor]:
+    """The unlabeled, padded batch of the given examples."""
     batch = collate([examples[i] for i in indices], pad_id, False)
     batch.pop("labels", None)
     return batch
