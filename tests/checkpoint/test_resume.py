@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.dist import run_distributed, start_ranks
+from tests.faults.job import children
 from tests.train.test_trainer import tiny_config
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
@@ -224,19 +225,6 @@ def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: d
 
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid`, from /proc (the ranks under the launcher)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
-
-
 @pytest.mark.slow
 def test_killed_rank_restarts_from_the_latest_checkpoint(tmp_path: Path) -> None:
     """launcher.max_restarts=1 (= torchrun --max-restarts 1): SIGKILL one rank after a checkpoint;
@@ -262,7 +250,7 @@ def test_killed_rank_restarts_from_the_latest_checkpoint(tmp_path: Path) -> None
         deadline = time.monotonic() + 120
         while store.find_latest(root) is None and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        ranks = _children(proc.pid)
+        ranks = children(proc.pid)
         assert len(ranks) == 2 and proc.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
         killed_after = store.read_meta(store.find_latest(root))["step"]
         os.kill(ranks[1], signal.SIGKILL)
