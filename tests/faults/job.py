@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = ["model=bert_tiny", "data=synthetic", "model.vocab_size=128", "model.num_heads=4",
-        "data.seq_length=32", "trainer.micro_batch_size=4", "trainer.progress=false"]
+from tests.train.test_trainer import REPO, TINY
+
 
 
 def children(pid: int) -> list[int]:

@@ -34,19 +34,23 @@ def tiny_config(steps: int = 4, micro: int = 4, accum: int = 1, **parallel) -> C
                                         log_every=1, eval_steps=1, progress=False))
 
 
-def _losses(ctx: ParallelContext, config: Config, run_dir: str) -> list[float]:
-    return [r["loss"] for r in pretraining_trainer(config, ctx, Path(run_dir)).train()]
+def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[float, ...]]:
+    records = pretraining_trainer(config, ctx, Path(run_dir)).train()
+    return [(r["loss"], r["mlm_accuracy"], r["nsp_accuracy"]) for r in records]
 
 
 @pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2)])
 def test_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int, accum: int) -> None:
-    """Global batch 8 each time: 8 x 1 x 1, or 4 x 1 x 2 (dp), or 4 x 2 x 1 (accumulation)."""
-    reference = _losses(ParallelContext.single(device="cpu"), tiny_config(micro=8), str(tmp_path))
+    """Global batch 8 each time: 8 x 1 x 1, or 4 x 1 x 2 (dp), or 4 x 2 x 1 (accumulation).
+    The accuracies are counts of argmax hits over global counts: equal, not just close (a hit
+    is decided against the exact global row maximum, which all layouts share)."""
+    reference = _curves(ParallelContext.single(device="cpu"), tiny_config(micro=8), str(tmp_path))
     config = tiny_config(micro=8 // (dp * accum), accum=accum, tensor=tp)
-    for losses in run_distributed(_losses, tp * dp, config, str(tmp_path / "run"), tensor=tp):
-        assert len(losses) == len(reference)
-        for got, want in zip(losses, reference):
-            assert abs(got - want) <= FP32_MODEL_REL * abs(want), (losses, reference)
+    for curves in run_distributed(_curves, tp * dp, config, str(tmp_path / "run"), tensor=tp):
+        assert len(curves) == len(reference)
+        for (loss, mlm_acc, nsp_acc), (want, want_mlm, want_nsp) in zip(curves, reference):
+            assert abs(loss - want) <= FP32_MODEL_REL * abs(want), (curves, reference)
+            assert (mlm_acc, nsp_acc) == (want_mlm, want_nsp), (curves, reference)
 
 
 def test_mlm_loss_falls_on_learnable_data(tmp_path: Path) -> None:

@@ -51,6 +51,14 @@ class FlatBucket:
         self.shard_size = self.padded_numel // dp_size
         self.shard_start = dp_rank * self.shard_size
 
+    @torch.no_grad()
+    def flatten(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A new padded flat buffer holding the parameters' current values."""
+        flat = torch.zeros(self.padded_numel, dtype=dtype, device=device)
+        for seg in self.segments:
+            self.view(flat, seg).copy_(seg.param.detach())
+        return flat
+
     def shard_of(self, flat: Tensor) -> Tensor:
         """This DP rank's chunk of a full flat buffer (a view)."""
         return flat.narrow(0, self.shard_start, self.shard_size)

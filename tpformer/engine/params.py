@@ -45,13 +45,12 @@ class ReplicatedParams:
                  dtype: torch.dtype, device: torch.device, sharded_master: bool) -> None:
         self.buckets, self.dp, self.dtype, self.device = buckets, dp, dtype, device
         self.sharded_master = sharded_master
-        self.full = [torch.zeros(b.padded_numel, dtype=dtype, device=device) for b in buckets]
+        self.full: list[Tensor] = []
         self.pending: list[PendingGather | None] = [None] * len(buckets)
-        with torch.no_grad():
-            for bucket, full in zip(buckets, self.full):
-                for seg in bucket.segments:
-                    bucket.view(full, seg).copy_(seg.param.detach())
-                    seg.param.data = bucket.view(full, seg)
+        for bucket in buckets:  # bucket by bucket: the original tensors go as each is moved
+            self.full.append(bucket.flatten(dtype, device))
+            for seg in bucket.segments:
+                seg.param.data = bucket.view(self.full[-1], seg)
         if sharded_master:
             for i, bucket in enumerate(buckets):
                 module = bucket.module if bucket.module is not None else model
@@ -120,14 +119,11 @@ class PartitionedParams:
         self.full: list[Tensor | None] = [None] * len(buckets)
         self.pending: list[PendingGather | None] = [None] * len(buckets)
         self.shard: list[Tensor] = []
-        with torch.no_grad():
-            for i, bucket in enumerate(buckets):
-                full = torch.zeros(bucket.padded_numel, dtype=dtype, device=device)
-                for seg in bucket.segments:
-                    bucket.view(full, seg).copy_(seg.param.detach())
-                self.shard.append(bucket.shard_of(full).clone().to(self.shard_device))
-                for seg in bucket.segments:  # the build buffer is dropped, not pooled
-                    seg.param.data = torch.empty(0, dtype=dtype, device=device)
+        for bucket in buckets:
+            self.shard.append(bucket.shard_of(bucket.flatten(dtype, device))
+                              .clone().to(self.shard_device))
+            for seg in bucket.segments:  # the build buffer is dropped, not pooled
+                seg.param.data = torch.empty(0, dtype=dtype, device=device)
         self._install_hooks()
 
     def owned(self, i: int) -> Tensor:
