@@ -37,7 +37,8 @@ def _worker(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, wor
         dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
         ctx = ParallelContext.create(config.tensor, config.data, seed=config.seed,
-                                     timeout_s=timeout_s)
+                                     timeout_s=timeout_s,
+                                     sequence_parallel=config.sequence_parallel)
         try:
             result = fn(ctx, *args)
         finally:
@@ -56,10 +57,12 @@ def _context() -> mp.context.BaseContext:
 
 def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
                 timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
-                seed: int = 1234) -> tuple[list[mp.process.BaseProcess], str]:
+                seed: int = 1234, sequence_parallel: bool = False,
+                ) -> tuple[list[mp.process.BaseProcess], str]:
     """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
     and their work directory (for tests that kill ranks themselves)."""
-    config = ParallelConfig(tensor=tensor, data=str(data), seed=seed)
+    config = ParallelConfig(tensor=tensor, data=str(data), seed=seed,
+                            sequence_parallel=sequence_parallel)
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
     mpctx = _context()
     procs = [mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
@@ -71,12 +74,12 @@ def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
                     timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
-                    seed: int = 1234) -> list[Any]:
+                    seed: int = 1234, sequence_parallel: bool = False) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
     fn and args must be picklable (a module-level function of a test module)."""
     procs, workdir = start_ranks(fn, world_size, *args, timeout_s=timeout_s, tensor=tensor,
-                                 data=data, seed=seed)
+                                 data=data, seed=seed, sequence_parallel=sequence_parallel)
     try:
         deadline = time.monotonic() + timeout_s + 30
         while any(p.is_alive() for p in procs):

@@ -98,7 +98,8 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
     if env.under_launcher:
         die_with_parent()
         ctx = ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env,
-                                     timeout_s=config.launcher.timeout_s)
+                                     timeout_s=config.launcher.timeout_s,
+                                     sequence_parallel=config.parallel.sequence_parallel)
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed)
     try:

@@ -95,6 +95,9 @@ class ParallelConfig:
     """full: checkpoint every k-th layer among those (1 = each one)."""
     checkpoint_offload: bool = False
     """full: keep the checkpointed layer inputs on the CPU between forward and backward."""
+    sequence_parallel: bool = False
+    """Megatron-SP: LayerNorm, dropout and residual activations hold 1/tensor of the sequence
+    (needs tensor > 1 and a sequence length divisible by tensor); same losses as without."""
 
 
 @dataclass

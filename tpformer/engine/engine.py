@@ -7,6 +7,9 @@ stage 1  + optimizer state (and fp32 master weights) partitioned; updated shards
 stage 2  + gradients reduce-scattered: each rank keeps only its gradient shard.
 stage 3  + parameters partitioned: gathered for each block's forward and backward, then freed.
 
+Under sequence parallelism the gradients of LayerNorms and other parameters of the
+sequence-sharded regions are partial per TP rank; the step sums them over TP once.
+
 The stage picks three strategies once, here: where parameters live (params.py), how gradients
 are reduced (grads.py) and which part of each bucket the optimizer owns (optimizer.py). The
 engine only wires autograd hooks to them and runs the step; it knows no layer or model class.
@@ -24,7 +27,7 @@ from torch import Tensor, nn
 from tpformer.config.schema import OptimConfig
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
-from tpformer.engine.grads import ReplicatedGrads, ShardedGrads
+from tpformer.engine.grads import ReplicatedGrads, SequenceParallelGrads, ShardedGrads
 from tpformer.engine.memory import MemoryBytes
 from tpformer.engine.optimizer import build_masters, build_optimizer
 from tpformer.engine.params import PartitionedParams, ReplicatedParams
@@ -72,6 +75,7 @@ class ZeroEngine:
         self.grads = (ShardedGrads(self.buckets, ctx.dp, device, self.pool) if zero_stage >= 2
                       else ReplicatedGrads(self.buckets, ctx.dp, device, self.pool,
                                            sharded=zero_stage == 1))
+        self.sequence_grads = SequenceParallelGrads(self.buckets, ctx.tp, whole=self.whole_master)
         self.master_aliased = (self.dtype == torch.float32 and state_device == device
                                and self.params.aliasable)
         owned = [self.params.owned(i) for i in range(len(self.buckets))]
@@ -127,6 +131,7 @@ class ZeroEngine:
         self.settle()  # a step without a forward in between
         scale = 1.0 / (self.ctx.dp.size * self.scaler.scale)
         grads = [self.grads.reduced(i).mul_(scale) for i in range(len(self.buckets))]
+        self.sequence_grads.sum_over_tp(grads)
         shard_grads = ([b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master
                        else grads)  # each DP rank counts only its chunk in the norm
         norm = global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp)

@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
-from tpformer.parallel.comm import all_reduce_async, reduce_scatter_async, wait
+from tpformer.parallel.comm import all_reduce, all_reduce_async, reduce_scatter_async, wait
 from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.init import is_sequence_parallel
 
 
 @dataclass
@@ -135,3 +136,34 @@ class ShardedGrads(ReplicatedGrads):
 
     def nbytes(self) -> int:
         return sum(s.numel() * s.element_size() for s in self.shard)
+
+
+class SequenceParallelGrads:
+    """Sums over the TP group the gradients of parameters that act on sequence-sharded
+    activations (marked by `mark_sequence_parallel`): each TP rank's covers only its chunk of
+    the sequence. One all-reduce per step over all of them, on the part of each bucket this rank
+    steps (flat layouts are identical across a TP group), as Megatron's finalize_model_grads."""
+
+    def __init__(self, buckets: list[FlatBucket], tp: GroupHandle, *, whole: bool) -> None:
+        self.tp = tp
+        self.pieces: list[tuple[int, int, int]] = []
+        """(bucket, start, stop) of each marked parameter inside the stepped part."""
+        if tp.size == 1:
+            return
+        for i, bucket in enumerate(buckets):
+            lo = 0 if whole else bucket.shard_start
+            hi = bucket.padded_numel if whole else bucket.shard_start + bucket.shard_size
+            for seg in bucket.segments:
+                start, stop = max(seg.offset, lo), min(seg.offset + seg.numel, hi)
+                if is_sequence_parallel(seg.param) and start < stop:
+                    self.pieces.append((i, start - lo, stop - lo))
+
+    def sum_over_tp(self, grads: list[Tensor]) -> None:
+        """In place on `grads` (one per bucket, as the optimizer steps them)."""
+        if not self.pieces:
+            return
+        flat = all_reduce(torch.cat([grads[i][a:b] for i, a, b in self.pieces]), self.tp)
+        offset = 0
+        for i, a, b in self.pieces:
+            grads[i][a:b].copy_(flat[offset : offset + b - a])
+            offset += b - a

@@ -19,7 +19,9 @@ class ParallelSelfAttention(nn.Module):
 
     The QKV weight's rows are laid out per head as [head, (q, k, v), head_dim], so a contiguous
     TP slice holds num_heads / tp whole heads with their q, k and v. Input and output are
-    replicated [b, s, hidden]; one all-reduce forward (output) and one backward (input).
+    replicated [b, s, hidden]; one all-reduce forward (output) and one backward (input). With
+    ctx.sequence_parallel both are [b, s/tp, hidden]: the QKV projection all-gathers the
+    sequence, the output projection reduce-scatters it; the core always sees the whole sequence.
     With attention dropout active in training the core is computed explicitly, so the mask can
     be drawn per global head; otherwise `scaled_dot_product_attention` (flash/efficient kernels).
     """
@@ -31,14 +33,17 @@ class ParallelSelfAttention(nn.Module):
         self.head_dim = divide(hidden_size, num_heads, what="hidden_size")
         self.local_heads = divide(num_heads, ctx.tp.size, what="num_heads")
         self.head_offset = ctx.tp.rank * self.local_heads
-        self.qkv = ColumnParallelLinear(hidden_size, 3 * hidden_size, ctx.tp)
-        self.out = RowParallelLinear(hidden_size, hidden_size, ctx.tp)
+        sp = ctx.sequence_parallel
+        self.qkv = ColumnParallelLinear(hidden_size, 3 * hidden_size, ctx.tp, sequence_parallel=sp)
+        self.out = RowParallelLinear(hidden_size, hidden_size, ctx.tp, sequence_parallel=sp)
         self.dropout = ParallelDropout(attention_dropout, ctx.rng, per_head=True)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x: [b, s, hidden]; mask: bool [b, 1, 1|s, s], True = attend (None: all, or causal)."""
-        b, s, _ = x.shape
-        qkv = self.qkv(x).view(b, s, self.local_heads, 3, self.head_dim)
+        """x: [b, s, hidden] (or [b, s/tp, hidden]); mask: bool [b, 1, 1|s, s], True = attend
+        (None: all, or causal)."""
+        qkv = self.qkv(x)  # [b, s, 3 * hidden / tp], the whole sequence
+        b, s = qkv.shape[:2]
+        qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
         q, k, v = (qkv.select(3, i).transpose(1, 2) for i in range(3))  # [b, h/tp, s, d]
         ctx = self.core(q, k, v, mask)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)

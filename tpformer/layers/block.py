@@ -1,7 +1,10 @@
 """TransformerLayer (post- or pre-LayerNorm) and TransformerStack.
 
 LayerNorms and the row-parallel biases are replicated across TP; a layer issues exactly two
-all-reduces forward (attention and MLP outputs) and two backward (their inputs).
+all-reduces forward (attention and MLP outputs) and two backward (their inputs). With sequence
+parallelism the layer's input and output are [b, s/tp, h]: LayerNorms, dropouts and residual
+adds run on this rank's chunk of the sequence, and each all-reduce becomes an all-gather at the
+column-parallel input and a reduce-scatter at the row-parallel output.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from tpformer.layers.attention import ParallelSelfAttention
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.mlp import ParallelMLP
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import mark_sequence_parallel
 
 
 class TransformerLayer(nn.Module):
@@ -24,14 +28,18 @@ class TransformerLayer(nn.Module):
                  causal: bool) -> None:
         super().__init__()
         self.pre_norm = pre_norm
-        h = config.hidden_size
+        h, sp = config.hidden_size, ctx.sequence_parallel
+        sequence = ctx.tp if sp else None
         self.attention = ParallelSelfAttention(h, config.num_heads, ctx, causal=causal,
                                                attention_dropout=config.attention_dropout)
-        self.attention_dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.attention_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence)
         self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
-        self.mlp = ParallelMLP(h, config.intermediate_size, ctx.tp, activation=config.activation)
-        self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.mlp = ParallelMLP(h, config.intermediate_size, ctx.tp, activation=config.activation,
+                               sequence_parallel=sp)
+        self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence)
         self.mlp_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        if sp:
+            mark_sequence_parallel(self.attention_norm, self.mlp_norm)
 
     def selective_recompute_targets(self) -> list[tuple[nn.Module, str]]:
         """(module, method) pairs that selective recomputation wraps: the attention core, which

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
-from tpformer.parallel.comm import reduce_from_tp
+from tpformer.parallel.comm import reduce_from_tp, reduce_scatter_sequence
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import mark_sharded
 from tpformer.parallel.layout import pad_to_multiple
@@ -32,14 +32,15 @@ class VocabParallelEmbedding(TPModule):
 
     Each rank looks up the ids in its own range, zeroes the others, and one all-reduce sums
     the partial results. Padding rows are never indexed, so they never receive gradient.
-    Output is replicated: [..., embedding_dim].
+    Output is replicated: [..., embedding_dim]; with sequence_parallel, ids [b, s] give this
+    rank's sequence chunk [b, s/tp, dim] through a reduce-scatter instead.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, tp: GroupHandle, *,
-                 pad_to_multiple_of: int = 0, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 pad_to_multiple_of: int = 0, sequence_parallel: bool = False,
+                 device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.tp = tp
+        self.tp, self.sequence_parallel = tp, sequence_parallel
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padded_size = padded_vocab_size(num_embeddings, tp.size, pad_to_multiple_of)
         self.rows_per_rank = self.padded_size // tp.size
@@ -54,6 +55,8 @@ class VocabParallelEmbedding(TPModule):
         outside = (local < 0) | (local >= self.rows_per_rank)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return reduce_scatter_sequence(out, self.tp)
         return reduce_from_tp(out, self.tp)
 
     def extra_repr(self) -> str:

@@ -1,5 +1,10 @@
 """Column- and row-parallel linear layers (Megatron's f/g pair).
 
+With `sequence_parallel=True` (Megatron-SP) the pair's outer activations are sequence-sharded
+[b, s/tp, h]: the column layer all-gathers its input along the sequence (backward:
+reduce-scatter) and the row layer reduce-scatters its output (backward: all-gather) instead of
+the all-reduces; the bytes are the same, the activations between hold 1/tp of the sequence.
+
 NOTE: parameters start at zero; a model initializes them with `initialize_parameters` (layout
 independent) or `load_full_state_dict`.
 """
@@ -11,9 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
-from tpformer.parallel.comm import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
+from tpformer.parallel.comm import (copy_to_tp, gather_from_tp, gather_sequence, reduce_from_tp,
+                                    reduce_scatter_sequence, scatter_to_tp)
 from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.init import mark_sharded
+from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 from tpformer.parallel.layout import divide
 
 
@@ -22,13 +28,14 @@ class ColumnParallelLinear(TPModule):
 
     Input is replicated; output is sharded on its last dim unless gather_output=True.
     Backward all-reduces the input gradient (copy_to_tp), forward issues no collective.
+    sequence_parallel: input [b, s/tp, in], all-gathered along the sequence first.
     """
 
     def __init__(self, in_features: int, out_features: int, tp: GroupHandle, *, bias: bool = True,
-                 gather_output: bool = False, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 gather_output: bool = False, sequence_parallel: bool = False,
+                 device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.tp, self.gather_output = tp, gather_output
+        self.tp, self.gather_output, self.sequence_parallel = tp, gather_output, sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.out_per_rank = divide(out_features, tp.size, what="out_features")
         kw = {"device": device, "dtype": dtype}
@@ -38,7 +45,8 @@ class ColumnParallelLinear(TPModule):
                      if bias else None)
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
-        y = F.linear(copy_to_tp(x, self.tp), self.weight, self.bias)  # [..., out/tp]
+        x = gather_sequence(x, self.tp) if self.sequence_parallel else copy_to_tp(x, self.tp)
+        y = F.linear(x, self.weight, self.bias)  # [..., out/tp]
         return gather_from_tp(y, self.tp) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -50,24 +58,31 @@ class RowParallelLinear(TPModule):
 
     Input is sharded on its last dim unless input_is_parallel=False; output is replicated.
     The bias is replicated and added once, after the single forward all-reduce.
+    sequence_parallel: output [b, s/tp, out] by a reduce-scatter along the sequence; the bias
+    then sees this rank's chunk only, so its gradient is summed over TP by the engine.
     """
 
     def __init__(self, in_features: int, out_features: int, tp: GroupHandle, *, bias: bool = True,
-                 input_is_parallel: bool = True, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 input_is_parallel: bool = True, sequence_parallel: bool = False,
+                 device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.tp, self.input_is_parallel = tp, input_is_parallel
+        self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.in_per_rank = divide(in_features, tp.size, what="in_features")
         kw = {"device": device, "dtype": dtype}
         self.weight = mark_sharded(nn.Parameter(torch.zeros(out_features, self.in_per_rank, **kw)),
                                    1, in_features)
         self.bias = nn.Parameter(torch.zeros(out_features, **kw)) if bias else None
+        if sequence_parallel and self.bias is not None:
+            mark_sequence_parallel(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in/tp] (or [..., in] if not parallel)
         if not self.input_is_parallel:
             x = scatter_to_tp(x, self.tp)
-        y = reduce_from_tp(F.linear(x, self.weight), self.tp)  # [..., out]: one all-reduce
+        y = F.linear(x, self.weight)  # partial sums: one reduction over TP
+        y = (reduce_scatter_sequence(y, self.tp) if self.sequence_parallel
+             else reduce_from_tp(y, self.tp))
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

@@ -18,9 +18,10 @@ from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
+from tpformer.layers.sequence import first_token, labeled_rows, local_positions
 from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import mark_sharded
+from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 
 
 def check_sequence_length(seq_len: int, config: ModelConfig) -> None:
@@ -37,24 +38,31 @@ def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
 
 
 class BertEmbeddings(nn.Module):
-    """word (vocab-parallel) + position + token type, then LayerNorm and dropout; replicated out."""
+    """word (vocab-parallel) + position + token type, then LayerNorm and dropout; replicated
+    out, or this rank's chunk of the sequence with ctx.sequence_parallel."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
+        self.tp, self.sequence_parallel = ctx.tp, ctx.sequence_parallel
         self.word_embeddings = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, ctx.tp, pad_to_multiple_of=config.pad_vocab_to)
+            config.vocab_size, config.hidden_size, ctx.tp, pad_to_multiple_of=config.pad_vocab_to,
+            sequence_parallel=ctx.sequence_parallel)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.dropout = ParallelDropout(config.dropout, ctx.rng,
+                                       sequence=ctx.tp if ctx.sequence_parallel else None)
+        if ctx.sequence_parallel:
+            mark_sequence_parallel(self.position_embeddings, self.token_type_embeddings, self.norm)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        positions = local_positions(input_ids.shape[1], self.tp, self.sequence_parallel,
+                                    input_ids.device)
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:
-            x = x + self.token_type_embeddings(token_type_ids)
+            x = x + self.token_type_embeddings(token_type_ids[:, positions])
         return self.dropout(self.norm(x))
 
 
@@ -63,7 +71,7 @@ class BertModel(TPModule):
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pooler: bool = True) -> None:
         super().__init__()
-        self.config, self.tp = config, ctx.tp
+        self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
         self.embeddings = BertEmbeddings(config, ctx)
         self.encoder = TransformerStack(config, ctx, pre_norm=False, causal=False)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
@@ -74,11 +82,13 @@ class BertModel(TPModule):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated."""
+        """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated,
+        except the sequence output with sequence parallelism: this rank's chunk [b, s/tp, h]."""
         check_sequence_length(input_ids.shape[1], self.config)
         x = self.encoder(self.embeddings(input_ids, token_type_ids), padding_mask(attention_mask))
-        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
-        return x, pooled
+        if self.pooler is None:
+            return x, None
+        return x, torch.tanh(self.pooler(first_token(x, self.tp, self.sequence_parallel)))
 
 
 @dataclass
@@ -107,7 +117,7 @@ class BertForPreTraining(TPModule):
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
-        self.config, self.tp = config, ctx.tp
+        self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
         self.bert = BertModel(config, ctx)
         h = config.hidden_size
         self.mlm_transform = nn.Linear(h, h)
@@ -133,16 +143,18 @@ class BertForPreTraining(TPModule):
         sequence, pooled = self.bert(input_ids, token_type_ids, attention_mask)
         out = PretrainingOutput(nsp_logits=self.nsp(pooled))
         if mlm_labels is None:
-            out.mlm_logits = self.mlm_logits(sequence)
+            every = torch.zeros_like(input_ids)  # every position, gathered whole
+            out.mlm_logits = self.mlm_logits(
+                labeled_rows(sequence, every, self.tp, self.sequence_parallel)[0]
+                .view(*input_ids.shape, -1))
             return out
-        flat_labels = mlm_labels.reshape(-1)
-        masked = (flat_labels != -100).nonzero().squeeze(-1)   # gather before the transform
-        logits = self.mlm_logits(sequence.reshape(-1, sequence.shape[-1]).index_select(0, masked))
+        # the masked rows only (fetched from their ranks under sequence parallelism)
+        rows, labels = labeled_rows(sequence, mlm_labels, self.tp, self.sequence_parallel)
         losses, hits = vocab_parallel_cross_entropy_and_hits(
-            logits, flat_labels.index_select(0, masked), self.tp, vocab_size=self.config.vocab_size)
-        out.mlm_loss_sum, out.mlm_count = losses.sum(), torch.tensor(masked.numel())
+            self.mlm_logits(rows), labels, self.tp, vocab_size=self.config.vocab_size)
+        out.mlm_loss_sum, out.mlm_count = losses.sum(), torch.tensor(labels.numel())
         out.mlm_correct = hits.sum()
-        out.mlm_loss = out.mlm_loss_sum / max(masked.numel(), 1)
+        out.mlm_loss = out.mlm_loss_sum / max(labels.numel(), 1)
         out.loss = out.mlm_loss
         if nsp_labels is not None:
             out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), nsp_labels)

@@ -15,10 +15,11 @@ from tpformer.layers.block import TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy
+from tpformer.layers.sequence import local_positions
 from tpformer.models.bert import check_sequence_length
-from tpformer.parallel.comm import copy_to_tp
+from tpformer.parallel.comm import copy_to_tp, gather_sequence
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import normal_init, set_init
+from tpformer.parallel.init import mark_sequence_parallel, normal_init, set_init
 
 
 class GPTModel(TPModule):
@@ -26,13 +27,17 @@ class GPTModel(TPModule):
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
-        self.config, self.tp = config, ctx.tp
+        self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
         self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size, ctx.tp,
-                                          pad_to_multiple_of=config.pad_vocab_to)
+                                          pad_to_multiple_of=config.pad_vocab_to,
+                                          sequence_parallel=ctx.sequence_parallel)
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.dropout = ParallelDropout(config.dropout, ctx.rng)
+        self.dropout = ParallelDropout(config.dropout, ctx.rng,
+                                       sequence=ctx.tp if ctx.sequence_parallel else None)
         self.decoder = TransformerStack(config, ctx, pre_norm=True, causal=True)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if ctx.sequence_parallel:
+            mark_sequence_parallel(self.wpe, self.norm)
         # GPT-2: residual output projections start at std / sqrt(2 * layers).
         scaled = normal_init(config.init_std / math.sqrt(2 * config.num_layers))
         for layer in self.decoder.layers:
@@ -44,10 +49,11 @@ class GPTModel(TPModule):
         return list(self.decoder.layers)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """-> hidden states [b, s, hidden], replicated."""
+        """-> hidden states [b, s, hidden], replicated (with sequence parallelism: this rank's
+        chunk [b, s/tp, hidden])."""
         b, s = input_ids.shape
         check_sequence_length(s, self.config)
-        positions = torch.arange(s, device=input_ids.device)
+        positions = local_positions(s, self.tp, self.sequence_parallel, input_ids.device)
         x = self.dropout(self.wte(input_ids) + self.wpe(positions))
         mask = None
         if attention_mask is not None:  # causal and key padding together
@@ -68,7 +74,7 @@ class GPTForCausalLM(TPModule):
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
-        self.config, self.tp = config, ctx.tp
+        self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
         self.transformer = GPTModel(config, ctx)
 
     def blocks(self) -> list[nn.Module]:
@@ -77,7 +83,11 @@ class GPTForCausalLM(TPModule):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None) -> CausalLMOutput:
         hidden = self.transformer(input_ids, attention_mask)
-        logits = F.linear(copy_to_tp(hidden, self.tp), self.transformer.wte.weight)
+        # every position feeds the vocab-parallel projection: the whole sequence on each rank
+        # (sequence parallelism: all-gathered, the gradient reduce-scattered back)
+        hidden = (gather_sequence(hidden, self.tp) if self.sequence_parallel
+                  else copy_to_tp(hidden, self.tp))
+        logits = F.linear(hidden, self.transformer.wte.weight)
         if labels is None:
             return CausalLMOutput(logits)
         shifted = logits[:, :-1].reshape(-1, logits.shape[-1])

@@ -3,9 +3,12 @@
 Each public function takes a GroupHandle and returns its input untouched when the group has
 size 1, so the single-process model runs the same code. Every collective issued is reported
 to the counters opened with `count_collectives()`, which the tests use to assert the exact
-communication of a layer or model.
+communication of a layer or model, in calls and in bytes.
 
-Sequence parallelism will add the pair reduce-scatter / all-gather along the sequence dim here.
+Tensor parallelism enters and leaves its regions with copy_to_tp / reduce_from_tp (one
+all-reduce each way); sequence parallelism replaces that pair with gather_sequence /
+reduce_scatter_sequence along dim 1 of [batch, seq, hidden] activations (same bytes, and the
+regions between hold 1/tp of the sequence).
 """
 
 from __future__ import annotations
@@ -20,13 +23,27 @@ from torch import Tensor
 
 from tpformer.parallel.context import GroupHandle
 
-_active_counters: list[Counter[str]] = []
+SEQUENCE_DIM = 1
+"""Activations are [batch, seq, hidden]: sequence parallelism splits dim 1."""
+
+
+class CollectiveCounts(Counter):
+    """Calls per op name ("all_reduce", ...), and in `bytes` the bytes each rank sends per op
+    under the ring model: (n-1)/n of the full tensor for an all-gather or a reduce-scatter,
+    twice that for an all-reduce (which is one of each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes: Counter[str] = Counter()
+
+
+_active_counters: list[CollectiveCounts] = []
 
 
 @contextmanager
-def count_collectives() -> Iterator[Counter[str]]:
+def count_collectives() -> Iterator[CollectiveCounts]:
     """Count the collectives issued inside the block, keyed by op name ("all_reduce", ...)."""
-    counter: Counter[str] = Counter()
+    counter = CollectiveCounts()
     _active_counters.append(counter)
     try:
         yield counter
@@ -34,16 +51,22 @@ def count_collectives() -> Iterator[Counter[str]]:
         _active_counters.remove(counter)
 
 
-def _record(op: str) -> None:
+_RING_PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
+
+
+def _record(op: str, full_bytes: int = 0, size: int = 1) -> None:
+    """One call of `op` on a group of `size` ranks over a full tensor of `full_bytes`."""
+    sent = _RING_PASSES.get(op, 0) * full_bytes * (size - 1) / size
     for counter in _active_counters:
         counter[op] += 1
+        counter.bytes[op] += sent
 
 
 def all_reduce(x: Tensor, handle: GroupHandle, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
     """In-place all-reduce without autograd (for statistics such as a max or a norm)."""
     if handle.size == 1:
         return x
-    _record("all_reduce")
+    _record("all_reduce", x.nbytes, handle.size)
     dist.all_reduce(x, op=op, group=handle.group)
     return x
 
@@ -52,7 +75,7 @@ def all_gather_dim(x: Tensor, handle: GroupHandle, dim: int = -1) -> Tensor:
     """Concatenate every rank's x along `dim` (no autograd)."""
     if handle.size == 1:
         return x
-    _record("all_gather")
+    _record("all_gather", x.nbytes * handle.size, handle.size)
     parts = [torch.empty_like(x) for _ in range(handle.size)]
     dist.all_gather(parts, x.contiguous(), group=handle.group)
     return torch.cat(parts, dim=dim)
@@ -141,7 +164,7 @@ def all_reduce_async(x: Tensor, handle: GroupHandle) -> dist.Work | None:
     """Start an in-place SUM all-reduce of a flat buffer."""
     if handle.size == 1:
         return None
-    _record("all_reduce")
+    _record("all_reduce", x.nbytes, handle.size)
     return dist.all_reduce(x, group=handle.group, async_op=True)
 
 
@@ -196,7 +219,7 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Wo
     if handle.size == 1:
         out.copy_(x)
         return None
-    _record("reduce_scatter")
+    _record("reduce_scatter", x.nbytes, handle.size)
     if _pairwise(handle):
         mine, theirs = x.chunk(2) if handle.rank == 0 else reversed(x.chunk(2))
         in_place = out.data_ptr() == mine.data_ptr()  # then the peer's half lands beside it
@@ -215,7 +238,7 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> dist.Wo
     if handle.size == 1:
         out.copy_(shard)
         return None
-    _record("all_gather")
+    _record("all_gather", out.nbytes, handle.size)
     if _pairwise(handle):
         chunks = out.chunk(2)
         chunks[handle.rank].copy_(shard)
@@ -226,6 +249,118 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> dist.Wo
 def wait(work: dist.Work | None) -> None:
     if work is not None:
         work.wait()
+
+
+# ----------------------------------------------------------------------------- sequence parallel
+# Megatron-SP: between the tensor-parallel regions, activations [b, s, h] hold only this rank's
+# contiguous sequence chunk [b, s/tp, h] (rank r: positions r*s/tp .. (r+1)*s/tp - 1).
+
+
+def sequence_range(local_len: int, tp: GroupHandle) -> tuple[int, int]:
+    """Global [start, stop) of the positions this rank holds in a sequence-sharded region."""
+    return tp.rank * local_len, (tp.rank + 1) * local_len
+
+
+def _sequence_major(x: Tensor, size: int) -> Tensor:
+    """[b, s, ...] -> contiguous [size, b, s/size, ...]: each rank's chunk back to back."""
+    b, s = x.shape[0], x.shape[SEQUENCE_DIM]
+    if s % size:
+        raise ValueError(f"sequence length {s} is not divisible by tp={size} "
+                         "(sequence parallelism splits the sequence across the TP group)")
+    return x.reshape(b, size, s // size, *x.shape[2:]).transpose(0, 1).contiguous()
+
+
+def _all_gather_sequence(x: Tensor, handle: GroupHandle) -> Tensor:
+    out = torch.empty((handle.size, *x.shape), dtype=x.dtype, device=x.device)
+    wait(all_gather_async(out.view(-1), x.contiguous().view(-1), handle))
+    return out.transpose(0, 1).reshape(x.shape[0], -1, *x.shape[2:])
+
+
+def _reduce_scatter_sequence(x: Tensor, handle: GroupHandle) -> Tensor:
+    chunks = _sequence_major(x, handle.size)
+    out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
+    wait(reduce_scatter_async(out.view(-1), chunks.view(-1), handle))
+    return out
+
+
+class _GatherSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        ctx.handle = handle
+        return _all_gather_sequence(x, handle)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return _reduce_scatter_sequence(grad, ctx.handle), None
+
+
+class _ReduceScatterSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        ctx.handle = handle
+        return _reduce_scatter_sequence(x, handle)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return _all_gather_sequence(grad, ctx.handle), None
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows: Tensor, counts: list[int], handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        ctx.start = sum(counts[: handle.rank])
+        ctx.count = counts[handle.rank]
+        width = max(counts)
+        padded = rows.new_zeros((width, *rows.shape[1:]))
+        padded[: rows.shape[0]] = rows
+        out = rows.new_empty((handle.size, *padded.shape))
+        wait(all_gather_async(out.view(-1), padded.view(-1), handle))
+        return torch.cat([out[r, :n] for r, n in enumerate(counts)])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        return grad[ctx.start : ctx.start + ctx.count], None, None
+
+
+class _FromFirstRank(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+        ctx.first = handle.rank == 0
+        y = x.contiguous().clone()
+        _record("broadcast", y.nbytes, handle.size)
+        dist.broadcast(y, group=handle.group, group_src=0)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return (grad if ctx.first else torch.zeros_like(grad)), None
+
+
+def gather_sequence(x: Tensor, tp: GroupHandle) -> Tensor:
+    """Leave the sequence-sharded region into a column-parallel one: all-gather [b, s/tp, ...]
+    to [b, s, ...] forward; backward reduce-scatters the (partial) gradient back to chunks."""
+    return x if tp.size == 1 else _GatherSequence.apply(x, tp)
+
+
+def reduce_scatter_sequence(x: Tensor, tp: GroupHandle) -> Tensor:
+    """Leave a row-parallel region into the sequence-sharded one: sum the partial [b, s, ...]
+    over TP and keep this rank's chunk [b, s/tp, ...]; backward all-gathers the gradient."""
+    return x if tp.size == 1 else _ReduceScatterSequence.apply(x, tp)
+
+
+def gather_rows(rows: Tensor, counts: list[int], tp: GroupHandle) -> Tensor:
+    """Every rank's rows [counts[r], ...] concatenated in rank order (a replicated result);
+    backward keeps this rank's rows of the (replicated) gradient. `counts` must be the same list
+    on every rank: one all-gather, padded to the largest count, none when all counts are 0."""
+    if tp.size == 1 or max(counts) == 0:
+        return rows
+    return _GatherRows.apply(rows, counts, tp)
+
+
+def from_first_rank(x: Tensor, tp: GroupHandle) -> Tensor:
+    """TP group rank 0's x on every rank (a broadcast); backward: the gradient reaches rank 0's
+    input only (the others' inputs were placeholders)."""
+    return x if tp.size == 1 else _FromFirstRank.apply(x, tp)
 
 
 def broadcast_object(obj: object, *, src: int = 0) -> object:

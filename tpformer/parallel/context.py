@@ -87,6 +87,8 @@ class ParallelContext:
 
     `tp` and `dp` are GroupHandles; `mesh` is the DeviceMesh with dims ("dp", "tp") (None for
     the single-process context). A future pipeline dimension becomes a third mesh dim.
+    `sequence_parallel`: the TP group also splits the sequence outside its tensor-parallel
+    regions (Megatron-SP); layers read it when they are built.
     """
 
     layout: Layout
@@ -96,6 +98,7 @@ class ParallelContext:
     rng: RNGTracker
     device: torch.device
     mesh: DeviceMesh | None = None
+    sequence_parallel: bool = False
 
     @classmethod
     def single(cls, seed: int = 1234, device: torch.device | str | None = None) -> ParallelContext:
@@ -112,7 +115,7 @@ class ParallelContext:
     @classmethod
     def create(cls, tensor: int = 1, data: int | str = "auto", *, seed: int = 1234,
                timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = None,
-               env: LaunchEnv | None = None) -> ParallelContext:
+               env: LaunchEnv | None = None, sequence_parallel: bool = False) -> ParallelContext:
         """Check the layout against the world size, initialize torch.distributed if needed (from
         `env`, read from the environment when not given), and build the mesh.
 
@@ -122,6 +125,9 @@ class ParallelContext:
         env = env if env is not None else LaunchEnv.read()
         world = dist.get_world_size() if dist.is_initialized() else env.world_size
         layout = resolve_layout(tensor, data, world)
+        if sequence_parallel and layout.tp == 1:
+            raise ValueError("sequence parallelism splits the sequence over the TP group and "
+                             f"needs tensor > 1 (got tensor={tensor})")
         init_distributed(env, timeout_s=timeout_s)
         rank = dist.get_rank()
         if dist.get_world_size() != layout.world_size:
@@ -140,6 +146,7 @@ class ParallelContext:
             rng=RNGTracker(seed),
             device=device,
             mesh=mesh,
+            sequence_parallel=sequence_parallel,
         )
 
     @property

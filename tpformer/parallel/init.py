@@ -28,6 +28,20 @@ def mark_sharded(param: nn.Parameter, dim: int, logical_size: int) -> nn.Paramet
     return param
 
 
+def mark_sequence_parallel(*items: nn.Module | nn.Parameter) -> None:
+    """Record that these parameters (or the modules' parameters) act on sequence-sharded
+    activations (LayerNorms, biases, position embeddings under sequence parallelism): each TP
+    rank's gradient covers its chunk of the sequence only, and the engine sums them over the TP
+    group before the update."""
+    for item in items:
+        for param in [item] if isinstance(item, nn.Parameter) else item.parameters():
+            param.sequence_parallel = True  # type: ignore[attr-defined]
+
+
+def is_sequence_parallel(param: Tensor) -> bool:
+    return getattr(param, "sequence_parallel", False)
+
+
 def set_init(param: nn.Parameter, method: InitMethod) -> nn.Parameter:
     """Override the default initialization (normal(0, std) for matrices, zeros for vectors)."""
     param.init_method = method  # type: ignore[attr-defined]

@@ -1,0 +1,151 @@
+"""Sequence parallelism (Megatron-SP) against the one-process model: a transformer layer and
+whole BERT/GPT/classification models at TP=2/4, dropout on and off; its communication counted
+in calls and bytes against plain TP; the heads' row fetches."""
+
+import pytest
+import torch
+
+from tests.dist import run_distributed
+from tests.models.common import BATCH, SEQ, bert_batch, full_grads, tiny_bert, tiny_gpt
+from tests.tolerances import (FP32_LAYER_REL, FP32_MODEL_REL, assert_rel_close, rel_err, seeded,
+                              shard)
+from tpformer.layers.block import TransformerLayer
+from tpformer.layers.dropout import assign_dropout_sites
+from tpformer.layers.sequence import labeled_rows
+from tpformer.models import build_model
+from tpformer.parallel.comm import all_reduce, count_collectives, gather_rows
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import initialize_parameters, is_sequence_parallel
+
+
+def sum_sequence_parallel_grads(model: torch.nn.Module, ctx: ParallelContext) -> None:
+    """What the engine's step does: the marked parameters' partial gradients summed over TP."""
+    for p in model.parameters():
+        if is_sequence_parallel(p) and p.grad is not None:
+            all_reduce(p.grad, ctx.tp)
+
+
+def _layer(ctx: ParallelContext, dropout: float, pre_norm: bool) -> dict:
+    config = tiny_bert(dropout)
+    layer = TransformerLayer(config, ctx, pre_norm=pre_norm, causal=pre_norm)
+    initialize_parameters(layer, ctx.rng, ctx.tp, std=0.2)
+    assign_dropout_sites(layer)
+    ctx.rng.set_position(step=2, sample_offset=4)
+    x = torch.randn(BATCH, SEQ, config.hidden_size, generator=seeded(5))
+    if ctx.sequence_parallel:
+        x = shard(x, 1, ctx.tp.rank, ctx.tp.size)
+    x.requires_grad_()
+    weights = torch.randn(BATCH, SEQ, config.hidden_size, generator=seeded(6))
+    if ctx.sequence_parallel:
+        weights = shard(weights, 1, ctx.tp.rank, ctx.tp.size)
+    with count_collectives() as forward:
+        y = layer(x)
+    with count_collectives() as backward:
+        (y * weights).sum().backward()
+    sum_sequence_parallel_grads(layer, ctx)
+    return {"y": y.detach(), "x_grad": x.grad, "grads": full_grads(layer, ctx),
+            "forward": dict(forward), "backward": dict(backward),
+            "forward_bytes": sum(forward.bytes.values()),
+            "backward_bytes": sum(backward.bytes.values())}
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_layer_matches_single_process_and_moves_tp_bytes(tp: int, dropout: float,
+                                                          pre_norm: bool) -> None:
+    """Each rank's output and input gradient are its sequence chunk of the one-process layer's;
+    parameter gradients (LayerNorms and row biases summed over TP) equal. Per layer: 2
+    all-gathers + 2 reduce-scatters forward, the mirror backward, no all-reduce, and as many
+    bytes as plain TP's two all-reduces each way."""
+    reference = _layer(ParallelContext.single(device="cpu"), dropout, pre_norm)
+    plain = run_distributed(_layer, tp, dropout, pre_norm, tensor=tp)[0]
+    assert plain["forward"] == plain["backward"] == {"all_reduce": 2}
+    for rank, result in enumerate(run_distributed(_layer, tp, dropout, pre_norm, tensor=tp,
+                                                  sequence_parallel=True)):
+        assert_rel_close(result["y"], shard(reference["y"], 1, rank, tp), FP32_LAYER_REL, "y")
+        assert_rel_close(result["x_grad"], shard(reference["x_grad"], 1, rank, tp),
+                         FP32_LAYER_REL, "x grad")
+        for name, grad in reference["grads"].items():
+            assert_rel_close(result["grads"][name], grad, FP32_LAYER_REL, name)
+        assert result["forward"] == {"all_gather": 2, "reduce_scatter": 2}
+        assert result["backward"] == {"all_gather": 2, "reduce_scatter": 2}
+        assert result["forward_bytes"] == pytest.approx(plain["forward_bytes"], rel=1e-12)
+        assert result["backward_bytes"] == pytest.approx(plain["backward_bytes"], rel=1e-12)
+        assert result["forward_bytes"] > 0
+
+
+def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
+    batch = bert_batch()
+    ctx.rng.set_position(step=3, sample_offset=0)
+    if task == "causal_lm":
+        model = build_model(tiny_gpt(dropout), ctx, task=task)
+        run = lambda: model(batch["input_ids"], attention_mask=batch["attention_mask"],  # noqa: E731
+                            labels=batch["input_ids"])
+    elif task == "classification":
+        model = build_model(tiny_bert(dropout), ctx, task=task, num_labels=3)
+        run = lambda: model(batch["input_ids"], batch["token_type_ids"],  # noqa: E731
+                            batch["attention_mask"], labels=torch.tensor([0, 2, 1, 2]))
+    else:
+        model = build_model(tiny_bert(dropout), ctx, task=task)
+        run = lambda: model(**batch)  # noqa: E731
+    with count_collectives() as forward:
+        out = run()
+    with count_collectives() as backward:
+        out.loss.backward()
+    sum_sequence_parallel_grads(model, ctx)
+    return {"loss": out.loss.item(), "grads": full_grads(model, ctx),
+            "forward": dict(forward), "backward": dict(backward)}
+
+
+@pytest.mark.parametrize("task", ["pretraining", "causal_lm", "classification"])
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_model_matches_single_process(task: str, dropout: float, tp: int) -> None:
+    reference = _model_step(ParallelContext.single(device="cpu"), task, dropout)
+    for result in run_distributed(_model_step, tp, task, dropout, tensor=tp,
+                                  sequence_parallel=True):
+        assert rel_err(torch.tensor(result["loss"]), torch.tensor(reference["loss"])) \
+            <= FP32_MODEL_REL
+        for name, grad in reference["grads"].items():
+            assert_rel_close(result["grads"][name], grad, FP32_MODEL_REL, name)
+
+
+def test_pretraining_communication_has_no_all_reduce_outside_the_heads() -> None:
+    """BERT pretraining with SP, 2 layers: forward 2+2 per layer, the embedding's
+    reduce-scatter, one broadcast of the first token to the pooler, one all-gather of the
+    masked rows, the loss's 3 all-reduces; backward the layers' mirror, the embedding's
+    all-gather, and the MLM head's copy_to_tp (its projection is vocab-parallel)."""
+    result = run_distributed(_model_step, 2, "pretraining", 0.1, tensor=2,
+                             sequence_parallel=True)[0]
+    assert result["forward"] == {"all_gather": 2 * 2 + 1, "reduce_scatter": 2 * 2 + 1,
+                                 "broadcast": 1, "all_reduce": 3}
+    assert result["backward"] == {"all_gather": 2 * 2 + 1, "reduce_scatter": 2 * 2,
+                                  "all_reduce": 1}
+
+
+def _rows(ctx: ParallelContext) -> dict:
+    hidden = torch.randn(BATCH, SEQ, 8, generator=seeded(1))
+    labels = torch.full((BATCH, SEQ), -100)
+    labels[1, 0], labels[2, 7], labels[2, 11], labels[3, 5] = 4, 5, 6, 7  # none on some ranks
+    local = shard(hidden, 1, ctx.tp.rank, ctx.tp.size).clone().requires_grad_()
+    rows, picked = labeled_rows(local, labels, ctx.tp, True)
+    (rows * torch.arange(rows.numel(), dtype=rows.dtype).view_as(rows)).sum().backward()
+    with count_collectives() as none_labeled:
+        empty = gather_rows(local[:0, 0], [0] * ctx.tp.size, ctx.tp)
+    return {"rows": rows.detach(), "labels": picked, "grad": local.grad,
+            "empty": empty.shape[0], "calls": sum(none_labeled.values())}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_labeled_rows_come_back_in_sequence_order(tp: int) -> None:
+    hidden = torch.randn(BATCH, SEQ, 8, generator=seeded(1)).requires_grad_()
+    labels = torch.full((BATCH, SEQ), -100)
+    labels[1, 0], labels[2, 7], labels[2, 11], labels[3, 5] = 4, 5, 6, 7
+    rows, picked = labeled_rows(hidden, labels, ParallelContext.single().tp, False)
+    (rows * torch.arange(rows.numel(), dtype=rows.dtype).view_as(rows)).sum().backward()
+    for rank, result in enumerate(run_distributed(_rows, tp, tensor=tp)):
+        assert torch.equal(result["rows"], rows.detach())
+        assert torch.equal(result["labels"], picked)
+        assert torch.equal(result["grad"], shard(hidden.grad, 1, rank, tp))
+        assert (result["empty"], result["calls"]) == (0, 0)
