@@ -201,6 +201,8 @@ RESHARD_REL = 1e-5
     ({"tensor": 2}, {"tensor": 4}),                       # TP 2 -> 4
     ({"zero_stage": 3, "world": 2}, {"zero_stage": 0}),   # ZeRO-3 over DP 2 -> one process
     ({"tensor": 1}, {"zero_stage": 2, "world": 2, "cpu_offload": "optimizer"}),
+    ({"tensor": 2, "sequence_parallel": True}, {"tensor": 1}),        # SP -> no SP
+    ({"tensor": 2}, {"tensor": 2, "sequence_parallel": True}),        # TP -> TP + SP
 ])
 def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: dict,
                                                         resumed: dict) -> None:
@@ -214,7 +216,8 @@ def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: d
         config = tiny_config(steps=STEPS, micro=8 // dp, **layout)
         if world == 1:
             return [fn(ParallelContext.single(device="cpu"), config, *args)]
-        return run_distributed(fn, world, config, *args, tensor=layout.get("tensor", 1))
+        return run_distributed(fn, world, config, *args, tensor=layout.get("tensor", 1),
+                               sequence_parallel=layout.get("sequence_parallel", False))
 
     launch(_save_at, saved, str(tmp_path / "b"))
     source = str(tmp_path / "b" / "checkpoints" / store.step_dir_name(EXIT))

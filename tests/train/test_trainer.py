@@ -53,6 +53,29 @@ def test_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int
             assert (mlm_acc, nsp_acc) == (want_mlm, want_nsp), (curves, reference)
 
 
+@pytest.mark.parametrize(("tp", "dp", "extra"), [
+    (2, 1, {}),
+    (4, 1, {}),
+    (2, 2, {}),
+    (2, 2, {"zero_stage": 1}),
+    (2, 2, {"zero_stage": 3}),
+    (2, 1, {"activation_checkpointing": "selective"}),
+    (2, 1, {"activation_checkpointing": "full"}),
+])
+def test_sequence_parallel_loss_curve_equals_tp1(tmp_path: Path, tp: int, dp: int,
+                                                 extra: dict) -> None:
+    """Dropout 0.1 on: the sequence-sharded regions draw their chunk of the TP=1 masks, and the
+    LayerNorm/bias/position gradients summed over TP give the TP=1 update (global batch 8)."""
+    reference = _curves(ParallelContext.single(device="cpu"), tiny_config(micro=8), str(tmp_path))
+    config = tiny_config(micro=8 // dp, tensor=tp, sequence_parallel=True, **extra)
+    for curves in run_distributed(_curves, tp * dp, config, str(tmp_path / "run"), tensor=tp,
+                                  sequence_parallel=True):
+        assert len(curves) == len(reference)
+        for (loss, mlm_acc, nsp_acc), (want, want_mlm, want_nsp) in zip(curves, reference):
+            assert abs(loss - want) <= FP32_MODEL_REL * abs(want), (curves, reference)
+            assert (mlm_acc, nsp_acc) == (want_mlm, want_nsp), (curves, reference)
+
+
 def test_mlm_loss_falls_on_learnable_data(tmp_path: Path) -> None:
     config = replace(tiny_config(steps=300, micro=8), optim=OptimConfig(lr=1e-3, warmup_steps=10))
     config.trainer.log_every = 20
@@ -118,9 +141,14 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("override", "message"), [
     ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
     ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
+    ("parallel.sequence_parallel=true",
+     "error: parallel.sequence_parallel=true needs parallel.tensor > 1 (got parallel.tensor=1)"),
+    ("parallel.tensor=2 parallel.sequence_parallel=true data.seq_length=31",
+     "error: data.seq_length=31 must be divisible by parallel.tensor=2 with "
+     "parallel.sequence_parallel=true (e.g. 30 or 32)"),
 ])
 def test_bad_values_exit_2_with_one_line(tmp_path: Path, override: str, message: str) -> None:
-    result = _cli([*TINY, override, "launcher.nproc_per_node=2"], tmp_path)
+    result = _cli([*TINY, *override.split(), "launcher.nproc_per_node=2"], tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
 

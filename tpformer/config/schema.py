@@ -284,6 +284,9 @@ class GlueDataConfig:
     group_by_length: bool = True
     """Batches of similar lengths (transformers' LengthGroupedSampler, as a function of (seed,
     epoch) only, so every layout trains on the same batches); false: plain shuffled batches."""
+    pad_to_multiple_of: int = ranged(1, 1)
+    """Pad each batch to a multiple of this many tokens; parallel.sequence_parallel rounds it up
+    to a multiple of parallel.tensor (set it at TP=1 too to compare dropout masks exactly)."""
     cache_dir: str = "~/.cache/tpformer"
     """Tokenized splits, keyed by file content, tokenizer and max_length."""
 

@@ -65,6 +65,21 @@ def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: s
         raise ValueError(f"optim.min_lr={optim.min_lr} must not exceed optim.lr={optim.lr}")
 
 
+def validate_sequence_parallel(parallel: ParallelConfig, seq_length: int | None) -> None:
+    """Sequence parallelism splits each sequence over the TP group: it needs one, and (for the
+    fixed-length pretraining sequences) a length it divides. Fine-tuning pads instead."""
+    if not parallel.sequence_parallel:
+        return
+    if parallel.tensor == 1:
+        raise ValueError("parallel.sequence_parallel=true needs parallel.tensor > 1 (got "
+                         "parallel.tensor=1): it splits the sequence across the TP group")
+    if seq_length is not None and seq_length % parallel.tensor:
+        below = seq_length - seq_length % parallel.tensor
+        raise ValueError(f"data.seq_length={seq_length} must be divisible by parallel.tensor="
+                         f"{parallel.tensor} with parallel.sequence_parallel=true (e.g. {below} or "
+                         f"{below + parallel.tensor})")
+
+
 def validate_recompute_granularity(parallel: ParallelConfig, num_layers: int) -> None:
     """Full recomputation's granularity must fit the model's layers."""
     if parallel.activation_checkpointing != "full":
@@ -95,12 +110,14 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     if config.data.seq_length > config.model.max_position_embeddings:
         raise ValueError(f"data.seq_length={config.data.seq_length} exceeds "
                          f"model.max_position_embeddings={config.model.max_position_embeddings}")
+    validate_sequence_parallel(config.parallel, config.data.seq_length)
     validate_data(config.data)
 
 
 def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: str = "cpu") -> None:
     """The rules of a fine-tuning run at `layout` that do not need its checkpoint."""
     validate_engine(config.parallel, config.optim, device_type)
+    validate_sequence_parallel(config.parallel, None)  # batches are padded to a multiple instead
     check_choices(config)
     t = config.trainer
     micro = t.micro_batch_size or t.batch_size // layout.dp

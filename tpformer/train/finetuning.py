@@ -40,9 +40,11 @@ class GluePredictor:
     """Predictions (class ids, or scores for STS-B) of whole splits, the DP ranks sharing each."""
 
     def __init__(self, model: nn.Module, splits: dict[str, list[dict]], *, task_name: str,
-                 token_budget: int, pad_id: int, ctx: ParallelContext) -> None:
+                 token_budget: int, pad_id: int, ctx: ParallelContext,
+                 pad_multiple: int = 1) -> None:
         self.model, self.splits, self.task_name = model, splits, task_name
         self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
+        self.pad_multiple = pad_multiple
         self.regression = get_task(task_name).labels is None
 
     @torch.no_grad()
@@ -54,7 +56,7 @@ class GluePredictor:
         done: list[tuple[int, float]] = []
         for indices in prediction_order(examples, token_budget=self.token_budget,
                                         dp_size=dp.size, dp_rank=dp.rank):
-            batch = prediction_batch(examples, indices, self.pad_id)
+            batch = prediction_batch(examples, indices, self.pad_id, self.pad_multiple)
             logits = self.model(**{k: v.to(self.ctx.device) for k, v in batch.items()}).logits
             out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
             done += zip(indices, out.float().cpu().tolist())
@@ -89,6 +91,23 @@ class GlueDev:
         return metrics
 
 
+def batch_width_multiple(requested: int, max_length: int, ctx: ParallelContext,
+                         max_positions: int) -> int:
+    """What every batch's width is padded to a multiple of: data.pad_to_multiple_of, rounded up
+    to a multiple of the TP degree under sequence parallelism (which splits the sequence)."""
+    multiple = math.lcm(requested, ctx.tp.size) if ctx.sequence_parallel else requested
+    if multiple != requested and ctx.is_main:
+        log.info("sequence parallelism: each batch is padded to a multiple of %d tokens "
+                 "(data.pad_to_multiple_of=%d and parallel.tensor=%d)", multiple, requested,
+                 ctx.tp.size)
+    widest = -(-max_length // multiple) * multiple
+    if max_length <= max_positions < widest:  # the padding alone would overflow the positions
+        raise ValueError(f"data.max_length={max_length} padded to a multiple of {multiple} is "
+                         f"{widest}, beyond the model's max_position_embeddings={max_positions}; "
+                         f"lower data.max_length to {max_positions - max_positions % multiple}")
+    return multiple
+
+
 def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Trainer:
     """Load the model and the task's splits, parallelize; the loop runs it."""
     t, data = config.trainer, config.data
@@ -99,16 +118,18 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     tokenizer.check_vocab(model.config.vocab_size)
     splits = {split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)
               for split in ("train", *dev_splits(task, data), *test_splits(task, data))}
+    pad_multiple = batch_width_multiple(data.pad_to_multiple_of, data.max_length, ctx,
+                                        model.config.max_position_embeddings)
     wrapped = parallelize(model, config.parallel, config.optim, ctx)
     micro = t.micro_batch_size or t.batch_size // ctx.dp.size
     train = GlueTrainSteps(splits["train"], batch_size=t.batch_size, micro_batch_size=micro,
                            dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
                            group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
-                           regression=task.labels is None)
+                           regression=task.labels is None, pad_multiple=pad_multiple)
     # prediction keeps no activations for backward: 4x the training micro-batch's worst case
     predictor = GluePredictor(model, splits, task_name=config.task,
                               token_budget=4 * micro * data.max_length, pad_id=tokenizer.pad_id,
-                              ctx=ctx)
+                              ctx=ctx, pad_multiple=pad_multiple)
     evaluator = GlueDev(predictor, dev_splits(task, data))
 
     def write_predictions(step: int) -> None:

@@ -53,10 +53,11 @@ class GlueTrainSteps:
 
     def __init__(self, examples: list[dict], *, batch_size: int, micro_batch_size: int,
                  dp_size: int, dp_rank: int, seed: int, group_by_length: bool, pad_id: int,
-                 regression: bool) -> None:
+                 regression: bool, pad_multiple: int = 1) -> None:
         self.examples, self.batch_size, self.micro = examples, batch_size, micro_batch_size
         self.dp_size, self.dp_rank, self.seed = dp_size, dp_rank, seed
         self.group_by_length, self.pad_id, self.regression = group_by_length, pad_id, regression
+        self.pad_multiple = pad_multiple
         self.lengths = [len(e["input_ids"]) for e in examples]
         self.steps_per_epoch = math.ceil(len(examples) / batch_size)
         self._epoch, self._batches = -1, []
@@ -76,7 +77,7 @@ class GlueTrainSteps:
         mine = self.global_batch(step)[first:first + per_rank]
         slot = step * self.batch_size + first
         return [(slot + m, collate([self.examples[i] for i in mine[m:m + self.micro]],
-                                   self.pad_id, self.regression))
+                                   self.pad_id, self.regression, self.pad_multiple))
                 for m in range(0, len(mine), self.micro)]
 
 
@@ -97,9 +98,9 @@ def prediction_order(examples: list[dict], *, token_budget: int, dp_size: int,
     return batches
 
 
-def prediction_batch(examples: list[dict], indices: list[int],
-                     pad_id: int) -> dict[str, torch.Tensor]:
+def prediction_batch(examples: list[dict], indices: list[int], pad_id: int,
+                     pad_multiple: int = 1) -> dict[str, torch.Tensor]:
     """The unlabeled, padded batch of the given examples."""
-    batch = collate([examples[i] for i in indices], pad_id, False)
+    batch = collate([examples[i] for i in indices], pad_id, False, pad_multiple)
     batch.pop("labels", None)
     return batch

@@ -43,9 +43,11 @@ def encode(tokenizer: Tokenizer, rows: dict[str, list], max_length: int) -> list
     return examples
 
 
-def collate(examples: list[dict], pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
-    """Pad to the longest row of this micro-batch, not to max_length."""
+def collate(examples: list[dict], pad_id: int, regression: bool,
+            multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Pad to the longest row of this micro-batch (rounded up to `multiple`), not to max_length."""
     width = max(len(e["input_ids"]) for e in examples)
+    width += -width % multiple
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     types = torch.zeros_like(ids)
     mask = torch.zeros_like(ids)
