@@ -57,11 +57,12 @@ def measure_saved_activations(model: torch.nn.Module, forward: Callable[[], torc
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(lambda m, a, i=i: current.append(i)))
         handles.append(layer.register_forward_hook(lambda m, a, o: [current.pop()] and None))
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
+        if storage.data_ptr() not in seen and storage.data_ptr() not in parameters:
             seen[storage.data_ptr()] = storage.nbytes()
             if current:
                 per_layer[current[-1]] += storage.nbytes()

@@ -4,6 +4,8 @@ With `sequence_parallel=True` (Megatron-SP) the pair's outer activations are seq
 [b, s/tp, h]: the column layer all-gathers its input along the sequence (backward:
 reduce-scatter) and the row layer reduce-scatters its output (backward: all-gather) instead of
 the all-reduces; the bytes are the same, the activations between hold 1/tp of the sequence.
+The column layer keeps only its input chunk for backward and gathers it again there
+(Korthikanti et al. 2022, 4.2.2), overlapped with the input-gradient matmul.
 
 NOTE: parameters start at zero; a model initializes them with `initialize_parameters` (layout
 independent) or `load_full_state_dict`.
@@ -16,11 +18,43 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
-from tpformer.parallel.comm import (copy_to_tp, gather_from_tp, gather_sequence, reduce_from_tp,
-                                    reduce_scatter_sequence, scatter_to_tp)
+from tpformer.parallel.comm import (SequenceGather, SequenceReduceScatter, copy_to_tp,
+                                    gather_from_tp, reduce_from_tp, reduce_scatter_sequence,
+                                    scatter_to_tp)
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 from tpformer.parallel.layout import divide
+
+
+class _SequenceGatheredLinear(torch.autograd.Function):
+    """y = all_gather_seq(x) @ W.T + b, saving x's sequence chunk rather than the gathered
+    input: backward re-gathers it for the weight gradient (while the input gradient is
+    computed) and reduce-scatters the input gradient (while the weight gradient is)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None,  # type: ignore[override]
+                tp: GroupHandle) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.tp, ctx.has_bias = tp, bias is not None
+        return F.linear(SequenceGather(x, tp).result(), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        gather = SequenceGather(x, ctx.tp)
+        scatter = SequenceReduceScatter(grad.matmul(weight), ctx.tp)
+        grad_2d = grad.reshape(-1, grad.shape[-1])
+        grad_weight = grad_2d.t().matmul(gather.result().reshape(-1, x.shape[-1]))
+        grad_bias = grad_2d.sum(0) if ctx.has_bias else None
+        return scatter.result(), grad_weight, grad_bias, None
+
+
+def sequence_gathered_linear(x: Tensor, weight: Tensor, bias: Tensor | None,
+                             tp: GroupHandle) -> Tensor:
+    """F.linear of the whole sequence from this rank's chunk x [b, s/tp, in] -> [b, s, out]."""
+    if tp.size == 1:
+        return F.linear(x, weight, bias)
+    return _SequenceGatheredLinear.apply(x, weight, bias, tp)
 
 
 class ColumnParallelLinear(TPModule):
@@ -45,8 +79,10 @@ class ColumnParallelLinear(TPModule):
                      if bias else None)
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
-        x = gather_sequence(x, self.tp) if self.sequence_parallel else copy_to_tp(x, self.tp)
-        y = F.linear(x, self.weight, self.bias)  # [..., out/tp]
+        if self.sequence_parallel:
+            y = sequence_gathered_linear(x, self.weight, self.bias, self.tp)  # [b, s, out/tp]
+        else:
+            y = F.linear(copy_to_tp(x, self.tp), self.weight, self.bias)  # [..., out/tp]
         return gather_from_tp(y, self.tp) if self.gather_output else y
 
     def extra_repr(self) -> str:

@@ -15,9 +15,10 @@ from tpformer.layers.block import TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy
+from tpformer.layers.linear import sequence_gathered_linear
 from tpformer.layers.sequence import local_positions
 from tpformer.models.bert import check_sequence_length
-from tpformer.parallel.comm import copy_to_tp, gather_sequence
+from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import mark_sequence_parallel, normal_init, set_init
 
@@ -85,9 +86,9 @@ class GPTForCausalLM(TPModule):
         hidden = self.transformer(input_ids, attention_mask)
         # every position feeds the vocab-parallel projection: the whole sequence on each rank
         # (sequence parallelism: all-gathered, the gradient reduce-scattered back)
-        hidden = (gather_sequence(hidden, self.tp) if self.sequence_parallel
-                  else copy_to_tp(hidden, self.tp))
-        logits = F.linear(hidden, self.transformer.wte.weight)
+        weight = self.transformer.wte.weight
+        logits = (sequence_gathered_linear(hidden, weight, None, self.tp) if self.sequence_parallel
+                  else F.linear(copy_to_tp(hidden, self.tp), weight))
         if labels is None:
             return CausalLMOutput(logits)
         shifted = logits[:, :-1].reshape(-1, logits.shape[-1])

@@ -6,8 +6,8 @@ to the counters opened with `count_collectives()`, which the tests use to assert
 communication of a layer or model, in calls and in bytes.
 
 Tensor parallelism enters and leaves its regions with copy_to_tp / reduce_from_tp (one
-all-reduce each way); sequence parallelism replaces that pair with gather_sequence /
-reduce_scatter_sequence along dim 1 of [batch, seq, hidden] activations (same bytes, and the
+all-reduce each way); sequence parallelism replaces that pair with an all-gather (inside the column-parallel linear,
+layers/linear.py) and reduce_scatter_sequence along dim 1 of [batch, seq, hidden] activations (same bytes, and the
 regions between hold 1/tp of the sequence).
 """
 
@@ -270,39 +270,52 @@ def _sequence_major(x: Tensor, size: int) -> Tensor:
     return x.reshape(b, size, s // size, *x.shape[2:]).transpose(0, 1).contiguous()
 
 
-def _all_gather_sequence(x: Tensor, handle: GroupHandle) -> Tensor:
-    out = torch.empty((handle.size, *x.shape), dtype=x.dtype, device=x.device)
-    wait(all_gather_async(out.view(-1), x.contiguous().view(-1), handle))
-    return out.transpose(0, 1).reshape(x.shape[0], -1, *x.shape[2:])
+class SequenceGather:
+    """An all-gather of [b, s/tp, ...] chunks along the sequence, started at construction (no
+    autograd); `result()` waits and returns [b, s, ...]. Identity on one rank."""
+
+    def __init__(self, x: Tensor, handle: GroupHandle) -> None:
+        self.single, self.x = handle.size == 1, x
+        if self.single:
+            return
+        self.out = torch.empty((handle.size, *x.shape), dtype=x.dtype, device=x.device)
+        self.work = all_gather_async(self.out.view(-1), x.contiguous().view(-1), handle)
+
+    def result(self) -> Tensor:
+        if self.single:
+            return self.x
+        wait(self.work)
+        return self.out.transpose(0, 1).reshape(self.x.shape[0], -1, *self.x.shape[2:])
 
 
-def _reduce_scatter_sequence(x: Tensor, handle: GroupHandle) -> Tensor:
-    chunks = _sequence_major(x, handle.size)
-    out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
-    wait(reduce_scatter_async(out.view(-1), chunks.view(-1), handle))
-    return out
+class SequenceReduceScatter:
+    """A SUM reduce-scatter of [b, s, ...] along the sequence, started at construction (no
+    autograd); `result()` waits and returns this rank's chunk [b, s/tp, ...]."""
 
+    def __init__(self, x: Tensor, handle: GroupHandle) -> None:
+        self.single, self.x = handle.size == 1, x
+        if self.single:
+            return
+        chunks = _sequence_major(x, handle.size)
+        self.out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
+        self.work = reduce_scatter_async(self.out.view(-1), chunks.view(-1), handle)
 
-class _GatherSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
-        ctx.handle = handle
-        return _all_gather_sequence(x, handle)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return _reduce_scatter_sequence(grad, ctx.handle), None
+    def result(self) -> Tensor:
+        if self.single:
+            return self.x
+        wait(self.work)
+        return self.out
 
 
 class _ReduceScatterSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
         ctx.handle = handle
-        return _reduce_scatter_sequence(x, handle)
+        return SequenceReduceScatter(x, handle).result()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return _all_gather_sequence(grad, ctx.handle), None
+        return SequenceGather(grad, ctx.handle).result(), None
 
 
 class _GatherRows(torch.autograd.Function):
@@ -334,12 +347,6 @@ class _FromFirstRank(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         return (grad if ctx.first else torch.zeros_like(grad)), None
-
-
-def gather_sequence(x: Tensor, tp: GroupHandle) -> Tensor:
-    """Leave the sequence-sharded region into a column-parallel one: all-gather [b, s/tp, ...]
-    to [b, s, ...] forward; backward reduce-scatters the (partial) gradient back to chunks."""
-    return x if tp.size == 1 else _GatherSequence.apply(x, tp)
 
 
 def reduce_scatter_sequence(x: Tensor, tp: GroupHandle) -> Tensor:

@@ -21,21 +21,42 @@ class MemoryEstimate:
         return self.model_state.total + self.activations
 
 
+def layer_activation_bytes(s: int, b: int, h: int, a: int, f: int, *, tp: int,
+                           sequence_parallel: bool, recompute: str, itemsize: int) -> float:
+    """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
+    tensors of `itemsize` bytes, 1-byte dropout masks and FFN width f). Kept tensors, in
+    elements: LayerNorm inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the
+    sequence under sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and
+    output 2sbf (1/t under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b
+    bytes. 16-bit, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h), SP + selective
+    34 sbh/t. selective drops the as^2 terms; full keeps only the layer's input."""
+    q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
+    sbh, attention = s * b * h, a * s * s * b
+    if recompute == "full":
+        return itemsize * sbh / q
+    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * s * b * f) / tp) + 2 * sbh / q
+    if recompute != "selective":
+        kept += (2 * itemsize + 1) * attention / tp
+    return kept
+
+
 def activation_bytes(config: Config, tp: int) -> int:
-    """Activations kept for backward per rank per micro-batch (Korthikanti et al. 2022, scaled
-    to the compute dtype): sbh(10 + 24/t + 5as/(ht)) per layer for 16-bit; selective drops the
-    5as/(ht) attention term, full keeps only each checkpointed layer's input."""
+    """Activations kept for backward per rank per micro-batch by the transformer layers
+    (`layer_activation_bytes` each; full recomputation: the wrapped layers keep their input)."""
     m, p = config.model, config.parallel
-    s, b, h, a = config.data.seq_length, config.trainer.micro_batch_size, m.hidden_size, m.num_heads
-    scale = DTYPES[p.precision].itemsize / 2
-    layer = s * b * h * (10 + 24 / tp + (0 if p.activation_checkpointing == "selective"
-                                         else 5 * a * s / (h * tp)))
+    shape = (config.data.seq_length, config.trainer.micro_batch_size, m.hidden_size, m.num_heads,
+             m.intermediate_size)
+
+    def layer(recompute: str) -> float:
+        return layer_activation_bytes(*shape, tp=tp, sequence_parallel=p.sequence_parallel,
+                                      recompute=recompute, itemsize=DTYPES[p.precision].itemsize)
+
     if p.activation_checkpointing == "full":
         wrapped = len(range(0, p.checkpoint_num_layers or m.num_layers, p.checkpoint_every))
-        total = wrapped * 2 * s * b * h + (m.num_layers - wrapped) * layer
+        total = wrapped * layer("full") + (m.num_layers - wrapped) * layer("none")
     else:
-        total = m.num_layers * layer
-    return int(total * scale)
+        total = m.num_layers * layer(p.activation_checkpointing)
+    return int(total)
 
 
 def estimate_memory(config: Config, layout: Layout, params_per_rank: int) -> MemoryEstimate:
@@ -62,7 +83,8 @@ def format_plan(config: Config, layout: Layout, params_per_rank: int, total_para
         f"{layout.dp}, seq {config.data.seq_length}",
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
-        f"checkpointing {config.parallel.activation_checkpointing} ({len(checkpointed)} wrapped)",
+        f"checkpointing {config.parallel.activation_checkpointing} ({len(checkpointed)} wrapped), "
+        f"sequence_parallel {str(config.parallel.sequence_parallel).lower()}",
         f"memory per rank (estimate): params {est.model_state.params / mb:.1f} MB, grads "
         f"{est.model_state.grads / mb:.1f} MB, optimizer {est.model_state.optimizer / mb:.1f} MB, "
         f"activations {est.activations / mb:.1f} MB, total {est.total / mb:.1f} MB",
