@@ -99,7 +99,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     config = preset(args.model, vocab_size=30522)
-    s, b, h, a, f = args.seq, args.batch, config.hidden_size, config.num_heads, config.intermediate_size
+    s, b = args.seq, args.batch
+    h, a, f = config.hidden_size, config.num_heads, config.intermediate_size
     mb = 2**20
     print(f"{args.model} ({config.num_layers} layers, hidden {h}, {a} heads, FFN {f}), seq {s}, "
           f"batch {b}, fp32, dropout {config.dropout}; saved activations per layer per rank, "
@@ -121,8 +122,8 @@ def main() -> None:
             timing = result["times"]
     if timing:
         plain, sp = statistics.median(timing["TP"]), statistics.median(timing["TP + SP"])
-        print(f"\nTP=2 forward+backward, median of {args.rounds} interleaved rounds: TP {plain:.2f} s, "
-              f"TP + SP {sp:.2f} s, ratio SP / TP {sp / plain:.2f}")
+        print(f"\nTP=2 forward+backward, median of {args.rounds} interleaved rounds: "
+              f"TP {plain:.2f} s, TP + SP {sp:.2f} s, ratio SP / TP {sp / plain:.2f}")
 
 
 if __name__ == "__main__":

@@ -82,8 +82,8 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     ctx.rng.set_position(step=3, sample_offset=0)
     if task == "causal_lm":
         model = build_model(tiny_gpt(dropout), ctx, task=task)
-        run = lambda: model(batch["input_ids"], attention_mask=batch["attention_mask"],  # noqa: E731
-                            labels=batch["input_ids"])
+        run = lambda: model(batch["input_ids"],  # noqa: E731
+                            attention_mask=batch["attention_mask"], labels=batch["input_ids"])
     elif task == "classification":
         model = build_model(tiny_bert(dropout), ctx, task=task, num_labels=3)
         run = lambda: model(batch["input_ids"], batch["token_type_ids"],  # noqa: E731

@@ -40,7 +40,8 @@ def labeled_rows(hidden: Tensor, labels: Tensor, tp: GroupHandle, sequence_paral
     if not sequence_parallel or tp.size == 1:
         flat = labels.reshape(-1)
         picked = (flat != ignore_index).nonzero().squeeze(-1)
-        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked), flat.index_select(0, picked)
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
+        return rows, flat.index_select(0, picked)
     local = s // tp.size
     by_rank = labels.reshape(b, tp.size, local).transpose(0, 1)        # [tp, b, s/tp]
     keep = by_rank != ignore_index

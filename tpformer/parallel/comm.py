@@ -320,7 +320,8 @@ class _ReduceScatterSequence(torch.autograd.Function):
 
 class _GatherRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows: Tensor, counts: list[int], handle: GroupHandle) -> Tensor:  # type: ignore[override]
+    def forward(ctx, rows: Tensor, counts: list[int],  # type: ignore[override]
+                handle: GroupHandle) -> Tensor:
         ctx.start = sum(counts[: handle.rank])
         ctx.count = counts[handle.rank]
         width = max(counts)
