@@ -74,10 +74,11 @@ def _run(monkeypatch: pytest.MonkeyPatch, module: str, overrides: list[str],
     return reads, keys
 
 
-READ_BY_RANKS_ONLY = {"launcher.timeout_s"}
+READ_BY_RANKS_ONLY = {"launcher.timeout_s", "parallel.sequence_parallel"}
 """Read where a process group exists: in-process runs have none, and the relaunch path is cut
 before the ranks start. tests/faults/test_processes.py::test_stopped_rank_fails_the_job_within_the_timeout
-shows it acting."""
+and tests/train/test_trainer.py::test_cli_sequence_parallel_run_gives_the_tp1_losses show them
+acting."""
 
 
 def _assert_every_key_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str,

@@ -128,6 +128,24 @@ def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_cli_sequence_parallel_run_gives_the_tp1_losses(tmp_path: Path) -> None:
+    """The issue's command: tensor=2 with sequence parallelism, dropout 0.1, against TP=1."""
+    losses = {}
+    for name, layout in (("tp1", []), ("sp", ["parallel.tensor=2", "parallel.sequence_parallel=true",
+                                              "launcher.nproc_per_node=2"])):
+        run = tmp_path / name
+        result = _cli([*TINY, "trainer.max_steps=3", "trainer.log_every=1", "model.dropout=0.1",
+                       "model.attention_dropout=0.1", *layout, f"hydra.run.dir={run}"], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [x["loss"] for x in lines if not x.get("eval")]
+    assert "sequence_parallel true" in result.stderr
+    assert len(losses["sp"]) == len(losses["tp1"]) == 3
+    for got, want in zip(losses["sp"], losses["tp1"]):
+        assert abs(got - want) <= FP32_MODEL_REL * want, losses
+
+
+@pytest.mark.slow
 def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
     result = _cli(["-m", *TINY, "trainer.max_steps=2", "parallel.tensor=1,2",
                    "launcher.nproc_per_node=2"], tmp_path)
