@@ -81,12 +81,20 @@ and tests/train/test_trainer.py::test_cli_sequence_parallel_run_gives_the_tp1_lo
 acting."""
 
 
+OPTION_RUNS = [["optim.name=lars"]]
+"""Keys only an option reads (LARS's momentum and trust coefficient): one more run with it."""
+
+
 def _assert_every_key_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str,
                            overrides: list[str]) -> set[str]:
-    """One run on this rank and one through the relaunch path; every key read by one of them."""
+    """One run on this rank, one through the relaunch path and one per OPTION_RUNS; every key
+    read by one of them."""
     reads, keys = _run(monkeypatch, module, [*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
     launched, _ = _run(monkeypatch, module, [*overrides, "launcher.nproc_per_node=2",
                                              f"hydra.run.dir={tmp_path / 'launched'}"], launch=True)
+    for i, option in enumerate(OPTION_RUNS):
+        reads |= _run(monkeypatch, module, [*overrides, *option,
+                                            f"hydra.run.dir={tmp_path / f'option{i}'}"])[0]
     assert sorted(keys - reads - launched - READ_BY_RANKS_ONLY) == []
     return keys
 

@@ -130,7 +130,8 @@ def test_bad_engine_settings_raise() -> None:
         validate_engine(ParallelConfig(zero_stage=4), OPTIM, "cpu")
     with pytest.raises(ValueError, match="optimizer\\+params needs parallel.zero_stage=3"):
         validate_engine(ParallelConfig(zero_stage=2, cpu_offload="optimizer+params"), OPTIM, "cpu")
-    with pytest.raises(ValueError, match=r"optim.name='sgd' is not one of \['adamw', 'lamb'\]"):
+    with pytest.raises(ValueError,
+                       match=r"optim.name='sgd' is not one of \['adamw', 'lamb', 'lars', 'novograd'\]"):
         validate_engine(ParallelConfig(cpu_offload="optimizer"), replace(OPTIM, name="sgd"), "cpu")
     with pytest.raises(ValueError, match="precision=fp16 needs a GPU"):
         validate_engine(ParallelConfig(precision="fp16"), OPTIM, "cpu")

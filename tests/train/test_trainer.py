@@ -159,6 +159,8 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("override", "message"), [
     ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
     ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
+    ("parallel.grad_compression=powersgd parallel.zero_stage=2",
+     "error: parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 (got 2)"),
     ("parallel.sequence_parallel=true",
      "error: parallel.sequence_parallel=true needs parallel.tensor > 1 (got parallel.tensor=1)"),
     ("parallel.tensor=2 parallel.sequence_parallel=true data.seq_length=31",

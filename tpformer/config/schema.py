@@ -31,7 +31,8 @@ Activation = _choice("Activation", "gelu", "gelu_tanh")
 Precision = _choice("Precision", "fp32", "bf16", "fp16")
 CpuOffload = _choice("CpuOffload", "none", "optimizer", "optimizer+params")
 Recompute = _choice("Recompute", "none", "selective", "full")
-OptimizerName = _choice("OptimizerName", "adamw", "lamb")
+GradCompression = _choice("GradCompression", "none", "bf16", "powersgd")
+OptimizerName = _choice("OptimizerName", "adamw", "lamb", "lars", "novograd")
 Decay = _choice("Decay", "linear", "cosine")
 LrScaling = _choice("LrScaling", "none", "linear", "sqrt")
 DataSource = _choice("DataSource", "shakespeare", "text", "jsonl", "hf", "synthetic")
@@ -95,6 +96,13 @@ class ParallelConfig:
     """full: checkpoint every k-th layer among those (1 = each one)."""
     checkpoint_offload: bool = False
     """full: keep the checkpointed layer inputs on the CPU between forward and backward."""
+    grad_compression: GradCompression = GradCompression("none")
+    """DP gradient reduction: none; bf16 (sent and summed in bfloat16, any ZeRO stage); powersgd
+    (rank-powersgd_rank factors with error feedback, ZeRO stages 0-1)."""
+    powersgd_rank: int = ranged(1, 1)
+    """powersgd: rank of the low-rank approximation of each matrix gradient."""
+    powersgd_start_step: int = ranged(10, 0)
+    """powersgd: steps reduced uncompressed before compression starts (warm-up)."""
     sequence_parallel: bool = False
     """Megatron-SP: LayerNorm, dropout and residual activations hold 1/tensor of the sequence
     (needs tensor > 1 and a sequence length divisible by tensor); same losses as without."""
@@ -135,8 +143,8 @@ class OptimConfig:
     """Optimizer, clipping and loss-scaling settings the engine applies."""
 
     name: OptimizerName = OptimizerName("adamw")
-    """adamw, or lamb (per-parameter trust ratio, for large-batch pretraining); biases and
-    LayerNorms are not decayed."""
+    """adamw; lamb or lars (per-parameter trust ratios, for large-batch training); novograd
+    (per-layer second moment). Biases and LayerNorms are not decayed."""
     lr: float = ranged(5e-4, 0, lo_open=True)
     """Peak learning rate. 5e-4 suits the small presets at the default global batch of 8;
     BERT-base/large at batch 256 use 1e-4 (or set optim.lr_scaling)."""
@@ -144,6 +152,10 @@ class OptimConfig:
     beta1: float = ranged(0.9, 0, 1, hi_open=True)
     beta2: float = ranged(0.999, 0, 1, hi_open=True)
     eps: float = ranged(1e-8, 0, lo_open=True)
+    momentum: float = ranged(0.9, 0, 1, hi_open=True)
+    """lars: heavy-ball momentum."""
+    trust_coefficient: float = ranged(0.001, 0, lo_open=True)
+    """lars: eta in the trust ratio eta x ||w|| / (||g|| + weight_decay x ||w||)."""
     clip_grad: float = ranged(1.0, 0)
     """Clip the global gradient norm (over TP and DP) to this; 0 turns clipping off."""
     initial_loss_scale: float = ranged(65536.0, 1)

@@ -58,6 +58,11 @@ def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: s
     if parallel.cpu_offload == "optimizer+params" and parallel.zero_stage != 3:
         raise ValueError(f"parallel.cpu_offload=optimizer+params needs parallel.zero_stage=3 "
                          f"(got {parallel.zero_stage}): only stage 3 keeps parameter partitions")
+    if parallel.grad_compression == "powersgd" and parallel.zero_stage > 1:
+        raise ValueError(f"parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 "
+                         f"(got {parallel.zero_stage}): stages 2-3 keep only gradient shards, which "
+                         "low-rank factors of whole matrices do not split into; use "
+                         "grad_compression=bf16 (any stage) or none")
     if parallel.precision == "fp16" and device_type == "cpu":
         raise ValueError("parallel.precision=fp16 needs a GPU: CPU kernels for half precision are "
                          "slow or missing; use parallel.precision=bf16 or fp32 on CPU")

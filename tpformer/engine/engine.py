@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig
+from tpformer.engine.compression import PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
 from tpformer.engine.grads import ReplicatedGrads, SequenceParallelGrads, ShardedGrads
@@ -48,7 +49,9 @@ class ZeroEngine:
     """
 
     def __init__(self, model: nn.Module, optim: OptimConfig, ctx: ParallelContext, *,
-                 zero_stage: int, cpu_offload: str = "none", precision: str = "fp32") -> None:
+                 zero_stage: int, cpu_offload: str = "none", precision: str = "fp32",
+                 grad_compression: str = "none", powersgd_rank: int = 1,
+                 powersgd_start_step: int = 0) -> None:
         self.model, self.ctx, self.stage = model, ctx, zero_stage
         self.clip_grad = optim.clip_grad
         self.dtype = compute_dtype(precision)
@@ -72,9 +75,15 @@ class ZeroEngine:
         else:
             self.params = ReplicatedParams(model, self.buckets, ctx.dp, dtype=self.dtype,
                                            device=device, sharded_master=zero_stage >= 1)
-        self.grads = (ShardedGrads(self.buckets, ctx.dp, device, self.pool) if zero_stage >= 2
+        compress = grad_compression if ctx.dp.size > 1 else "none"  # it acts on DP only
+        bf16 = compress == "bf16"
+        powersgd = (PowerSGD(self.buckets, ctx.dp, ctx.tp, rank=powersgd_rank,
+                             start_step=powersgd_start_step, seed=ctx.rng.seed, device=device)
+                    if compress == "powersgd" else None)
+        self.grads = (ShardedGrads(self.buckets, ctx.dp, device, self.pool, bf16=bf16)
+                      if zero_stage >= 2
                       else ReplicatedGrads(self.buckets, ctx.dp, device, self.pool,
-                                           sharded=zero_stage == 1))
+                                           sharded=zero_stage == 1, bf16=bf16, powersgd=powersgd))
         self.sequence_grads = SequenceParallelGrads(self.buckets, ctx.tp, whole=self.whole_master)
         self.master_aliased = (self.dtype == torch.float32 and state_device == device
                                and self.params.aliasable)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tpformer.engine.compression import Bf16Reduction, PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.parallel.comm import all_reduce, all_reduce_async, reduce_scatter_async, wait
 from tpformer.parallel.context import GroupHandle
@@ -33,12 +34,14 @@ class PendingReduction:
 
 class ReplicatedGrads:
     """Stages 0-1 (see the module docstring). `sharded` selects stage 1's in-place
-    reduce-scatter, whose result is this rank's chunk of the whole buffer."""
+    reduce-scatter, whose result is this rank's chunk of the whole buffer. `bf16` sends the
+    reduction in bfloat16; `powersgd` replaces it by PowerSGD's (engine/compression.py)."""
 
     def __init__(self, buckets: list[FlatBucket], dp: GroupHandle, device: torch.device,
-                 pool: BufferPool, *, sharded: bool) -> None:
+                 pool: BufferPool, *, sharded: bool, bf16: bool = False,
+                 powersgd: PowerSGD | None = None) -> None:
         self.buckets, self.dp, self.device, self.pool = buckets, dp, device, pool
-        self.sharded = sharded
+        self.sharded, self.bf16, self.powersgd = sharded, bf16, powersgd
         self.whole: list[Tensor | None] = [None] * len(buckets)
         self.pending = [PendingReduction() for _ in buckets]
 
@@ -58,6 +61,12 @@ class ReplicatedGrads:
 
     def _reduce(self, i: int) -> object:
         whole = self.whole[i]
+        if self.powersgd is not None:  # synchronous: the whole buffer gets the (approximate) sum
+            self.powersgd.reduce(i, whole)
+            return None
+        if self.bf16:
+            return Bf16Reduction(whole, self.buckets[i].shard_of(whole) if self.sharded else None,
+                                 self.buckets[i], self.dp)
         if self.sharded:  # only this rank's part is stepped: reduce it in place
             return reduce_scatter_async(self.buckets[i].shard_of(whole), whole, self.dp)
         return all_reduce_async(whole, self.dp)
@@ -98,13 +107,16 @@ class ShardedGrads(ReplicatedGrads):
     """Stages 2-3 (see the module docstring): whole buffers are transient, shards persistent."""
 
     def __init__(self, buckets: list[FlatBucket], dp: GroupHandle, device: torch.device,
-                 pool: BufferPool) -> None:
-        super().__init__(buckets, dp, device, pool, sharded=True)
+                 pool: BufferPool, *, bf16: bool = False) -> None:
+        super().__init__(buckets, dp, device, pool, sharded=True, bf16=bf16)
         self.shard = [torch.zeros(b.shard_size, dtype=torch.float32, device=device)
                       for b in buckets]
 
     def _reduce(self, i: int) -> object:
-        work = reduce_scatter_async(self.shard[i], self.whole[i], self.dp)
+        if self.bf16:
+            work: object = Bf16Reduction(self.whole[i], self.shard[i], self.buckets[i], self.dp)
+        else:
+            work = reduce_scatter_async(self.shard[i], self.whole[i], self.dp)
         self._retire_reductions()
         return work
 

@@ -5,7 +5,8 @@ Each bucket has one master: the part of the bucket this rank updates (the whole 
 parameters are fp32 on the same device, the master *is* their storage (aliased) and no copy
 back is needed. The optimizer sees at most two views of each master, the weight-decayed part
 and the rest (FlatBucket puts decayed parameters first), so AdamW decays inside its fused
-kernel and LAMB can find each logical parameter inside its views.
+kernel and the layer-wise optimizers (LAMB, LARS, NovoGrad) can find each logical parameter
+inside its views.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig
 from tpformer.engine.flat_buffer import FlatBucket
-from tpformer.engine.lamb import FlatLamb, Piece
+from tpformer.engine.layerwise import FlatLamb, FlatLars, FlatNovoGrad, Piece
 from tpformer.parallel.context import GroupHandle
 
 
@@ -52,7 +53,7 @@ def build_masters(buckets: list[FlatBucket], owned: list[Tensor], *, whole: bool
     return masters
 
 
-def _lamb_pieces(buckets: list[FlatBucket], masters: list[Master], *,
+def _pieces(buckets: list[FlatBucket], masters: list[Master], *,
                  whole: bool) -> tuple[dict[Tensor, list[Piece]], int]:
     """Where each logical parameter lies inside this rank's optimizer views, by segment id
     (ids are the same on every rank, so per-parameter norms can be all-reduced)."""
@@ -73,25 +74,32 @@ def _lamb_pieces(buckets: list[FlatBucket], masters: list[Master], *,
 def build_optimizer(optim: OptimConfig, buckets: list[FlatBucket], masters: list[Master], *,
                     whole: bool, tp: GroupHandle, dp: GroupHandle,
                     comm_device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (fused where the state's device has it) or LAMB over the masters' views; biases and
-    LayerNorms (the non-decayed views) get no weight decay."""
+    """AdamW (fused where the state's device has it), LAMB, LARS or NovoGrad over the masters'
+    views; biases and LayerNorms (the non-decayed views) get no weight decay (and, under LARS,
+    no trust ratio)."""
     views = [v for m in masters for v in m.views]
     groups = [{"params": [v.param for v in views if v.decay == decay],
-               "weight_decay": optim.weight_decay if decay else 0.0} for decay in (True, False)]
+               "weight_decay": optim.weight_decay if decay else 0.0, "decayed": decay}
+              for decay in (True, False)]
     groups = [g for g in groups if g["params"]]
     betas = (optim.beta1, optim.beta2)
-    if optim.name == "lamb":
-        pieces, num_segments = _lamb_pieces(buckets, masters, whole=whole)
-        return FlatLamb(groups, pieces=pieces, num_segments=num_segments, tp=tp,
-                        dp=None if whole else dp, comm_device=comm_device, lr=optim.lr,
-                        betas=betas, eps=optim.eps)
+    if optim.name in ("lamb", "lars", "novograd"):
+        pieces, num_segments = _pieces(buckets, masters, whole=whole)
+        layout = {"pieces": pieces, "num_segments": num_segments, "tp": tp,
+                  "dp": None if whole else dp, "comm_device": comm_device}
+        if optim.name == "lars":
+            return FlatLars(groups, lr=optim.lr, momentum=optim.momentum,
+                            eta=optim.trust_coefficient, **layout)
+        kind = FlatLamb if optim.name == "lamb" else FlatNovoGrad
+        return kind(groups, lr=optim.lr, betas=betas, eps=optim.eps, **layout)
     state_device = masters[0].values.device
     return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.eps,
                              fused=state_device.type in ("cpu", "cuda"))
 
 
-MOMENTS = ("exp_avg", "exp_avg_sq")
-"""The per-element state of AdamW and LAMB (both keep Adam's moments under these names)."""
+def moments(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    """The per-element state of the optimizer: AdamW's moments, or a layer-wise one's SLOTS."""
+    return getattr(optimizer, "SLOTS", ("exp_avg", "exp_avg_sq"))
 
 
 def optimizer_slots(optimizer: torch.optim.Optimizer, param: Tensor) -> dict[str, Tensor]:
@@ -100,6 +108,6 @@ def optimizer_slots(optimizer: torch.optim.Optimizer, param: Tensor) -> dict[str
     state = optimizer.state[param]
     if not state:
         state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-        for name in MOMENTS:
+        for name in moments(optimizer):
             state[name] = torch.zeros_like(param)
     return state

@@ -34,7 +34,10 @@ def build_engine(model: nn.Module, optim: OptimConfig, parallel: ParallelConfig,
                  ctx: ParallelContext) -> ZeroEngine:
     """The engine for parallel.zero_stage / cpu_offload / precision, over ctx's DP group."""
     return ZeroEngine(model, optim, ctx, zero_stage=parallel.zero_stage,
-                      cpu_offload=parallel.cpu_offload, precision=parallel.precision)
+                      cpu_offload=parallel.cpu_offload, precision=parallel.precision,
+                      grad_compression=parallel.grad_compression,
+                      powersgd_rank=parallel.powersgd_rank,
+                      powersgd_start_step=parallel.powersgd_start_step)
 
 
 def parallelize(model: nn.Module, parallel: ParallelConfig, optim: OptimConfig,

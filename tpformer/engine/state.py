@@ -20,13 +20,10 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from tpformer.engine.flat_buffer import FlatBucket, Segment
-from tpformer.engine.optimizer import MOMENTS, Master, optimizer_slots
+from tpformer.engine.optimizer import Master, moments, optimizer_slots
 from tpformer.parallel.comm import all_gather_async, wait
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import gather_full, logical_shape, shard_full, sharded_dim
-
-SLOTS = ("param", *MOMENTS)
-
 
 def _master_like(optimizer: torch.optim.Optimizer, master: Master, slot: str) -> Tensor:
     """The master ('param') or a moment laid out like the master (whole or this rank's shard)."""
@@ -89,12 +86,12 @@ def _local_chunk(value: Tensor, seg: Segment, ctx: ParallelContext) -> Tensor:
 def logical_state(buckets: list[FlatBucket], masters: list[Master],
                   optimizer: torch.optim.Optimizer, ctx: ParallelContext, *,
                   whole: bool) -> dict[str, Tensor]:
-    """{"param/<name>", "exp_avg/<name>", "exp_avg_sq/<name>": fp32 logical tensor (a DTensor
-    for TP-sharded parameters), "step"}. `whole`: the masters cover whole buckets (stage 0)."""
+    """{"param/<name>", "<slot>/<name>" for each of the optimizer's per-element slots (AdamW's
+    exp_avg, exp_avg_sq): fp32 logical tensor (a DTensor for TP-sharded parameters), "step"}. `whole`: the masters cover whole buckets (stage 0)."""
     out: dict[str, Tensor] = {}
     steps = []
     for bucket, master in zip(buckets, masters):
-        for slot in SLOTS:
+        for slot in ("param", *moments(optimizer)):
             gathered = _whole_bucket(_master_like(optimizer, master, slot), ctx, whole=whole)
             for seg in bucket.segments:
                 out[f"{slot}/{seg.name}"] = _saved_form(bucket.view(gathered, seg), seg, ctx)
@@ -125,7 +122,7 @@ def load_logical_state(buckets: list[FlatBucket], masters: list[Master],
     optimizer state; returns each bucket's whole fp32 parameter values, for the compute copy."""
     params = []
     for bucket, master in zip(buckets, masters):
-        for slot in SLOTS:
+        for slot in ("param", *moments(optimizer)):
             values = torch.zeros(bucket.padded_numel, dtype=torch.float32)
             for seg in bucket.segments:
                 bucket.view(values, seg).copy_(_local_chunk(loaded[f"{slot}/{seg.name}"], seg, ctx))
