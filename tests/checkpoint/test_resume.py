@@ -203,17 +203,28 @@ RESHARD_REL = 1e-5
     ({"tensor": 1}, {"zero_stage": 2, "world": 2, "cpu_offload": "optimizer"}),
     ({"tensor": 2, "sequence_parallel": True}, {"tensor": 1}),        # SP -> no SP
     ({"tensor": 2}, {"tensor": 2, "sequence_parallel": True}),        # TP -> TP + SP
+    ({"tensor": 2, "optim": "novograd"}, {"zero_stage": 1, "world": 2, "optim": "novograd"}),
+    ({"zero_stage": 2, "world": 2, "optim": "lars"}, {"tensor": 2, "optim": "lars"}),
 ])
 def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: dict,
                                                         resumed: dict) -> None:
-    straight = _run(ParallelContext.single(device="cpu"), tiny_config(steps=STEPS, micro=8),
-                    str(tmp_path / "a"))
+    """Also for the layer-wise optimizers' own state (LARS's momentum buffer, NovoGrad's
+    per-layer second moment kept expanded over its parameter)."""
+    optim = saved.get("optim", "adamw")
+
+    def with_optimizer(config: Config) -> Config:
+        lr = {"adamw": config.optim.lr, "novograd": 1e-2, "lars": 5.0}[optim]
+        return replace(config, optim=replace(config.optim, name=optim, lr=lr))
+
+    straight = _run(ParallelContext.single(device="cpu"),
+                    with_optimizer(tiny_config(steps=STEPS, micro=8)), str(tmp_path / "a"))
 
     def launch(fn, layout: dict, *args):  # global batch 8 in every layout
         layout = dict(layout)
+        layout.pop("optim", None)
         world = layout.pop("world", layout.get("tensor", 1))
         dp = world // layout.get("tensor", 1)
-        config = tiny_config(steps=STEPS, micro=8 // dp, **layout)
+        config = with_optimizer(tiny_config(steps=STEPS, micro=8 // dp, **layout))
         if world == 1:
             return [fn(ParallelContext.single(device="cpu"), config, *args)]
         return run_distributed(fn, world, config, *args, tensor=layout.get("tensor", 1),

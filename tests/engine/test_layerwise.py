@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
-from tests.engine.test_zero import ADAMW_REL, GLOBAL_BATCH, OPTIM, STEPS, _batch, _model
+from tests.engine.test_zero import ADAMW_REL, OPTIM, STEPS, _batch, _model, engine_cases
 from tests.tolerances import assert_rel_close
-from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.engine import build_engine
+from tpformer.config.schema import OptimConfig
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict
 
@@ -54,21 +53,7 @@ def _reference(optim: OptimConfig) -> dict[str, torch.Tensor]:
 
 
 def _cases(ctx: ParallelContext, optim: OptimConfig) -> list[dict[str, torch.Tensor]]:
-    results = []
-    for stage, offload in CASES:
-        model = _model(ctx)
-        engine = build_engine(model, optim, ParallelConfig(zero_stage=stage, cpu_offload=offload),
-                              ctx)
-        per_rank = GLOBAL_BATCH // ctx.dp.size
-        for step in range(STEPS):
-            first = ctx.dp.rank * per_rank
-            ctx.rng.set_position(step, first)
-            batch = {k: v[first:first + per_rank] for k, v in _batch(step).items()}
-            engine.backward(model(**batch).loss)
-            engine.step()
-        with engine.gathered():
-            results.append(full_state_dict(model, ctx.tp))
-    return results
+    return engine_cases(ctx, optim, CASES)
 
 
 @pytest.mark.parametrize("optim", [LARS, NOVOGRAD], ids=["lars", "novograd"])

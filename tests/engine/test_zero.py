@@ -265,11 +265,14 @@ def lamb_reference() -> dict[str, torch.Tensor]:
     return full_state_dict(model, ctx.tp)
 
 
-def _lamb_cases(ctx: ParallelContext) -> list[dict[str, torch.Tensor]]:
+def engine_cases(ctx: ParallelContext, optim: OptimConfig,
+                 cases: list[tuple[int, str]]) -> list[dict[str, torch.Tensor]]:
+    """STEPS steps of the engine with `optim` per (zero stage, offload): the full parameters."""
     results = []
-    for stage, offload in [(0, "none"), (1, "none"), (2, "optimizer"), (3, "none")]:
+    for stage, offload in cases:
         model = _model(ctx)
-        engine = build_engine(model, LAMB, ParallelConfig(zero_stage=stage, cpu_offload=offload), ctx)
+        engine = build_engine(model, optim, ParallelConfig(zero_stage=stage, cpu_offload=offload),
+                              ctx)
         per_rank = GLOBAL_BATCH // ctx.dp.size
         for step in range(STEPS):
             first = ctx.dp.rank * per_rank
@@ -280,6 +283,10 @@ def _lamb_cases(ctx: ParallelContext) -> list[dict[str, torch.Tensor]]:
         with engine.gathered():
             results.append(full_state_dict(model, ctx.tp))
     return results
+
+
+def _lamb_cases(ctx: ParallelContext) -> list[dict[str, torch.Tensor]]:
+    return engine_cases(ctx, LAMB, [(0, "none"), (1, "none"), (2, "optimizer"), (3, "none")])
 
 
 @pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 2), (1, 4)])

@@ -8,7 +8,8 @@ stage 2  + gradients reduce-scattered: each rank keeps only its gradient shard.
 stage 3  + parameters partitioned: gathered for each block's forward and backward, then freed.
 
 Under sequence parallelism the gradients of LayerNorms and other parameters of the
-sequence-sharded regions are partial per TP rank; the step sums them over TP once.
+sequence-sharded regions are partial per TP rank; the step sums them over TP once. The DP
+reduction may be compressed (bf16 or PowerSGD, compression.py).
 
 The stage picks three strategies once, here: where parameters live (params.py), how gradients
 are reduced (grads.py) and which part of each bucket the optimizer owns (optimizer.py). The
