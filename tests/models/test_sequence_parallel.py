@@ -15,7 +15,7 @@ from tpformer.layers.sequence import labeled_rows
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_reduce, count_collectives, gather_rows
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import initialize_parameters, is_sequence_parallel
+from tpformer.parallel.init import gather_full, initialize_parameters, is_sequence_parallel
 
 
 def sum_sequence_parallel_grads(model: torch.nn.Module, ctx: ParallelContext) -> None:
@@ -151,3 +151,18 @@ def test_labeled_rows_come_back_in_sequence_order(tp: int) -> None:
         assert torch.equal(result["labels"], picked)
         assert torch.equal(result["grad"], shard(hidden.grad, 1, rank, tp))
         assert (result["empty"], result["calls"]) == (0, 0)
+
+
+def _logits_without_labels(ctx: ParallelContext) -> torch.Tensor:
+    model = build_model(tiny_bert(), ctx, task="pretraining")
+    batch = {k: v for k, v in bert_batch().items() if k not in ("mlm_labels", "nsp_labels")}
+    logits = model(**batch).mlm_logits.transpose(0, -1)  # the vocabulary first, as mlm_bias
+    return gather_full(model.mlm_bias, ctx.tp, logits).transpose(0, -1)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_logits_without_labels_cover_every_position(tp: int) -> None:
+    """No labels: the MLM head gets the whole sequence, gathered in order, under SP too."""
+    reference = _logits_without_labels(ParallelContext.single(device="cpu"))
+    for logits in run_distributed(_logits_without_labels, tp, tensor=tp, sequence_parallel=True):
+        assert_rel_close(logits, reference, FP32_MODEL_REL, "logits")

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from tpformer.engine.flat_buffer import FlatBucket, Segment
-from tpformer.parallel.comm import all_reduce, all_reduce_async, reduce_scatter_async, wait
+from tpformer.parallel.comm import (all_reduce, all_reduce_async, all_reduce_coalesced,
+                                    reduce_scatter_async, wait)
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import is_sequence_parallel, logical_shape, sharded_dim
 from tpformer.parallel.random import derive_seed, name_key
@@ -114,14 +115,7 @@ class PowerSGD:
         if step < self.start_step:
             all_reduce(whole, self.dp)
             return
-        plain = self.plain[i]
-        if plain:
-            flat = torch.cat([bucket.view(whole, s).reshape(-1) for s in plain])
-            all_reduce(flat, self.dp)
-            offset = 0
-            for s in plain:
-                bucket.view(whole, s).copy_(flat[offset:offset + s.numel].view(s.shape))
-                offset += s.numel
+        all_reduce_coalesced([bucket.view(whole, s) for s in self.plain[i]], self.dp)
         matrices = self.matrices[i]
         if not matrices:
             return
@@ -133,35 +127,24 @@ class PowerSGD:
         # P = M Q: summed over TP where the columns are split, then over DP
         for m, grad in zip(matrices, grads):
             m.p = grad.matmul(m.q)
-        self._sum([m.p for m in matrices if m.tp_dim == 1], self.tp)
-        self._sum([m.p for m in matrices], self.dp)
+        all_reduce_coalesced([m.p for m in matrices if m.tp_dim == 1], self.tp)
+        all_reduce_coalesced([m.p for m in matrices], self.dp)
         self._orthonormalize(matrices)
         # Q = M^T P: summed over TP where the rows are split, then over DP
         for m, grad in zip(matrices, grads):
             m.q = grad.t().matmul(m.p)
-        self._sum([m.q for m in matrices if m.tp_dim == 0], self.tp)
-        self._sum([m.q for m in matrices], self.dp)
+        all_reduce_coalesced([m.q for m in matrices if m.tp_dim == 0], self.tp)
+        all_reduce_coalesced([m.q for m in matrices], self.dp)
         for m, grad in zip(matrices, grads):
             approx = m.p.matmul(m.q.t())  # the sum over DP of the compressed gradients
             torch.sub(grad, approx, alpha=1.0 / self.dp.size, out=m.error)
             grad.copy_(approx)
 
-    def _sum(self, tensors: list[Tensor], group: GroupHandle) -> None:
-        """All-reduce the tensors over `group` as one flat buffer."""
-        if group.size == 1 or not tensors:
-            return
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        all_reduce(flat, group)
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
-
     def _orthonormalize(self, matrices: list[_Matrix]) -> None:
         """CholeskyQR of each P: its Gram matrix P^T P (summed over TP where P's rows are
         split), regularized, factored, and P <- P L^-T; in float64 for stability."""
         grams = [m.p.double().t().matmul(m.p.double()) for m in matrices]
-        self._sum([g for m, g in zip(matrices, grams) if m.tp_dim == 0], self.tp)
+        all_reduce_coalesced([g for m, g in zip(matrices, grams) if m.tp_dim == 0], self.tp)
         for m, gram in zip(matrices, grams):
             scale = float(gram.diagonal().sum()) / self.rank
             eye = torch.eye(self.rank, dtype=gram.dtype, device=gram.device)

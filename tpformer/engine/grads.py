@@ -19,7 +19,8 @@ from torch import Tensor
 
 from tpformer.engine.compression import Bf16Reduction, PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
-from tpformer.parallel.comm import all_reduce, all_reduce_async, reduce_scatter_async, wait
+from tpformer.parallel.comm import (all_reduce_async, all_reduce_coalesced, reduce_scatter_async,
+                                    wait)
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import is_sequence_parallel
 
@@ -172,10 +173,4 @@ class SequenceParallelGrads:
 
     def sum_over_tp(self, grads: list[Tensor]) -> None:
         """In place on `grads` (one per bucket, as the optimizer steps them)."""
-        if not self.pieces:
-            return
-        flat = all_reduce(torch.cat([grads[i][a:b] for i, a, b in self.pieces]), self.tp)
-        offset = 0
-        for i, a, b in self.pieces:
-            grads[i][a:b].copy_(flat[offset : offset + b - a])
-            offset += b - a
+        all_reduce_coalesced([grads[i][a:b] for i, a, b in self.pieces], self.tp)

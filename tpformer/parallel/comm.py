@@ -71,6 +71,17 @@ def all_reduce(x: Tensor, handle: GroupHandle, op: dist.ReduceOp.RedOpType = dis
     return x
 
 
+def all_reduce_coalesced(tensors: list[Tensor], handle: GroupHandle) -> None:
+    """SUM all-reduce of several tensors (or views, written through) as one flat buffer."""
+    if handle.size == 1 or not tensors:
+        return
+    flat = all_reduce(torch.cat([t.reshape(-1) for t in tensors]), handle)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 def all_gather_dim(x: Tensor, handle: GroupHandle, dim: int = -1) -> Tensor:
     """Concatenate every rank's x along `dim` (no autograd)."""
     if handle.size == 1:
