@@ -38,7 +38,8 @@ def _worker(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, wor
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
         ctx = ParallelContext.create(config.tensor, config.data, seed=config.seed,
                                      timeout_s=timeout_s,
-                                     sequence_parallel=config.sequence_parallel)
+                                     sequence_parallel=config.sequence_parallel,
+                                     pipeline=config.pipeline)
         try:
             result = fn(ctx, *args)
         finally:
@@ -57,12 +58,12 @@ def _context() -> mp.context.BaseContext:
 
 def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
                 timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
-                seed: int = 1234, sequence_parallel: bool = False,
+                seed: int = 1234, sequence_parallel: bool = False, pipeline: int = 1,
                 ) -> tuple[list[mp.process.BaseProcess], str]:
     """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
     and their work directory (for tests that kill ranks themselves)."""
     config = ParallelConfig(tensor=tensor, data=str(data), seed=seed,
-                            sequence_parallel=sequence_parallel)
+                            sequence_parallel=sequence_parallel, pipeline=pipeline)
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
     mpctx = _context()
     procs = [mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
@@ -74,12 +75,14 @@ def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
                     timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
-                    seed: int = 1234, sequence_parallel: bool = False) -> list[Any]:
+                    seed: int = 1234, sequence_parallel: bool = False,
+                    pipeline: int = 1) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
     fn and args must be picklable (a module-level function of a test module)."""
     procs, workdir = start_ranks(fn, world_size, *args, timeout_s=timeout_s, tensor=tensor,
-                                 data=data, seed=seed, sequence_parallel=sequence_parallel)
+                                 data=data, seed=seed, sequence_parallel=sequence_parallel,
+                                 pipeline=pipeline)
     try:
         deadline = time.monotonic() + timeout_s + 30
         while any(p.is_alive() for p in procs):

@@ -43,7 +43,8 @@ def setup_logging(run_dir: Path, rank: int) -> None:
 def resolve(config: Any, world_size: int) -> Layout:
     """The run's layout for this world size (parallel.data=auto resolved): the one place the
     layout keys are read, before any process group exists."""
-    return resolve_layout(config.parallel.tensor, config.parallel.data, world_size)
+    return resolve_layout(config.parallel.tensor, config.parallel.data, world_size,
+                          config.parallel.pipeline)
 
 
 def _fail(message: str) -> None:
@@ -99,7 +100,8 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
         die_with_parent()
         ctx = ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env,
                                      timeout_s=config.launcher.timeout_s,
-                                     sequence_parallel=config.parallel.sequence_parallel)
+                                     sequence_parallel=config.parallel.sequence_parallel,
+                                     pipeline=config.parallel.pipeline)
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed)
     try:

@@ -45,7 +45,7 @@ def checkpoint_meta(model: ModelConfig, parallel: ParallelConfig, layout: Layout
     builds), the layout it was saved at, and the run's resolved config ({"model": ..., ...})."""
     return {**{k: getattr(model, k) for k in MODEL_KEYS}, "task": task,
             "world_size": layout.world_size, "tensor": layout.tp, "data": layout.dp,
-            "zero_stage": parallel.zero_stage, "precision": parallel.precision,
+            "pipeline": layout.pp, "zero_stage": parallel.zero_stage, "precision": parallel.precision,
             "config": {"model": asdict(model), **run_config}, **extra}
 
 

@@ -32,6 +32,7 @@ Precision = _choice("Precision", "fp32", "bf16", "fp16")
 CpuOffload = _choice("CpuOffload", "none", "optimizer", "optimizer+params")
 Recompute = _choice("Recompute", "none", "selective", "full")
 GradCompression = _choice("GradCompression", "none", "bf16", "powersgd")
+PipelineSchedule = _choice("PipelineSchedule", "gpipe", "1f1b", "interleaved_1f1b")
 OptimizerName = _choice("OptimizerName", "adamw", "lamb", "lars", "novograd")
 Decay = _choice("Decay", "linear", "cosine")
 LrScaling = _choice("LrScaling", "none", "linear", "sqrt")
@@ -106,6 +107,17 @@ class ParallelConfig:
     sequence_parallel: bool = False
     """Megatron-SP: LayerNorm, dropout and residual activations hold 1/tensor of the sequence
     (needs tensor > 1 and a sequence length divisible by tensor); same losses as without."""
+    pipeline: int = ranged(1, 1)
+    """PP degree: pipeline stages, the outermost mesh dim (put it across nodes)."""
+    pipeline_schedule: PipelineSchedule = PipelineSchedule("1f1b")
+    """gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (virtual_stages
+    model chunks per stage). Micro-batches per step: trainer.grad_accum."""
+    virtual_stages: int = ranged(2, 2)
+    """interleaved_1f1b: model chunks per stage."""
+    pipeline_split: Any = "balanced"
+    """balanced (layer costs from FLOPs, embedding and head included), profile (measured on
+    this device), or layers per stage as a list, e.g. [3, 1] (per virtual stage when
+    interleaved)."""
 
 
 @dataclass

@@ -85,6 +85,43 @@ def validate_sequence_parallel(parallel: ParallelConfig, seq_length: int | None)
                          f"{below + parallel.tensor})")
 
 
+def validate_pipeline(parallel: ParallelConfig, num_layers: int, micro_batches: int) -> None:
+    """Pipeline stages need layers to hold, micro-batches to fill them and an engine that keeps
+    whole gradients; a split list must match the model."""
+    p, schedule = parallel.pipeline, parallel.pipeline_schedule
+    split = parallel.pipeline_split
+    if p == 1:
+        return
+    if p > num_layers:
+        raise ValueError(f"parallel.pipeline={p} exceeds the model's num_layers={num_layers}: "
+                         f"every stage needs a layer (valid: 1 to {num_layers})")
+    if parallel.zero_stage >= 2:
+        raise ValueError(f"parallel.zero_stage={parallel.zero_stage} is not supported with "
+                         f"parallel.pipeline={p}: stages 2-3 reduce-scatter (and stage 3 re-gathers) "
+                         "each layer's gradients and parameters on every micro-batch's backward, "
+                         "which the pipeline interleaves; use zero_stage 0 or 1 (optimizer state "
+                         "sharded over each stage's DP group)")
+    chunks = parallel.virtual_stages if schedule == "interleaved_1f1b" else 1
+    if schedule == "interleaved_1f1b" and micro_batches % p:
+        raise ValueError(f"parallel.pipeline_schedule=interleaved_1f1b needs the micro-batches per "
+                         f"step ({micro_batches}) to be a multiple of parallel.pipeline={p}; set "
+                         f"trainer.grad_accum to a multiple of {p}")
+    if isinstance(split, str):
+        if split not in ("balanced", "profile"):
+            raise ValueError(f"parallel.pipeline_split={split!r} is not one of ['balanced', "
+                             "'profile'] or a list of layers per stage")
+        if schedule == "interleaved_1f1b" and split == "balanced" and num_layers % (p * chunks):
+            raise ValueError(f"parallel.pipeline_schedule=interleaved_1f1b splits the "
+                             f"num_layers={num_layers} layers into parallel.pipeline={p} x "
+                             f"parallel.virtual_stages={chunks} equal chunks: it must be a "
+                             f"multiple of {p * chunks}")
+        return
+    from tpformer.parallel.pipeline.partition import check_split
+
+    check_split(list(split), num_layers, p * chunks,
+                f"parallel.pipeline={p}" + (f" x virtual_stages={chunks}" if chunks > 1 else ""))
+
+
 def validate_recompute_granularity(parallel: ParallelConfig, num_layers: int) -> None:
     """Full recomputation's granularity must fit the model's layers."""
     if parallel.activation_checkpointing != "full":
@@ -116,6 +153,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
         raise ValueError(f"data.seq_length={config.data.seq_length} exceeds "
                          f"model.max_position_embeddings={config.model.max_position_embeddings}")
     validate_sequence_parallel(config.parallel, config.data.seq_length)
+    validate_pipeline(config.parallel, config.model.num_layers, config.trainer.grad_accum)
     validate_data(config.data)
 
 
@@ -129,4 +167,7 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
     if t.batch_size < 1 or micro < 1 or t.batch_size % (micro * layout.dp):
         raise ValueError(f"trainer.batch_size={t.batch_size} must be a multiple of "
                          f"trainer.micro_batch_size={micro} x dp={layout.dp}")
+    if config.parallel.pipeline > 1:  # the layer count is checked once the checkpoint is read
+        validate_pipeline(config.parallel, config.parallel.pipeline,
+                          t.batch_size // (micro * layout.dp))
 

@@ -29,7 +29,8 @@ from tpformer.config.schema import OptimConfig
 from tpformer.engine.compression import PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
-from tpformer.engine.grads import ReplicatedGrads, SequenceParallelGrads, ShardedGrads
+from tpformer.engine.grads import (PipelineTiedGrads, ReplicatedGrads, SequenceParallelGrads,
+                                   ShardedGrads)
 from tpformer.engine.memory import MemoryBytes
 from tpformer.engine.optimizer import build_masters, build_optimizer
 from tpformer.engine.params import PartitionedParams, ReplicatedParams
@@ -86,6 +87,7 @@ class ZeroEngine:
                       else ReplicatedGrads(self.buckets, ctx.dp, device, self.pool,
                                            sharded=zero_stage == 1, bf16=bf16, powersgd=powersgd))
         self.sequence_grads = SequenceParallelGrads(self.buckets, ctx.tp, whole=self.whole_master)
+        self.tied_grads = PipelineTiedGrads(self.buckets, ctx.pipeline_ends)
         self.master_aliased = (self.dtype == torch.float32 and state_device == device
                                and self.params.aliasable)
         owned = [self.params.owned(i) for i in range(len(self.buckets))]
@@ -101,9 +103,14 @@ class ZeroEngine:
 
     # ------------------------------------------------------------------ backward
 
-    def backward(self, loss: Tensor, *, sync: bool = True) -> None:
-        """Backward of one micro-batch; `sync=False` accumulates without any communication."""
+    def backward(self, loss: Tensor, *, sync: bool = True, grad: Tensor | None = None) -> None:
+        """Backward of one micro-batch; `sync=False` accumulates without any communication.
+        With `grad`, `loss` is a pipeline stage's output and `grad` its (already scaled)
+        gradient from the next stage."""
         self.sync = sync
+        if grad is not None:
+            torch.autograd.backward(loss, grad)
+            return
         (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
 
     def _grad_hook(self, i: int, seg: Segment) -> Callable[[Tensor], None]:
@@ -142,9 +149,10 @@ class ZeroEngine:
         scale = 1.0 / (self.ctx.dp.size * self.scaler.scale)
         grads = [self.grads.reduced(i).mul_(scale) for i in range(len(self.buckets))]
         self.sequence_grads.sum_over_tp(grads)
+        self.tied_grads.sum_over_ends(grads)
         shard_grads = ([b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master
                        else grads)  # each DP rank counts only its chunk in the norm
-        norm = global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp)
+        norm = global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp, self.ctx.pp)
         finite = math.isfinite(norm)
         self.scaler.update(not finite)
         if not finite:

@@ -1,4 +1,5 @@
-"""Global gradient norm over TP and DP, counting TP-replicated parameters once."""
+"""Global gradient norm over TP, DP and pipeline stages, counting TP-replicated parameters and
+pipeline-tied ones once."""
 
 from __future__ import annotations
 
@@ -10,21 +11,25 @@ from torch import Tensor
 from tpformer.engine.flat_buffer import FlatBucket
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.pipeline.stage import counted_in_norm
 
 
 def global_grad_norm(buckets: list[FlatBucket], shard_grads: list[Tensor], tp: GroupHandle,
-                     dp: GroupHandle) -> float:
+                     dp: GroupHandle, pp: GroupHandle | None = None) -> float:
     """L2 norm of the full gradient, from each rank's DP shard of each bucket.
 
     Each DP rank sums squares over its own shard (so DP ranks never double count); TP-sharded
-    segments count on every TP rank, replicated ones only on TP rank 0.
+    segments count on every TP rank, replicated ones only on TP rank 0; each stage counts its
+    own parameters, the tied word embedding on the first stage only.
     """
     total = torch.zeros((), dtype=torch.float64, device=shard_grads[0].device)
     for bucket, grad in zip(buckets, shard_grads):
         for seg, a, b in bucket.shard_ranges():
-            if seg.tp_sharded or tp.rank == 0:
+            if (seg.tp_sharded or tp.rank == 0) and counted_in_norm(seg.param):
                 total += torch.linalg.vector_norm(grad[a:b]).double() ** 2
     total = total.reshape(1)
     all_reduce(total, dp)
     all_reduce(total, tp)
+    if pp is not None:
+        all_reduce(total, pp)
     return math.sqrt(total.item()) if math.isfinite(total.item()) else float("nan")

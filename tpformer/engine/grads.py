@@ -23,6 +23,7 @@ from tpformer.parallel.comm import (all_reduce_async, all_reduce_coalesced, redu
                                     wait)
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import is_sequence_parallel
+from tpformer.parallel.pipeline.stage import is_pipeline_tied
 
 
 @dataclass
@@ -174,3 +175,19 @@ class SequenceParallelGrads:
     def sum_over_tp(self, grads: list[Tensor]) -> None:
         """In place on `grads` (one per bucket, as the optimizer steps them)."""
         all_reduce_coalesced([grads[i][a:b] for i, a, b in self.pieces], self.tp)
+
+
+class PipelineTiedGrads:
+    """Sums over a pipeline's first and last stage the gradient of the parameters both hold
+    (the word embedding, which the last stage also uses as output projection), as Megatron's
+    embedding group: each end then applies the same update. The tied parameters have a bucket
+    of their own (units.py), laid out and sharded identically on both ends."""
+
+    def __init__(self, buckets: list[FlatBucket], ends: GroupHandle) -> None:
+        self.ends = ends
+        self.indices = [i for i, b in enumerate(buckets)
+                        if ends.size > 1 and all(is_pipeline_tied(s.param) for s in b.segments)]
+
+    def sum_over_ends(self, grads: list[Tensor]) -> None:
+        if self.indices:
+            all_reduce_coalesced([grads[i] for i in self.indices], self.ends)

@@ -1,24 +1,29 @@
 """The one assembly: the parallel wrappers applied to a built model, in a fixed order.
 
 Every entry point, tool and benchmark builds its engine through `parallelize`, so a wrapper added
-here (later: sequence parallelism, pipeline stages) reaches all of them at once. Order:
+here reaches all of them at once. Order:
 
-1. activation recomputation wraps the model's blocks (before the engine, whose stage-3 hooks
+1. pipeline parallelism (parallel.pipeline > 1) keeps this rank's stage of the model: the split
+   is chosen (pipeline/split.py) and every other stage's parameters are dropped;
+2. activation recomputation wraps the model's blocks (before the engine, whose stage-3 hooks
    must see the recomputed forward as a forward inside backward, and skip the free);
-2. the engine takes over the parameters (flat buffers, ZeRO partitioning, precision, offload)
-   and builds the optimizer over them.
+3. the engine takes over the parameters (flat buffers, ZeRO partitioning, precision, offload)
+   and builds the optimizer over them; the pipeline runner gets the engine's compute dtype.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
+from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig, ParallelConfig
 from tpformer.engine.engine import ZeroEngine
 from tpformer.engine.recompute import apply_recompute
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.pipeline.runner import PipelineRunner
+from tpformer.parallel.pipeline.split import SplitChoice, choose_split
+from tpformer.parallel.pipeline.stage import build_stage
 
 
 @dataclass
@@ -28,6 +33,9 @@ class Parallelized:
     engine: ZeroEngine
     recomputed: list[str]
     """Names of the modules (full) or methods (selective) that recompute in backward."""
+    pipeline: PipelineRunner | None = None
+    """This rank's pipeline stage and schedule (parallel.pipeline > 1)."""
+    split: SplitChoice | None = None
 
 
 def build_engine(model: nn.Module, optim: OptimConfig, parallel: ParallelConfig,
@@ -41,7 +49,20 @@ def build_engine(model: nn.Module, optim: OptimConfig, parallel: ParallelConfig,
 
 
 def parallelize(model: nn.Module, parallel: ParallelConfig, optim: OptimConfig,
-                ctx: ParallelContext) -> Parallelized:
-    """Apply recomputation, then the engine, to a model built at ctx's TP degree."""
+                ctx: ParallelContext, *, head_fraction: float = 0.0, seq: int = 128,
+                sample: dict[str, Tensor] | None = None) -> Parallelized:
+    """Keep this rank's pipeline stage, apply recomputation, then the engine, to a model built
+    at ctx's TP degree. `head_fraction` (share of tokens the output head runs on), `seq` and
+    `sample` (a micro-batch, for pipeline_split=profile) inform the pipeline split."""
+    split = stage = None
+    if ctx.pp.size > 1:
+        chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
+        split = choose_split(model, parallel.pipeline_split, ctx.pp.size, chunks,
+                             head_fraction=head_fraction, seq=seq, sample=sample)
+        stage = build_stage(model, split.split, ctx.pp.rank, ctx.pp.size)
     recomputed = apply_recompute(model, parallel, ctx.rng)
-    return Parallelized(build_engine(model, optim, parallel, ctx), recomputed)
+    engine = build_engine(model, optim, parallel, ctx)
+    runner = (PipelineRunner(stage, ctx, schedule=parallel.pipeline_schedule,
+                             hidden=model.config.hidden_size, dtype=engine.dtype)  # type: ignore[union-attr]
+              if stage is not None else None)
+    return Parallelized(engine, recomputed, runner, split)

@@ -56,7 +56,8 @@ def _valid_rows(seg: Segment, ctx: ParallelContext) -> int | None:
 def _as_dtensor(local: Tensor, seg: Segment, ctx: ParallelContext) -> DTensor:
     shape = logical_shape(_like(seg))
     stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local.to(ctx.mesh.device_type), ctx.mesh,  # type: ignore[union-attr]
+    mesh = ctx.stage_mesh  # a pipeline stage's parameters span its own (dp, tp) ranks only
+    return DTensor.from_local(local.to(mesh.device_type), mesh,  # type: ignore[union-attr]
                               [Replicate(), Shard(sharded_dim(seg.param))], run_check=False,
                               shape=shape, stride=stride)
 

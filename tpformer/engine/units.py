@@ -2,7 +2,8 @@
 
 A model that defines `blocks()` (a list of modules, e.g. its transformer layers) gets one ZeRO
 bucket and one recomputation unit per block, and one bucket for every other parameter; a model
-without it is one bucket. This is the whole contract between the engine and a model, so the
+without it is one bucket. A parameter that pipeline ends share (the tied word embedding) gets a
+bucket of its own, so the first and last stage hold identical flat layouts of it. This is the whole contract between the engine and a model, so the
 engine wraps any nn.Module and imports no layer or model class.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import nn
+
+from tpformer.parallel.pipeline.stage import is_pipeline_tied
 
 
 def model_blocks(model: nn.Module) -> list[nn.Module]:
@@ -29,7 +32,8 @@ class Unit:
 
 
 def split_units(model: nn.Module) -> list[Unit]:
-    """One unit per block, then the root unit (if it has parameters)."""
+    """One unit per block, then the pipeline-tied unit and the root unit (if they have
+    parameters)."""
     names = {id(m): n for n, m in model.named_modules()}
     units, in_block = [], set()
     for block in model_blocks(model):
@@ -37,6 +41,10 @@ def split_units(model: nn.Module) -> list[Unit]:
         in_block.update(id(p) for _, p in params)
         units.append(Unit(block, params))
     rest = [(n, p) for n, p in model.named_parameters() if id(p) not in in_block]
+    tied = [(n, p) for n, p in rest if is_pipeline_tied(p)]
+    if tied:
+        units.append(Unit(None, tied))
+    rest = [(n, p) for n, p in rest if not is_pipeline_tied(p)]
     if rest:
         units.append(Unit(None, rest))
     return [u for u in units if u.params]

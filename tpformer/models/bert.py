@@ -80,15 +80,51 @@ class BertModel(TPModule):
         """The repeated units the engine buckets and recomputation wraps, in forward order."""
         return list(self.encoder.layers)
 
+    def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """The first pipeline stage's part: the input of the first block."""
+        check_sequence_length(input_ids.shape[1], self.config)
+        return self.embeddings(input_ids, token_type_ids)
+
+    def finish(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The last block's output -> (sequence output, pooled or None)."""
+        if self.pooler is None:
+            return x, None
+        return x, torch.tanh(self.pooler(first_token(x, self.tp, self.sequence_parallel)))
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated,
         except the sequence output with sequence parallelism: this rank's chunk [b, s/tp, h]."""
-        check_sequence_length(input_ids.shape[1], self.config)
-        x = self.encoder(self.embeddings(input_ids, token_type_ids), padding_mask(attention_mask))
-        if self.pooler is None:
-            return x, None
-        return x, torch.tanh(self.pooler(first_token(x, self.tp, self.sequence_parallel)))
+        x = self.encoder(self.embed(input_ids, token_type_ids), padding_mask(attention_mask))
+        return self.finish(x)
+
+
+class _PipelinedBert(TPModule):
+    """What a BERT task model tells a pipeline: the modules of its first stage (`embed`) and of
+    its last (`head`); the word embedding is used by both (tied MLM decoder, or not at all)."""
+
+    bert: BertModel
+    pipeline_embedding = ("bert.embeddings",)
+    pipeline_tied: tuple[str, ...] = ()
+
+    def blocks(self) -> list[nn.Module]:
+        return self.bert.blocks()
+
+    def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+              **_: Tensor | None) -> Tensor:
+        return self.bert.embed(input_ids, token_type_ids)
+
+    def block_mask(self, attention_mask: Tensor | None = None, **_: Tensor | None) -> Tensor | None:
+        return padding_mask(attention_mask)
+
+    def head(self, hidden: Tensor, **batch: Tensor | None) -> object:
+        raise NotImplementedError
+
+    def forward(self, **batch: Tensor | None) -> object:
+        x, mask = self.embed(**batch), self.block_mask(**batch)
+        for block in self.blocks():
+            x = block(x, mask)
+        return self.head(x, **batch)
 
 
 @dataclass
@@ -108,7 +144,7 @@ class PretrainingOutput:
     nsp_logits: Tensor | None = None
 
 
-class BertForPreTraining(TPModule):
+class BertForPreTraining(_PipelinedBert):
     """MLM head tied to the word embedding (vocab-parallel loss) plus the NSP/SOP head.
 
     With labels, the MLM transform and vocab projection run only at masked positions
@@ -128,8 +164,8 @@ class BertForPreTraining(TPModule):
                                      config.vocab_size)
         self.nsp = nn.Linear(h, 2)
 
-    def blocks(self) -> list[nn.Module]:
-        return self.bert.blocks()
+    pipeline_head = ("bert.pooler", "mlm_transform", "mlm_norm", "mlm_bias", "nsp")
+    pipeline_tied = ("bert.embeddings.word_embeddings.weight",)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> this rank's logits [..., padded_vocab / tp]."""
@@ -137,10 +173,16 @@ class BertForPreTraining(TPModule):
         weight = self.bert.embeddings.word_embeddings.weight
         return F.linear(copy_to_tp(hidden, self.tp), weight, self.mlm_bias)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,  # type: ignore[override]
                 attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
                 nsp_labels: Tensor | None = None) -> PretrainingOutput:
-        sequence, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        return super().forward(input_ids=input_ids, token_type_ids=token_type_ids,
+                               attention_mask=attention_mask, mlm_labels=mlm_labels,
+                               nsp_labels=nsp_labels)  # type: ignore[return-value]
+
+    def head(self, hidden: Tensor, input_ids: Tensor, mlm_labels: Tensor | None = None,  # type: ignore[override]
+             nsp_labels: Tensor | None = None, **_: Tensor | None) -> PretrainingOutput:
+        sequence, pooled = self.bert.finish(hidden)
         out = PretrainingOutput(nsp_logits=self.nsp(pooled))
         if mlm_labels is None:
             every = torch.zeros_like(input_ids)  # every position, gathered whole
@@ -169,7 +211,7 @@ class ClassificationOutput:
     loss: Tensor | None = None
 
 
-class BertForSequenceClassification(TPModule):
+class BertForSequenceClassification(_PipelinedBert):
     """Pooler -> dropout -> linear; cross-entropy, or MSE regression when num_labels == 1."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, num_labels: int = 2) -> None:
@@ -181,13 +223,18 @@ class BertForSequenceClassification(TPModule):
         self.dropout = ParallelDropout(config.dropout, ctx.rng)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
 
-    def blocks(self) -> list[nn.Module]:
-        return self.bert.blocks()
+    pipeline_head = ("bert.pooler", "dropout", "classifier")
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,  # type: ignore[override]
                 attention_mask: Tensor | None = None,
                 labels: Tensor | None = None) -> ClassificationOutput:
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        return super().forward(input_ids=input_ids, token_type_ids=token_type_ids,
+                               attention_mask=attention_mask,
+                               labels=labels)  # type: ignore[return-value]
+
+    def head(self, hidden: Tensor, labels: Tensor | None = None,  # type: ignore[override]
+             **_: Tensor | None) -> ClassificationOutput:
+        _, pooled = self.bert.finish(hidden)
         logits = self.classifier(self.dropout(pooled))
         if labels is None:
             return ClassificationOutput(logits)

@@ -49,18 +49,27 @@ class GPTModel(TPModule):
         """The repeated units the engine buckets and recomputation wraps, in forward order."""
         return list(self.decoder.layers)
 
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """The first pipeline stage's part: the input of the first block."""
+        s = input_ids.shape[1]
+        check_sequence_length(s, self.config)
+        positions = local_positions(s, self.tp, self.sequence_parallel, input_ids.device)
+        return self.dropout(self.wte(input_ids) + self.wpe(positions))
+
+    @staticmethod
+    def block_mask(input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor | None:
+        """Causal and key padding together (None: causal only, which attention applies)."""
+        if attention_mask is None:
+            return None
+        s = input_ids.shape[1]
+        causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
+        return causal[None, None] & attention_mask.bool()[:, None, None, :]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """-> hidden states [b, s, hidden], replicated (with sequence parallelism: this rank's
         chunk [b, s/tp, hidden])."""
-        b, s = input_ids.shape
-        check_sequence_length(s, self.config)
-        positions = local_positions(s, self.tp, self.sequence_parallel, input_ids.device)
-        x = self.dropout(self.wte(input_ids) + self.wpe(positions))
-        mask = None
-        if attention_mask is not None:  # causal and key padding together
-            causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-            mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
-        return self.norm(self.decoder(x, mask))
+        x = self.decoder(self.embed(input_ids), self.block_mask(input_ids, attention_mask))
+        return self.norm(x)
 
 
 @dataclass
@@ -78,12 +87,31 @@ class GPTForCausalLM(TPModule):
         self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
         self.transformer = GPTModel(config, ctx)
 
+    pipeline_embedding = ("transformer.wte", "transformer.wpe")
+    pipeline_head = ("transformer.norm",)
+    pipeline_tied = ("transformer.wte.weight",)
+
     def blocks(self) -> list[nn.Module]:
         return self.transformer.blocks()
 
+    def embed(self, input_ids: Tensor, **_: Tensor | None) -> Tensor:
+        return self.transformer.embed(input_ids)
+
+    def block_mask(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                   **_: Tensor | None) -> Tensor | None:
+        return self.transformer.block_mask(input_ids, attention_mask)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None) -> CausalLMOutput:
-        hidden = self.transformer(input_ids, attention_mask)
+        x = self.embed(input_ids)
+        mask = self.block_mask(input_ids, attention_mask)
+        for block in self.blocks():
+            x = block(x, mask)
+        return self.head(x, labels=labels)
+
+    def head(self, x: Tensor, labels: Tensor | None = None, **_: Tensor | None) -> CausalLMOutput:
+        """The last pipeline stage's part: final LayerNorm, tied LM head and loss."""
+        hidden = self.transformer.norm(x)
         # every position feeds the vocab-parallel projection: the whole sequence on each rank
         # (sequence parallelism: all-gathered, the gradient reduce-scattered back)
         weight = self.transformer.wte.weight

@@ -400,3 +400,21 @@ def all_gather_object(obj: object, handle: GroupHandle) -> list[object]:
     out: list[object] = [None] * handle.size
     dist.all_gather_object(out, obj, group=handle.group)
     return out
+
+
+def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> dist.Work:
+    """Point-to-point send of x to group rank `peer` (a pipeline neighbour); keep x alive until
+    the returned work is waited on. `tag` tells gloo's messages apart; NCCL matches by order."""
+    _record("send")
+    for counter in _active_counters:
+        counter.bytes["send"] += x.nbytes
+    return dist.isend(x.contiguous(), dst=dist.get_global_rank(handle.group, peer),
+                      group=handle.group, tag=tag)
+
+
+def recv(out: Tensor, peer: int, handle: GroupHandle, tag: int) -> Tensor:
+    """Receive into `out` from group rank `peer`, waiting (up to the group's timeout)."""
+    _record("recv")
+    dist.irecv(out, src=dist.get_global_rank(handle.group, peer), group=handle.group,
+               tag=tag).wait()
+    return out

@@ -1,4 +1,4 @@
-"""ParallelContext: the DeviceMesh ("dp", "tp"), its group handles and the RNG tracker.
+"""ParallelContext: the DeviceMesh ("pp", "dp", "tp"), its group handles and the RNG tracker.
 
 It is created once per run and passed explicitly: blocks take the context, linear/embedding/loss
 take `ctx.tp`. Nothing here is a module-level global, so tests create and destroy several
@@ -7,7 +7,7 @@ contexts in one process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -85,8 +85,9 @@ def init_distributed(env: LaunchEnv, *, timeout_s: float = DEFAULT_TIMEOUT_S) ->
 class ParallelContext:
     """Process groups, layout, device and RNG of one rank.
 
-    `tp` and `dp` are GroupHandles; `mesh` is the DeviceMesh with dims ("dp", "tp") (None for
-    the single-process context). A future pipeline dimension becomes a third mesh dim.
+    `tp`, `dp` and `pp` are GroupHandles; `mesh` is the DeviceMesh with dims ("pp", "dp", "tp")
+    (None for the single-process context). `pp` links the stages of this rank's pipeline;
+    `pipeline_ends` links its first and last stage (they both hold the tied word embedding).
     `sequence_parallel`: the TP group also splits the sequence outside its tensor-parallel
     regions (Megatron-SP); layers read it when they are built.
     """
@@ -99,6 +100,8 @@ class ParallelContext:
     device: torch.device
     mesh: DeviceMesh | None = None
     sequence_parallel: bool = False
+    pp: GroupHandle = field(default_factory=GroupHandle.single)
+    pipeline_ends: GroupHandle = field(default_factory=GroupHandle.single)
 
     @classmethod
     def single(cls, seed: int = 1234, device: torch.device | str | None = None) -> ParallelContext:
@@ -115,7 +118,8 @@ class ParallelContext:
     @classmethod
     def create(cls, tensor: int = 1, data: int | str = "auto", *, seed: int = 1234,
                timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = None,
-               env: LaunchEnv | None = None, sequence_parallel: bool = False) -> ParallelContext:
+               env: LaunchEnv | None = None, sequence_parallel: bool = False,
+               pipeline: int = 1) -> ParallelContext:
         """Check the layout against the world size, initialize torch.distributed if needed (from
         `env`, read from the environment when not given), and build the mesh.
 
@@ -124,7 +128,7 @@ class ParallelContext:
         """
         env = env if env is not None else LaunchEnv.read()
         world = dist.get_world_size() if dist.is_initialized() else env.world_size
-        layout = resolve_layout(tensor, data, world)
+        layout = resolve_layout(tensor, data, world, pipeline)
         if sequence_parallel and layout.tp == 1:
             raise ValueError("sequence parallelism splits the sequence over the TP group and "
                              f"needs tensor > 1 (got tensor={tensor})")
@@ -135,9 +139,10 @@ class ParallelContext:
                                f"{dist.get_world_size()} ranks")
         device = device if device is not None else default_device(env)
         mesh = init_device_mesh(
-            device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp")
+            device.type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")
         )
         dp_rank, tp_rank = layout.coords(rank)
+        pp_rank = layout.stage_of(rank)
         return cls(
             layout=layout,
             rank=rank,
@@ -147,7 +152,14 @@ class ParallelContext:
             device=device,
             mesh=mesh,
             sequence_parallel=sequence_parallel,
+            pp=_handle(mesh, "pp", pp_rank, layout.pp),
+            pipeline_ends=_pipeline_ends(layout, rank),
         )
+
+    @property
+    def stage_mesh(self) -> DeviceMesh | None:
+        """The ("dp", "tp") mesh of this rank's pipeline stage (what its parameters span)."""
+        return None if self.mesh is None else self.mesh["dp", "tp"]
 
     @property
     def is_main(self) -> bool:
@@ -168,3 +180,17 @@ def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int) -> GroupHandle:
     if dist.get_rank(group) != rank:
         raise RuntimeError(f"mesh dim {dim!r}: rank {dist.get_rank(group)} != layout rank {rank}")
     return GroupHandle(group=group, rank=rank, size=size)
+
+
+def _pipeline_ends(layout: Layout, rank: int) -> GroupHandle:
+    """The group of each pipeline's first and last stage (every rank creates every group, in
+    the same order, as torch.distributed requires); the single handle on middle stages."""
+    if layout.pp == 1:
+        return GroupHandle.single()
+    mine = None
+    for ranks in layout.pp_groups():
+        ends = [ranks[0], ranks[-1]]
+        group = dist.new_group(ends)
+        if rank in ends:
+            mine = GroupHandle(group=group, rank=ends.index(rank), size=2)
+    return mine if mine is not None else GroupHandle.single()

@@ -39,49 +39,71 @@ def shard_range(size: int, parts: int, index: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Layout:
-    """World = dp x tp; TP ranks are adjacent (global rank = dp_rank * tp + tp_rank), as in Megatron.
+    """World = pp x dp x tp; TP ranks are adjacent, PP outermost
+    (global rank = (pp_rank * dp + dp_rank) * tp + tp_rank), as in Megatron.
 
-    Adjacent TP ranks keep a TP group inside one node, where the bandwidth is.
+    Adjacent TP ranks keep a TP group inside one node, where the bandwidth is; pipeline stages,
+    which exchange only one activation per micro-batch, are the ones that cross nodes.
     """
 
     dp: int
     tp: int
+    pp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp
+        return self.pp * self.dp * self.tp
+
+    def rank_of(self, pp: int, dp: int, tp: int) -> int:
+        return (pp * self.dp + dp) * self.tp + tp
 
     def tp_groups(self) -> list[list[int]]:
-        """Global ranks of each TP group (one group per DP replica)."""
-        return [[d * self.tp + t for t in range(self.tp)] for d in range(self.dp)]
+        """Global ranks of each TP group (one group per stage and DP replica)."""
+        return [[self.rank_of(p, d, t) for t in range(self.tp)]
+                for p in range(self.pp) for d in range(self.dp)]
 
     def dp_groups(self) -> list[list[int]]:
-        """Global ranks of each DP group (one group per TP rank)."""
-        return [[d * self.tp + t for d in range(self.dp)] for t in range(self.tp)]
+        """Global ranks of each DP group (one group per stage and TP rank)."""
+        return [[self.rank_of(p, d, t) for d in range(self.dp)]
+                for p in range(self.pp) for t in range(self.tp)]
+
+    def pp_groups(self) -> list[list[int]]:
+        """Global ranks of each pipeline, stage by stage (one per DP replica and TP rank)."""
+        return [[self.rank_of(p, d, t) for p in range(self.pp)]
+                for d in range(self.dp) for t in range(self.tp)]
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp_rank, tp_rank) of a global rank."""
-        return divmod(rank, self.tp)
+        return divmod(rank % (self.dp * self.tp), self.tp)
+
+    def stage_of(self, rank: int) -> int:
+        """The pipeline stage (pp rank) of a global rank."""
+        return rank // (self.dp * self.tp)
 
 
-def resolve_layout(tensor: int, data: int | str, world_size: int) -> Layout:
-    """Turn parallel.tensor / parallel.data (int or "auto") into a Layout for this world size."""
+def resolve_layout(tensor: int, data: int | str, world_size: int, pipeline: int = 1) -> Layout:
+    """Turn parallel.tensor / data (int or "auto") / pipeline into a Layout for this world size."""
     if tensor < 1:
         raise ValueError(f"parallel.tensor={tensor} must be >= 1")
-    if world_size % tensor != 0:
-        raise ValueError(
-            f"parallel.tensor={tensor} does not divide world_size={world_size}; "
-            f"valid values are {divisors(world_size)}"
-        )
+    if pipeline < 1:
+        raise ValueError(f"parallel.pipeline={pipeline} must be >= 1")
+    model = tensor * pipeline
+    factors = f"parallel.tensor={tensor}" + (f" x parallel.pipeline={pipeline}" if pipeline > 1
+                                             else "")
+    if world_size % model != 0:
+        what = factors + (f" = {model}" if pipeline > 1 else "")
+        valid = "valid values are" if pipeline == 1 else "valid products are"
+        raise ValueError(f"{what} does not divide world_size={world_size}; "
+                         f"{valid} {divisors(world_size)}")
     if data == "auto":
-        return Layout(dp=world_size // tensor, tp=tensor)
+        return Layout(dp=world_size // model, tp=tensor, pp=pipeline)
     if isinstance(data, str):
         if not data.isdigit():
             raise ValueError(f"parallel.data={data!r} must be a positive integer or 'auto'")
         data = int(data)
-    if data < 1 or data * tensor != world_size:
+    if data < 1 or data * model != world_size:
         raise ValueError(
-            f"parallel.data={data} x parallel.tensor={tensor} = {data * tensor} must equal "
-            f"world_size={world_size}; use parallel.data=auto (= {world_size // tensor})"
+            f"parallel.data={data} x {factors} = {data * model} must equal "
+            f"world_size={world_size}; use parallel.data=auto (= {world_size // model})"
         )
-    return Layout(dp=data, tp=tensor)
+    return Layout(dp=data, tp=tensor, pp=pipeline)

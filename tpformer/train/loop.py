@@ -34,6 +34,7 @@ from tpformer.config.schema import LoopConfig, ModelConfig, OptimConfig
 from tpformer.engine import ZeroEngine
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.train.metrics import MetricsWriter, flops_per_step, peak_tflops
 from tpformer.train.objectives import Objective
 from tpformer.train.schedule import lr_at
@@ -87,6 +88,8 @@ class TrainingTask:
     best: BestCheckpoint | None = None
     tokenizer_files: list[Path] = field(default_factory=list)
     description: str = "train"
+    pipeline: PipelineRunner | None = None
+    """This rank's pipeline stage (parallel.pipeline > 1): micro-batches go through its schedule."""
 
 
 class Trainer:
@@ -115,13 +118,24 @@ class Trainer:
         counts = all_reduce(torch.tensor(local, dtype=torch.float64, device=self.ctx.device),
                             self.ctx.dp).tolist()
         counts, tokens, real = counts[:-2], counts[-2], counts[-1]
-        totals = torch.zeros(len(objective.names), dtype=torch.float64, device=self.ctx.device)
-        for i, (key, batch) in enumerate(parts):
+        dp = self.ctx.dp.size  # the engine averages gradients over DP: scale the global shares
+        if self.task.pipeline is not None:
+            self.engine.settle()  # the stages call the model's parts, not its forward (hooks)
+            totals = self.task.pipeline.run(
+                step, [(key, objective.model_inputs(b)) for key, b in parts],
+                lambda out, b: objective.values(out, b, counts), len(objective.names),
+                lambda t, grad, sync: self.engine.backward(t * dp if grad is None else t,
+                                                           sync=sync, grad=grad), train=train)
+            all_reduce(totals, self.ctx.pp)  # the values live on the last stage
+        else:
+            totals = torch.zeros(len(objective.names), dtype=torch.float64,
+                                 device=self.ctx.device)
+        for i, (key, batch) in enumerate(parts if self.task.pipeline is None else []):
             self.ctx.rng.set_position(step, key)
             with torch.set_grad_enabled(train):
                 values = objective(self.model, batch, counts)
-            if train:  # the engine averages gradients over DP; this is a share of the global sum
-                self.engine.backward(values[0] * self.ctx.dp.size, sync=i == len(parts) - 1)
+            if train:
+                self.engine.backward(values[0] * dp, sync=i == len(parts) - 1)
             totals += torch.stack([v.detach().double() for v in values])
         masked = bool(parts) and "attention_mask" in parts[0][1]
         padded = {"pad_fraction": 1.0 - real / tokens} if masked else {}
@@ -201,8 +215,9 @@ class Trainer:
         self.evaluations = list(state.get("evaluations", []))  # type: ignore[union-attr]
         self.best_value = float(state.get("best_value", -math.inf))  # type: ignore[union-attr]
         now = self.task.meta
-        changed = {k: (meta.get(k), now[k]) for k in ("world_size", "tensor", "data", "zero_stage",
-                                                       "precision") if meta.get(k) != now[k]}
+        changed = {k: (meta.get(k, 1 if k == "pipeline" else None), now[k])
+                   for k in ("world_size", "tensor", "data", "pipeline", "zero_stage", "precision")
+                   if meta.get(k, 1 if k == "pipeline" else None) != now[k]}
         log.info("resumed from %s at step %d%s", directory, meta["step"],
                  f", resharded {changed}" if changed else "")
         return int(meta["step"])  # type: ignore[arg-type]
@@ -220,8 +235,8 @@ class Trainer:
         """Each flag true on every rank as soon as it is true on any (one tiny all-reduce), so
         all ranks stop at the same step."""
         t = torch.tensor([float(f) for f in flags], device=self.ctx.device)
-        all_reduce(t, self.ctx.tp, torch.distributed.ReduceOp.MAX)
-        all_reduce(t, self.ctx.dp, torch.distributed.ReduceOp.MAX)
+        for group in (self.ctx.tp, self.ctx.dp, self.ctx.pp):
+            all_reduce(t, group, torch.distributed.ReduceOp.MAX)
         return [bool(x) for x in t.tolist()]
 
     # ------------------------------------------------------------------ the loop

@@ -8,7 +8,7 @@ value of `__call__` is the loss that is backpropagated; the rest are metrics.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor, nn
 
@@ -23,13 +23,35 @@ class Objective(Protocol):
         """This micro-batch's normalizing counts (summed over the global batch by the loop)."""
         ...
 
+    def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The model's keyword arguments for this batch (they include input_ids)."""
+        ...
+
+    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
+        """This micro-batch's share of each global-batch mean in `names`, from the model's
+        output (computed by the last pipeline stage when there are several)."""
+        ...
+
     def __call__(self, model: nn.Module, batch: dict[str, Tensor],
                  counts: list[float]) -> list[Tensor]:
-        """This micro-batch's share of each global-batch mean in `names`."""
+        """values(model(**model_inputs(batch)), ...)."""
         ...
 
 
-class MaskedLMObjective:
+class _Objective:
+    def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return batch
+
+    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
+        raise NotImplementedError
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
+                 counts: list[float]) -> list[Tensor]:
+        inputs = self.model_inputs(batch)
+        return self.values(model(**inputs), inputs, counts)
+
+
+class MaskedLMObjective(_Objective):
     """BERT pretraining: MLM loss over the masked tokens of the global batch plus NSP/SOP loss
     over its samples; MLM accuracy (argmax over the full vocabulary) and NSP/SOP accuracy."""
 
@@ -41,16 +63,14 @@ class MaskedLMObjective:
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
         return [float(int((batch["mlm_labels"] != -100).sum())), float(batch["input_ids"].shape[0])]
 
-    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
-                 counts: list[float]) -> list[Tensor]:
+    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
         masked, samples = counts
-        out = model(**batch)
         mlm = out.mlm_loss_sum / masked
         nsp = out.nsp_loss * batch["input_ids"].shape[0] / samples
         return [mlm + nsp, mlm, nsp, out.mlm_correct / masked, out.nsp_correct / samples]
 
 
-class CausalLMObjective:
+class CausalLMObjective(_Objective):
     """GPT pretraining: next-token loss over every predicted token of the global batch."""
 
     names = ("loss",)
@@ -60,14 +80,15 @@ class CausalLMObjective:
         ids = batch["input_ids"]
         return [float(ids.shape[0] * (ids.shape[1] - 1))]
 
-    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
-                 counts: list[float]) -> list[Tensor]:
-        out = model(batch["input_ids"], labels=batch["input_ids"])
+    def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
+
+    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
         tokens = batch["input_ids"].shape[0] * (batch["input_ids"].shape[1] - 1)
         return [out.loss * (tokens / counts[0])]
 
 
-class ClassificationObjective:
+class ClassificationObjective(_Objective):
     """Sequence classification (cross-entropy) or regression (MSE), mean over the examples."""
 
     names = ("loss",)
@@ -76,9 +97,8 @@ class ClassificationObjective:
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
         return [float(batch["input_ids"].shape[0])]
 
-    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
-                 counts: list[float]) -> list[Tensor]:
-        return [model(**batch).loss * (batch["input_ids"].shape[0] / counts[0])]
+    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
+        return [out.loss * (batch["input_ids"].shape[0] / counts[0])]
 
 
 def objective_for(task: str, *, mask_prob: float = 0.15) -> Objective:

@@ -8,6 +8,8 @@ from tpformer.config.schema import Config
 from tpformer.engine.memory import MemoryBytes, zero_memory_bytes
 from tpformer.engine.precision import DTYPES
 from tpformer.parallel.layout import Layout
+from tpformer.parallel.pipeline.schedule import simulate
+from tpformer.parallel.pipeline.split import SplitChoice
 
 
 
@@ -66,19 +68,55 @@ def estimate_memory(config: Config, layout: Layout, params_per_rank: int) -> Mem
     return MemoryEstimate(state, activation_bytes(config, layout.tp))
 
 
-def format_plan(config: Config, layout: Layout, params_per_rank: int, total_params: int,
-                checkpointed: list[str]) -> str:
+def pipeline_lines(config: Config, layout: Layout, stage_params: list[int],
+                   choice: SplitChoice) -> list[str]:
+    """The split, each stage's predicted time, the bubble and memory per stage."""
+    p, t = config.parallel, config.trainer
+    chunks = len(choice.split) // layout.pp
+    costs = choice.stage_costs(layout.pp)
+    per_virtual = choice.costs.of_split(choice.split)
+    # the simulation's forward = 1/3 of forward+backward (backward twice the forward)
+    sim = simulate(p.pipeline_schedule, layout.pp, t.grad_accum, chunks,
+                   forward_time=[c / 3 for c in per_virtual])
+    ideal = t.grad_accum * max(costs)
+    layer = activation_bytes(config, layout.tp) / config.model.num_layers
+    mb = 2**20
+    lines = [f"pipeline: {layout.pp} stages, schedule {p.pipeline_schedule}"
+             + (f" x {chunks} virtual" if chunks > 1 else "")
+             + f", {t.grad_accum} micro-batches; split {choice.split} "
+             f"(pipeline_split={p.pipeline_split})",
+             f"  PP groups: {layout.pp_groups()}",
+             f"  predicted bubble {sim.bubble:.1%}; step {sim.makespan:.3g} {choice.unit} vs "
+             f"{ideal:.3g} without bubble ((m + p - 1) / m = "
+             f"{(t.grad_accum + layout.pp - 1) / t.grad_accum:.2f})"]
+    for r in range(layout.pp):
+        layers = sum(choice.split[r::layout.pp])
+        state = estimate_memory(config, layout, stage_params[r]).model_state
+        act = layers * layer * sim.peak_in_flight[r]
+        lines.append(f"  stage {r}: {layers} layers, {costs[r]:.3g} {choice.unit} per micro-batch, "
+                     f"{sim.peak_in_flight[r]} micro-batches in flight, memory per rank "
+                     f"{(state.total + act) / mb:.1f} MB ({stage_params[r]:,} parameters, "
+                     f"activations {act / mb:.1f} MB)")
+    return lines
+
+
+def format_plan(config: Config, layout: Layout, stage_params: list[int], total_params: int,
+                checkpointed: list[str], split: SplitChoice | None = None) -> str:
+    """The startup plan; `stage_params`: parameters per rank on each pipeline stage."""
+    params_per_rank = stage_params[0]
     est = estimate_memory(config, layout, params_per_rank)
     t = config.trainer
     mb = 2**20
     global_batch = t.micro_batch_size * t.grad_accum * layout.dp
+    pp = f"pp {layout.pp} x " if layout.pp > 1 else ""
     lines = [
-        f"layout: world {layout.world_size} = dp {layout.dp} x tp {layout.tp}",
+        f"layout: world {layout.world_size} = {pp}dp {layout.dp} x tp {layout.tp}",
         f"  TP groups: {layout.tp_groups()}",
         f"  DP groups: {layout.dp_groups()}",
+        *(pipeline_lines(config, layout, stage_params, split) if split is not None else []),
         f"model: {config.model.arch} {config.model.num_layers} layers, hidden "
         f"{config.model.hidden_size}, {config.model.num_heads} heads; {total_params:,} parameters, "
-        f"{params_per_rank:,} per rank",
+        f"{params_per_rank:,} per rank" + (" (stage 0)" if layout.pp > 1 else ""),
         f"batch: global {global_batch} = micro {t.micro_batch_size} x accum {t.grad_accum} x dp "
         f"{layout.dp}, seq {config.data.seq_length}",
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "

@@ -18,7 +18,7 @@ from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine import parallelize
 from tpformer.models import build_model
-from tpformer.parallel.comm import broadcast_object
+from tpformer.parallel.comm import all_gather_object, broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import logical_shape
 from tpformer.train.loop import StepBatches, Trainer, TrainingTask
@@ -66,10 +66,9 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
     prepared = prepare_data_on_rank0(config, ctx)
     data = load_pretraining_data(config.data, m, seed=config.parallel.seed, prepared=prepared)
     model = build_model(m, ctx, task=task)
-    params_per_rank = sum(p.numel() for p in model.parameters())
     total_params = sum(logical_shape(p).numel() for p in model.parameters())
-    wrapped = parallelize(model, config.parallel, config.optim, ctx)
     global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
+    objective = objective_for(task, mask_prob=config.data.mask_prob)
 
     def batches(split: str) -> StepBatches:
         def of_step(step: int) -> list:
@@ -79,12 +78,21 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
             return [(r.start, data.batch(r, split=split)) for r in ranges]
         return of_step
 
-    log.info("plan:\n%s", format_plan(config, ctx.layout, params_per_rank, total_params,
-                                      wrapped.recomputed))
+    sample = (objective.model_inputs({k: v.to(ctx.device) for k, v in batches("train")(0)[0][1]
+                                      .items()})
+              if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1 else None)
+    wrapped = parallelize(model, config.parallel, config.optim, ctx,
+                          head_fraction=objective.head_fraction, seq=config.data.seq_length,
+                          sample=sample)
+
+    stage_params = [int(n) for n in all_gather_object(  # type: ignore[call-overload]
+        sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp)]
+    log.info("plan:\n%s", format_plan(config, ctx.layout, stage_params, total_params,
+                                      wrapped.recomputed, wrapped.split))
     run_config = {k: v for k, v in asdict(config).items() if k != "model"}
     return Trainer(TrainingTask(
         model=model, engine=wrapped.engine,
-        objective=objective_for(task, mask_prob=config.data.mask_prob),
+        objective=objective, pipeline=wrapped.pipeline,
         train_batches=batches("train"), evaluator=HeldOutLoss(batches("eval"), t.eval_steps),
         max_steps=t.max_steps, global_batch=global_batch,
         peak_lr=scaled_lr(config.optim, global_batch), model_config=m,

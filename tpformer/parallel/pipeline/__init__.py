@@ -1,0 +1,1 @@
+"""Pipeline parallelism: schedules, stage partitioning and the point-to-point runner."""

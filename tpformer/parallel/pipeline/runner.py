@@ -1,0 +1,125 @@
+"""Runs one step's schedule on this stage over point-to-point messages.
+
+Per action: a forward receives its input activation from the previous virtual stage (blocking,
+up to the process group's timeout, so a dead stage ends the others), runs its blocks with the
+dropout keyed by the micro-batch's global position, and sends the output on without waiting; a
+backward receives the output's gradient, runs autograd through the chunk and sends the input's
+gradient back. The last virtual stage turns its output into the objective's values and
+backpropagates the loss. Every message carries a tag naming (kind, micro-batch, receiving
+virtual stage), so gloo matches them whatever the order; activations and gradients travel on two
+communicators, so NCCL's in-order matching sees one stream of each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tpformer.parallel.comm import recv, send_async
+from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.pipeline.schedule import actions_for, virtual_stage
+from tpformer.parallel.pipeline.stage import PipelineStage
+
+Batch = dict[str, Tensor]
+Values = Callable[[object, Batch], list[Tensor]]
+"""(the model's output on the last stage, the micro-batch) -> the objective's values."""
+Backward = Callable[[Tensor, Tensor | None, bool], None]
+"""(tensor, its gradient or None for the loss, last backward of the step) -> None."""
+
+
+def _duplicate_groups(ctx: ParallelContext) -> GroupHandle:
+    """A second communicator over each pipeline (every rank creates all, in the same order)."""
+    mine = GroupHandle.single()
+    for ranks in ctx.layout.pp_groups():
+        group = dist.new_group(ranks)
+        if ctx.rank in ranks:
+            mine = GroupHandle(group=group, rank=ranks.index(ctx.rank), size=len(ranks))
+    return mine
+
+
+class PipelineRunner:
+    """Executes `schedule` for this rank's `stage`; activations are [b, s / seq_split, hidden]."""
+
+    def __init__(self, stage: PipelineStage, ctx: ParallelContext, *, schedule: str,
+                 hidden: int, dtype: torch.dtype) -> None:
+        self.stage, self.ctx, self.schedule = stage, ctx, schedule
+        self.hidden, self.dtype = hidden, dtype
+        self.seq_split = ctx.tp.size if ctx.sequence_parallel else 1
+        self.activations = ctx.pp
+        self.gradients = _duplicate_groups(ctx)
+        p = ctx.pp.size
+        self.prev, self.next = (ctx.pp.rank - 1) % p, (ctx.pp.rank + 1) % p
+
+    def _tag(self, kind: int, micro: int, vstage: int, micros: int) -> int:
+        return (vstage * micros + micro) * 2 + kind
+
+    def _shape(self, batch: Batch) -> tuple[int, int, int]:
+        b, s = batch["input_ids"].shape
+        return b, s // self.seq_split, self.hidden
+
+    def run(self, step: int, parts: list[tuple[int, Batch]], values: Values, n_values: int,
+            backward: Backward, *, train: bool) -> Tensor:
+        """Forward (and backward) every micro-batch of the step through this stage; returns the
+        summed objective values on the last stage, zeros elsewhere."""
+        stage, ctx, m = self.stage, self.ctx, len(parts)
+        p, v = stage.stages, len(stage.chunks)
+        last_v = p * v - 1
+        actions = actions_for(self.schedule, p, m, stage.rank, v, train=train)
+        last_backward = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
+        totals = torch.zeros(n_values, dtype=torch.float64, device=ctx.device)
+        inputs: dict[tuple[int, int], Tensor | None] = {}
+        outputs: dict[tuple[int, int], Tensor] = {}
+        sends: list[dist.Work] = []
+        for index, action in enumerate(actions):
+            key, batch = parts[action.micro]
+            vs = virtual_stage(action.chunk, stage.rank, p)
+            slot = (action.micro, action.chunk)
+            if action.kind == "F":
+                ctx.rng.set_position(step, key)
+                x = None
+                if vs > 0:
+                    x = recv(torch.empty(self._shape(batch), dtype=self.dtype, device=ctx.device),
+                             self.prev, self.activations, self._tag(0, action.micro, vs, m))
+                    x.requires_grad_(train)
+                with torch.set_grad_enabled(train):
+                    y = stage.forward(action.chunk, x, batch)
+                    if vs == last_v:
+                        vals = values(stage.head(y, batch), batch)
+                        totals += torch.stack([t.detach().double() for t in vals])
+                        y = vals[0]
+                if vs < last_v:
+                    sends.append(send_async(y.detach(), self.next, self.activations,
+                                            self._tag(0, action.micro, vs + 1, m)))
+                if train:
+                    inputs[slot], outputs[slot] = x, y
+                continue
+            x, y = inputs.pop(slot), outputs.pop(slot)
+            grad = None
+            if vs < last_v:
+                grad = recv(torch.empty_like(y), self.next, self.gradients,
+                            self._tag(1, action.micro, vs, m))
+            backward(y, grad, index == last_backward)
+            if vs > 0:
+                sends.append(send_async(x.grad, self.prev, self.gradients,  # type: ignore[union-attr]
+                                        self._tag(1, action.micro, vs - 1, m)))
+        for work in sends:
+            work.wait()
+        return totals
+
+    def outputs(self, batch: Batch, extract: Callable[[object], Tensor]) -> Tensor:
+        """Forward one batch through the pipeline (no gradients) and return `extract` of the
+        model's output, computed on the last stage, on every stage (prediction)."""
+        out: list[Tensor] = []
+
+        def keep(output: object, _: Batch) -> list[Tensor]:
+            out.append(extract(output))
+            return [torch.zeros(())]
+
+        self.run(0, [(0, batch)], keep, 1, lambda *_: None, train=False)
+        box = [out[0].cpu() if out else None]
+        src = dist.get_global_rank(self.ctx.pp.group, self.ctx.pp.size - 1)
+        dist.broadcast_object_list(box, src=src, group=self.ctx.pp.group)
+        return box[0].to(self.ctx.device)  # type: ignore[union-attr]

@@ -1,0 +1,93 @@
+"""parallel.pipeline_split -> layers per (virtual) stage: balanced from FLOPs, profiled on this
+device, or the user's list. Every rank must arrive at the same split, so measured times are
+rank 0's, broadcast."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tpformer.parallel.comm import broadcast_object
+from tpformer.parallel.pipeline.partition import (StageCosts, best_split, check_split,
+                                                  equal_split)
+
+LINK_BYTES_PER_S = 10e9
+"""Assumed stage-to-stage bandwidth for the transfer cost of `profile` (an InfiniBand link)."""
+
+
+@dataclass
+class SplitChoice:
+    split: list[int]
+    """Layers per virtual stage (stage r's chunks are entries r, r + p, ...)."""
+    costs: StageCosts
+    """What the split was chosen on (seconds when profiled, layer-equivalents when balanced)."""
+    unit: str
+
+    def stage_costs(self, stages: int) -> list[float]:
+        """Predicted forward+backward cost of one micro-batch on each (physical) stage."""
+        per_virtual = self.costs.of_split(self.split)
+        return [sum(per_virtual[r::stages]) for r in range(stages)]
+
+
+def flop_costs(hidden: int, seq: int, vocab: int, head_fraction: float, layers: int) -> StageCosts:
+    """Costs in layer units: a layer does ~24h^2 + 4sh FLOPs per token, the output head
+    2hV x (share of tokens it runs on); the embedding lookup has no matmul."""
+    layer = 24 * hidden * hidden + 4 * seq * hidden
+    return StageCosts([1.0] * layers, head=2 * hidden * vocab * head_fraction / layer)
+
+
+def _timed(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
+    """Forward+backward seconds of the embedding, each block and the head on one micro-batch
+    (median of 3), and the activation's transfer time at LINK_BYTES_PER_S."""
+    blocks = list(model.blocks())  # type: ignore[operator]
+    mask = model.block_mask(**sample)  # type: ignore[operator]
+
+    def through(fn, x: Tensor | None) -> Tensor:
+        inp = None if x is None else x.detach().requires_grad_()
+        out = fn(inp)
+        loss = out if isinstance(out, Tensor) else out.loss
+        torch.autograd.backward(loss, torch.ones_like(loss))
+        return out
+
+    x = model.embed(**sample).detach()  # type: ignore[operator]
+    embedding = _timed(lambda: through(lambda _: model.embed(**sample), None))  # type: ignore[operator]
+    layers = []
+    for block in blocks:
+        layers.append(_timed(lambda: through(lambda inp: block(inp, mask), x)))
+        x = block(x, mask).detach()
+    head = _timed(lambda: through(lambda inp: model.head(inp, **sample), x))  # type: ignore[operator]
+    model.zero_grad(set_to_none=True)
+    return StageCosts(layers, embedding, head, x.nbytes / LINK_BYTES_PER_S)
+
+
+def choose_split(model: nn.Module, setting: object, stages: int, chunks: int, *,
+                 head_fraction: float, seq: int, sample: dict[str, Tensor] | None) -> SplitChoice:
+    """The split of `model`'s blocks for parallel.pipeline_split=`setting`."""
+    config = model.config  # type: ignore[attr-defined]
+    layers, parts = config.num_layers, stages * chunks
+    flops = flop_costs(config.hidden_size, seq, config.vocab_size, head_fraction, layers)
+    if not isinstance(setting, str):
+        return SplitChoice(check_split(list(setting), layers, parts, f"{parts} stages"), flops,
+                           "layers")
+    if setting == "profile":
+        if sample is None:
+            raise ValueError("parallel.pipeline_split=profile needs a sample micro-batch")
+        was_training = model.training
+        costs = broadcast_object(profile_costs(model, sample))
+        model.train(was_training)
+        return SplitChoice(best_split(costs, parts), costs, "s")  # type: ignore[arg-type]
+    if chunks > 1:  # interleaved chunks stay equal
+        return SplitChoice(equal_split(layers, parts), flops, "layers")
+    return SplitChoice(best_split(flops, parts), flops, "layers")

@@ -1,0 +1,126 @@
+"""One pipeline stage of a model: its chunks of blocks, the embedding on the first stage, the
+output head on the last, and nothing else.
+
+A pipelined model names its parts (BERT and GPT do): `embed(**batch)` (the first stage's
+work), `block_mask(**batch)` (what every block gets beside the activation), `head(x, **batch)`
+(the last stage's work), `blocks()`, and the module prefixes `pipeline_embedding` and
+`pipeline_head` those parts use; `pipeline_tied` names parameters both ends use (the word
+embedding that is also the output projection). The model is built whole on every stage, with
+the layout-independent initialization, and every parameter another stage owns is dropped, so
+each stage holds exactly the TP=1 model's values of its own parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from tpformer.parallel.pipeline.schedule import virtual_stage
+
+
+def mark_pipeline_tied(param: nn.Parameter, *, counted: bool) -> None:
+    """A parameter held by the first and the last stage: its gradient is summed over the two
+    before the update (its own ZeRO bucket, so both ends' shards line up), and the norm counts
+    it once (`counted` on the first stage only)."""
+    param.pipeline_tied = True  # type: ignore[attr-defined]
+    param.pipeline_counted = counted  # type: ignore[attr-defined]
+
+
+def is_pipeline_tied(param: Tensor) -> bool:
+    return getattr(param, "pipeline_tied", False)
+
+
+def counted_in_norm(param: Tensor) -> bool:
+    return getattr(param, "pipeline_counted", True)
+
+
+@dataclass
+class PipelineStage:
+    """This rank's share of the model: `chunks[c]` are the blocks of virtual stage c*p + rank."""
+
+    model: nn.Module
+    chunks: list[list[nn.Module]]
+    rank: int
+    stages: int
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.stages * len(self.chunks)
+
+    def is_first(self, chunk: int) -> bool:
+        return virtual_stage(chunk, self.rank, self.stages) == 0
+
+    def is_last(self, chunk: int) -> bool:
+        return virtual_stage(chunk, self.rank, self.stages) == self.virtual_stages - 1
+
+    def forward(self, chunk: int, x: Tensor | None, batch: dict[str, Tensor]) -> Tensor:
+        """Virtual stage `chunk`'s blocks on x (the embedding first, on virtual stage 0)."""
+        if self.is_first(chunk):
+            x = self.model.embed(**batch)  # type: ignore[operator]
+        mask = self.model.block_mask(**batch)  # type: ignore[operator]
+        for block in self.chunks[chunk]:
+            x = block(x, mask)
+        return x  # type: ignore[return-value]
+
+    def head(self, x: Tensor, batch: dict[str, Tensor]) -> object:
+        """The model's output on the last virtual stage (what its forward returns)."""
+        return self.model.head(x, **batch)  # type: ignore[operator]
+
+
+def split_bounds(split: list[int]) -> list[tuple[int, int]]:
+    """[start, stop) of each (virtual) stage's layers."""
+    starts = [sum(split[:i]) for i in range(len(split) + 1)]
+    return list(zip(starts, starts[1:]))
+
+
+def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> PipelineStage:
+    """Keep this rank's parameters of `model` (split: layers per virtual stage, len p x v)."""
+    for attr in ("embed", "block_mask", "head", "blocks"):
+        if not callable(getattr(model, attr, None)):
+            raise ValueError(f"{type(model).__name__} cannot be pipelined: it defines no {attr}()")
+    blocks = list(model.blocks())  # type: ignore[operator]
+    if sum(split) != len(blocks) or len(split) % stages:
+        raise ValueError(f"pipeline split {split} does not cover the model's {len(blocks)} "
+                         f"blocks in a multiple of {stages} stages")
+    bounds = split_bounds(split)
+    chunks = [blocks[slice(*bounds[virtual_stage(c, rank, stages)])]
+              for c in range(len(split) // stages)]
+    if stages == 1:
+        return PipelineStage(model, chunks, rank, stages)
+    first, last = rank == 0, rank == stages - 1
+    kept = {id(p) for chunk in chunks for b in chunk for p in b.parameters()}
+    named = dict(model.named_modules())
+    tied = set(getattr(model, "pipeline_tied", ()))
+    for prefix, keep in ((getattr(model, "pipeline_embedding", ()), first),
+                         (getattr(model, "pipeline_head", ()), last)):
+        for name in prefix:
+            if keep:
+                kept.update(id(p) for p in _module_params(model, named, name))
+    for name, param in model.named_parameters():
+        if name in tied and (first or last):
+            kept.add(id(param))
+            mark_pipeline_tied(param, counted=first)
+    owned_anywhere = {id(p) for b in blocks for p in b.parameters()}
+    for prefixes in (getattr(model, "pipeline_embedding", ()), getattr(model, "pipeline_head", ())):
+        for name in prefixes:
+            owned_anywhere.update(id(p) for p in _module_params(model, named, name))
+    stray = [n for n, p in model.named_parameters() if id(p) not in owned_anywhere]
+    if stray:
+        raise ValueError(f"{type(model).__name__}: parameters {stray} belong to no pipeline part "
+                         "(blocks, pipeline_embedding or pipeline_head)")
+    for module in model.modules():
+        for pname, param in list(module._parameters.items()):
+            if param is not None and id(param) not in kept:
+                module._parameters[pname] = None  # another stage's: dropped
+    return PipelineStage(model, chunks, rank, stages)
+
+
+def _module_params(model: nn.Module, named: dict[str, nn.Module], name: str) -> list[nn.Parameter]:
+    """The parameters under a module name, or the one parameter of that name."""
+    if name in named:
+        return list(named[name].parameters())
+    params = dict(model.named_parameters())
+    if name in params:
+        return [params[name]]
+    raise ValueError(f"{type(model).__name__} names pipeline part {name!r}, which it does not have")
