@@ -14,7 +14,10 @@ def _membership(ctx: ParallelContext) -> dict:
     # Sum of global ranks over each group tells which ranks are in it.
     tp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.tp).item()
     dp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.dp).item()
+    pp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.pp).item()
+    ends_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.pipeline_ends).item()
     return {"rank": ctx.rank, "tp": (ctx.tp.rank, ctx.tp.size), "dp": (ctx.dp.rank, ctx.dp.size),
+            "pp": (ctx.pp.rank, ctx.pp.size), "pp_sum": pp_sum, "ends_sum": ends_sum,
             "tp_sum": tp_sum, "dp_sum": dp_sum, "mesh": ctx.mesh.mesh_dim_names,
             "shape": tuple(ctx.mesh.shape)}
 
@@ -28,7 +31,24 @@ def test_groups_follow_the_layout(world: int, tp: int) -> None:
         assert res["tp"] == (t, tp) and res["dp"] == (d, dp)
         assert res["tp_sum"] == sum(d * tp + i for i in range(tp))
         assert res["dp_sum"] == sum(j * tp + t for j in range(dp))
-        assert res["mesh"] == ("dp", "tp") and res["shape"] == (dp, tp)
+        assert res["mesh"] == ("pp", "dp", "tp") and res["shape"] == (1, dp, tp)
+
+
+@pytest.mark.parametrize(("world", "tp", "pp"), [(2, 1, 2), (4, 2, 2), (4, 1, 4)])
+def test_pipeline_stages_are_outermost(world: int, tp: int, pp: int) -> None:
+    """rank = (pp_rank x dp + dp_rank) x tp + tp_rank; ctx.pp links a pipeline's stages and
+    ctx.pipeline_ends its first and last stage (single on middle stages)."""
+    results = run_distributed(_membership, world, tensor=tp, pipeline=pp)
+    dp = world // (tp * pp)
+    for r, res in enumerate(results):
+        stage, rest = divmod(r, dp * tp)
+        d, t = divmod(rest, tp)
+        assert res["tp"] == (t, tp) and res["dp"] == (d, dp) and res["pp"] == (stage, pp)
+        pipeline = [(s * dp + d) * tp + t for s in range(pp)]
+        assert res["pp_sum"] == sum(pipeline)
+        ends = [pipeline[0], pipeline[-1]]
+        assert res["ends_sum"] == (sum(ends) if r in ends else r)
+        assert res["shape"] == (pp, dp, tp)
 
 
 def _two_contexts_in_one_process(ctx: ParallelContext) -> float:

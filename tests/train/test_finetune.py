@@ -128,11 +128,15 @@ def _predictions(ctx: ParallelContext, config: FinetuneConfig, run_dir: str) -> 
     return pred, [r["loss"] for r in records]
 
 
-@pytest.mark.parametrize(("tp", "dp", "sp"), [(2, 1, False), (1, 2, False), (2, 1, True)])
-def test_same_dev_predictions_at_every_layout(tmp_path: Path, tp: int, dp: int, sp: bool) -> None:
+@pytest.mark.parametrize(("tp", "dp", "sp", "pp"), [(2, 1, False, 1), (1, 2, False, 1),
+                                                    (2, 1, True, 1), (1, 1, False, 2)])
+def test_same_dev_predictions_at_every_layout(tmp_path: Path, tp: int, dp: int, sp: bool,
+                                              pp: int) -> None:
     """RTE-style sentence pairs, dropout 0.1 (layout-independent masks), 2 epochs. Sequence
     parallelism pads each batch to a multiple of tensor by itself; the TP=1 reference is told
-    to pad the same way (data.pad_to_multiple_of), so the attention dropout masks match."""
+    to pad the same way (data.pad_to_multiple_of), so the attention dropout masks match. The
+    pipeline (2 stages, 4 micro-batches of variable width per step) predicts from its last
+    stage."""
     hf = write_hf_bert(tmp_path / "hf")
     rows = [(a, b, "entailment" if label == "1" else "not_entailment")
             for (a, _, label), (b, _, _) in zip(sentiment_rows(48, 4), sentiment_rows(48, 5))]
@@ -146,8 +150,11 @@ def test_same_dev_predictions_at_every_layout(tmp_path: Path, tp: int, dp: int, 
     reference = replace(config, data=replace(config.data, pad_to_multiple_of=2)) if sp else config
     want_pred, want_loss = _predictions(ParallelContext.single(device="cpu"), reference,
                                         str(tmp_path / "one"))
-    for pred, loss in run_distributed(_predictions, tp * dp, config, str(tmp_path / "many"),
-                                      tensor=tp, sequence_parallel=sp):
+    if pp > 1:
+        config = replace(config, parallel=replace(config.parallel, pipeline=pp),
+                         trainer=replace(config.trainer, micro_batch_size=2))
+    for pred, loss in run_distributed(_predictions, tp * dp * pp, config, str(tmp_path / "many"),
+                                      tensor=tp, sequence_parallel=sp, pipeline=pp):
         assert torch.equal(pred, want_pred)
         assert loss == pytest.approx(want_loss, rel=1e-5)
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import FinetuneConfig
-from tpformer.config.validate import validate_recompute_granularity
+from tpformer.config.validate import validate_pipeline, validate_recompute_granularity
 from tpformer.convert import load_classifier
 from tpformer.data.glue import get_task, score
 from tpformer.data.glue.batches import GlueTrainSteps, prediction_batch, prediction_order
@@ -29,6 +29,7 @@ from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine import parallelize
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.train.loop import BestCheckpoint, Trainer, TrainingTask
 from tpformer.train.objectives import ClassificationObjective
 from tpformer.train.schedule import scaled_lr
@@ -41,8 +42,9 @@ class GluePredictor:
 
     def __init__(self, model: nn.Module, splits: dict[str, list[dict]], *, task_name: str,
                  token_budget: int, pad_id: int, ctx: ParallelContext,
-                 pad_multiple: int = 1) -> None:
+                 pad_multiple: int = 1, pipeline: PipelineRunner | None = None) -> None:
         self.model, self.splits, self.task_name = model, splits, task_name
+        self.pipeline = pipeline
         self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
         self.pad_multiple = pad_multiple
         self.regression = get_task(task_name).labels is None
@@ -57,7 +59,7 @@ class GluePredictor:
         for indices in prediction_order(examples, token_budget=self.token_budget,
                                         dp_size=dp.size, dp_rank=dp.rank):
             batch = prediction_batch(examples, indices, self.pad_id, self.pad_multiple)
-            logits = self.model(**{k: v.to(self.ctx.device) for k, v in batch.items()}).logits
+            logits = self.logits({k: v.to(self.ctx.device) for k, v in batch.items()})
             out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
             done += zip(indices, out.float().cpu().tolist())
         preds = torch.empty(len(examples))
@@ -65,6 +67,13 @@ class GluePredictor:
             for i, p in part:  # type: ignore[union-attr]
                 preds[i] = p
         return preds, [e["index"] for e in examples]
+
+
+    def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's logits; through the pipeline's stages (from the last one) when pipelined."""
+        if self.pipeline is None:
+            return self.model(**batch).logits
+        return self.pipeline.outputs(batch, lambda out: out.logits)  # type: ignore[attr-defined]
 
 
 class GlueDev:
@@ -114,14 +123,23 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     task = get_task(config.task)
     model, tokenizer_path = load_classifier(Path(config.init), ctx, num_labels=task.num_labels)
     validate_recompute_granularity(config.parallel, model.config.num_layers)
+    micro = t.micro_batch_size or t.batch_size // ctx.dp.size
+    validate_pipeline(config.parallel, model.config.num_layers, t.batch_size // (micro * ctx.dp.size))
     tokenizer = Tokenizer(tokenizer_path)
     tokenizer.check_vocab(model.config.vocab_size)
     splits = {split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)
               for split in ("train", *dev_splits(task, data), *test_splits(task, data))}
     pad_multiple = batch_width_multiple(data.pad_to_multiple_of, data.max_length, ctx,
                                         model.config.max_position_embeddings)
-    wrapped = parallelize(model, config.parallel, config.optim, ctx)
-    micro = t.micro_batch_size or t.batch_size // ctx.dp.size
+    sample = None
+    if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1:
+        first = GlueTrainSteps(splits["train"], batch_size=t.batch_size, micro_batch_size=micro,
+                               dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
+                               group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
+                               regression=task.labels is None, pad_multiple=pad_multiple)(0)
+        sample = {k: v.to(ctx.device) for k, v in first[0][1].items()}
+    wrapped = parallelize(model, config.parallel, config.optim, ctx, seq=data.max_length,
+                          sample=sample)
     train = GlueTrainSteps(splits["train"], batch_size=t.batch_size, micro_batch_size=micro,
                            dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
                            group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
@@ -129,7 +147,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     # prediction keeps no activations for backward: 4x the training micro-batch's worst case
     predictor = GluePredictor(model, splits, task_name=config.task,
                               token_budget=4 * micro * data.max_length, pad_id=tokenizer.pad_id,
-                              ctx=ctx, pad_multiple=pad_multiple)
+                              ctx=ctx, pad_multiple=pad_multiple, pipeline=wrapped.pipeline)
     evaluator = GlueDev(predictor, dev_splits(task, data))
 
     def write_predictions(step: int) -> None:
@@ -145,6 +163,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     steps = math.ceil(t.epochs * train.steps_per_epoch)
     return Trainer(TrainingTask(
         model=model, engine=wrapped.engine, objective=ClassificationObjective(),
+        pipeline=wrapped.pipeline,
         train_batches=train, evaluator=evaluator, max_steps=steps, global_batch=t.batch_size,
         peak_lr=scaled_lr(config.optim, t.batch_size), model_config=model.config,
         meta=store.checkpoint_meta(model.config, config.parallel, ctx.layout,
