@@ -35,8 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tpformer.config.presets import preset
-from tpformer.config.schema import (Config, DataConfig, OptimConfig, ParallelConfig,
-                                    TrainerConfig)
+from tpformer.config.schema import Config, DataConfig, OptimConfig, ParallelConfig, TrainerConfig
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.train.pretraining import pretraining_trainer
@@ -199,7 +198,7 @@ def _report(world: int, per_rank: list[list[dict]], args: argparse.Namespace) ->
         for row in splits:
             step = max(r["time"] for r in row)
             print(f"| {row[0]['split']} | {' / '.join(str(r['layers']) for r in row)} | "
-                  f"{step:.3f} | {' / '.join(f'{r['busy']:.3f}' for r in row)} | "
+                  f"{step:.3f} | {' / '.join(format(r['busy'], '.3f') for r in row)} | "
                   f"{step / base:.2f} |")
 
 

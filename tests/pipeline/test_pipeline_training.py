@@ -9,8 +9,7 @@ import pytest
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tpformer.config.presets import preset
-from tpformer.config.schema import (Config, DataConfig, OptimConfig, ParallelConfig,
-                                    TrainerConfig)
+from tpformer.config.schema import Config, DataConfig, OptimConfig, ParallelConfig, TrainerConfig
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 

@@ -11,8 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.parallel.comm import broadcast_object
-from tpformer.parallel.pipeline.partition import (StageCosts, best_split, check_split,
-                                                  equal_split)
+from tpformer.parallel.pipeline.partition import StageCosts, best_split, check_split, equal_split
 
 LINK_BYTES_PER_S = 10e9
 """Assumed stage-to-stage bandwidth for the transfer cost of `profile` (an InfiniBand link)."""
