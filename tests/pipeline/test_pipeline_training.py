@@ -8,8 +8,9 @@ import pytest
 
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
+from tests.train.test_trainer import tiny_config
 from tpformer.config.presets import preset
-from tpformer.config.schema import Config, DataConfig, OptimConfig, ParallelConfig, TrainerConfig
+from tpformer.config.schema import Config
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
@@ -18,17 +19,13 @@ GLOBAL_BATCH = 8
 
 def pipeline_config(arch: str = "bert", steps: int = 3, micro: int = 8, accum: int = 1,
                     **parallel) -> Config:
-    """A 4-layer model (so 4 stages fit), dropout 0.1, global batch 8."""
-    model = (preset("bert_tiny", vocab_size=128, num_heads=4, num_layers=4, dropout=0.1,
-                    attention_dropout=0.1) if arch == "bert" else
+    """tiny_config's run on a 4-layer model (so 4 stages fit), dropout 0.1, global batch 8."""
+    config = tiny_config(steps=steps, micro=micro, accum=accum, **parallel)
+    model = (replace(config.model, num_layers=4) if arch == "bert" else
              preset("gpt2_small", vocab_size=128, hidden_size=64, num_heads=4,
                     intermediate_size=256, num_layers=4, max_position_embeddings=64,
                     dropout=0.1, attention_dropout=0.1))
-    return Config(model=model, parallel=ParallelConfig(**parallel),
-                  optim=OptimConfig(lr=1e-3, warmup_steps=1),
-                  data=DataConfig(source="synthetic", seq_length=32),
-                  trainer=TrainerConfig(max_steps=steps, micro_batch_size=micro, grad_accum=accum,
-                                        log_every=1, eval_steps=1, progress=False))
+    return replace(config, model=model)
 
 
 def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[float, ...]]:

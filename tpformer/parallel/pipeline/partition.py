@@ -34,8 +34,8 @@ class StageCosts:
 
 
 def best_split(costs: StageCosts, stages: int) -> list[int]:
-    """Layers per stage (each >= 1) minimizing the slowest stage; ties go to the earlier split
-    points' smaller first stages... the equal split when costs are equal."""
+    """Layers per stage (each >= 1) minimizing the slowest stage; among splits with the same
+    slowest stage, the most even one (so equal costs give the equal split)."""
     n = len(costs.layers)
     if not 1 <= stages <= n:
         raise ValueError(f"cannot split {n} layers over {stages} pipeline stages; "
