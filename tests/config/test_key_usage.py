@@ -75,7 +75,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, module: str, overrides: list[str],
 
 
 READ_BY_RANKS_ONLY = {"launcher.timeout_s", "parallel.sequence_parallel",
-                      "parallel.virtual_stages"}
+                      "parallel.virtual_stages", "parallel.pipeline_schedule"}
 """Read where a process group exists: in-process runs have none, and the relaunch path is cut
 before the ranks start. tests/faults/test_processes.py::test_stopped_rank_fails_the_job_within_the_timeout,
 tests/train/test_trainer.py::test_cli_sequence_parallel_run_gives_the_tp1_losses and
