@@ -68,7 +68,6 @@ class GluePredictor:
                 preds[i] = p
         return preds, [e["index"] for e in examples]
 
-
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model's logits; through the pipeline's stages (from the last one) when pipelined."""
         if self.pipeline is None:
@@ -124,26 +123,22 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     model, tokenizer_path = load_classifier(Path(config.init), ctx, num_labels=task.num_labels)
     validate_recompute_granularity(config.parallel, model.config.num_layers)
     micro = t.micro_batch_size or t.batch_size // ctx.dp.size
-    validate_pipeline(config.parallel, model.config.num_layers, t.batch_size // (micro * ctx.dp.size))
+    validate_pipeline(config.parallel, model.config.num_layers,
+                      t.batch_size // (micro * ctx.dp.size))
     tokenizer = Tokenizer(tokenizer_path)
     tokenizer.check_vocab(model.config.vocab_size)
     splits = {split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)
               for split in ("train", *dev_splits(task, data), *test_splits(task, data))}
     pad_multiple = batch_width_multiple(data.pad_to_multiple_of, data.max_length, ctx,
                                         model.config.max_position_embeddings)
-    sample = None
-    if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1:
-        first = GlueTrainSteps(splits["train"], batch_size=t.batch_size, micro_batch_size=micro,
-                               dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
-                               group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
-                               regression=task.labels is None, pad_multiple=pad_multiple)(0)
-        sample = {k: v.to(ctx.device) for k, v in first[0][1].items()}
-    wrapped = parallelize(model, config.parallel, config.optim, ctx, seq=data.max_length,
-                          sample=sample)
     train = GlueTrainSteps(splits["train"], batch_size=t.batch_size, micro_batch_size=micro,
                            dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
                            group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
                            regression=task.labels is None, pad_multiple=pad_multiple)
+    sample = ({k: v.to(ctx.device) for k, v in train(0)[0][1].items()}  # what profile times
+              if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1 else None)
+    wrapped = parallelize(model, config.parallel, config.optim, ctx, seq=data.max_length,
+                          sample=sample)
     # prediction keeps no activations for backward: 4x the training micro-batch's worst case
     predictor = GluePredictor(model, splits, task_name=config.task,
                               token_budget=4 * micro * data.max_length, pad_id=tokenizer.pad_id,

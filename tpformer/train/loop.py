@@ -130,13 +130,13 @@ class Trainer:
         else:
             totals = torch.zeros(len(objective.names), dtype=torch.float64,
                                  device=self.ctx.device)
-        for i, (key, batch) in enumerate(parts if self.task.pipeline is None else []):
-            self.ctx.rng.set_position(step, key)
-            with torch.set_grad_enabled(train):
-                values = objective(self.model, batch, counts)
-            if train:
-                self.engine.backward(values[0] * dp, sync=i == len(parts) - 1)
-            totals += torch.stack([v.detach().double() for v in values])
+            for i, (key, batch) in enumerate(parts):
+                self.ctx.rng.set_position(step, key)
+                with torch.set_grad_enabled(train):
+                    values = objective(self.model, batch, counts)
+                if train:
+                    self.engine.backward(values[0] * dp, sync=i == len(parts) - 1)
+                totals += torch.stack([v.detach().double() for v in values])
         masked = bool(parts) and "attention_mask" in parts[0][1]
         padded = {"pad_fraction": 1.0 - real / tokens} if masked else {}
         return {**dict(zip(objective.names, all_reduce(totals, self.ctx.dp).tolist())),
