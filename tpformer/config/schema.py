@@ -281,6 +281,48 @@ class LauncherConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """The machines a layout runs on, for tpformer-plan and the startup plan's predictions.
+    Presets live in conf/cluster; `auto` takes this machine's devices and the preset of its kind."""
+
+    name: str = "auto"
+    """The preset's name; `tpformer-plan --calibrate` stores its measurements under it."""
+    gpus_per_node: int = ranged(0, 0)
+    """Devices (ranks) per node (0: this launch's local ranks; tpformer-plan: 1 node's devices)."""
+    nodes: int = ranged(0, 0)
+    """Nodes (0: world size / gpus_per_node, or 1)."""
+    device_memory_gb: float = ranged(0.0, 0)
+    """Memory of one device (0: the GPU's, or on CPU the host's RAM / gpus_per_node)."""
+    peak_tflops_fp32: float = ranged(0.0, 0)
+    """Dense fp32 peak of one device (0: the preset of this device kind)."""
+    peak_tflops_16bit: float = ranged(0.0, 0)
+    """Dense bf16/fp16 peak of one device."""
+    matmul_efficiency: float = ranged(0.0, 0, 1)
+    """Fraction of peak large matmuls reach (calibration measures it per matrix size)."""
+    memory_gbps: float = ranged(0.0, 0)
+    """Device memory bandwidth in GB/s (elementwise work, the optimizer step)."""
+    elementwise_passes: float = ranged(0.0, 0)
+    """Bytes moved by a layer's non-matmul work over forward+backward, per byte it saves for
+    backward (calibration fits it from a timed layer)."""
+    intra_node_gbps: float = ranged(0.0, 0)
+    """Per-device bandwidth of collectives inside a node (NVLink), GB/s."""
+    intra_node_latency_us: float = ranged(0.0, 0)
+    inter_node_gbps: float = ranged(0.0, 0)
+    """Per-device bandwidth between nodes (InfiniBand), GB/s."""
+    inter_node_latency_us: float = ranged(0.0, 0)
+    host_gbps: float = ranged(0.0, 0)
+    """Device <-> host bandwidth (PCIe) for CPU offload, GB/s."""
+    comm_overlap: float = ranged(0.0, 0, 1)
+    """Fraction of the data-parallel gradient reduction hidden behind backward."""
+    overhead_gb: float = ranged(0.0, 0)
+    """Framework memory per device outside model state and activations (CUDA context,
+    allocator caches, communication buffers)."""
+    calibration: str = "auto"
+    """auto: the measurements `tpformer-plan --calibrate` stored for this preset (if any);
+    none: the preset's values only; or a calibration JSON file."""
+
+
+@dataclass
 class Config:
     """The whole run: one field per Hydra group."""
 
@@ -290,6 +332,27 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+@dataclass
+class PlanOptions:
+    """What tpformer-plan searches and shows."""
+
+    global_batch: int = ranged(0, 0)
+    """Samples per step (0: trainer.micro_batch_size x trainer.grad_accum x the data-parallel
+    degree of the given parallel settings on the cluster's devices)."""
+    top: int = ranged(5, 1)
+    """Layouts shown."""
+    max_micro_batch: int = ranged(64, 1)
+    """Largest micro-batch size tried."""
+
+
+@dataclass
+class PlanConfig(Config):
+    """tpformer-plan: the pretraining config, its cluster, and the search's options."""
+
+    plan: PlanOptions = field(default_factory=PlanOptions)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from tpformer.config.presets import PRESETS
-from tpformer.config.schema import Config, FinetuneConfig
+from tpformer.config.schema import Config, FinetuneConfig, PlanConfig
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 """Absolute, so console scripts and `python -m` find the same conf/ (editable install)."""
@@ -19,6 +19,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(name="base_finetune", node=FinetuneConfig)
+    cs.store(name="base_plan", node=PlanConfig)
     for name, preset in PRESETS.items():
         cs.store(group="model", name=name, node=preset)
 

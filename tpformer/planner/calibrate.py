@@ -1,0 +1,171 @@
+"""`tpformer-plan --calibrate`: measure this machine's constants for the planner, one device
+(on CPU: one core, the thread count each rank runs with) at a time: matmul throughput by size
+and dtype, memory bandwidth, collective bandwidth and latency between two local ranks, and one
+real layer's forward+backward time and saved activations (which fix the elementwise cost and
+the activation formula's scale)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tpformer.config.presets import preset
+from tpformer.engine.memory import measure_saved_activations
+from tpformer.models import build_model
+from tpformer.parallel.context import ParallelContext
+from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.cluster import GB, Cluster
+from tpformer.planner.memory import layer_activation_bytes
+from tpformer.planner.step_time import _layer_matmuls
+
+COLLECTIVE_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, min_time: float = 0.2) -> float:
+    """Median seconds of fn() over enough repeats to fill min_time (after one warm-up)."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    fn()
+    sync()
+    times: list[float] = []
+    while sum(times) < min_time or len(times) < 3:
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_tflops(dtype: torch.dtype, device: torch.device, sizes: list[int]) -> list[list[float]]:
+    """[size, TFLOP/s] of n x n @ n x n matmuls."""
+    out = []
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        out.append([n, 2 * n**3 / _timed(lambda: a @ b, device) / 1e12])
+    return out
+
+
+def memory_gbps(device: torch.device) -> float:
+    """Copy bandwidth (bytes read + written) of a buffer well beyond the caches."""
+    n = (256 if device.type == "cuda" else 32) * 2**20
+    src = torch.ones(n // 4, device=device)
+    dst = torch.empty_like(src)
+    return 2 * n / _timed(lambda: dst.copy_(src), device) / GB
+
+
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares t = a + x / bw over (x, t): (bandwidth, a)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(t for _, t in points) / n
+    slope = sum((x - mx) * (t - my) for x, t in points) / sum((x - mx) ** 2 for x, _ in points)
+    return 1 / slope, max(0.0, my - slope * mx)
+
+
+def _collective_rank(rank: int, store: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=300))
+    times = []
+    for nbytes in COLLECTIVE_BYTES:  # a fixed number of repeats: every rank must issue as many
+        x = torch.ones(nbytes // 4)
+        dist.all_reduce(x)
+        samples = []
+        for _ in range(max(5, 2**22 // nbytes)):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(x)
+            samples.append(time.perf_counter() - start)
+        times.append((nbytes, statistics.median(samples)))
+    # the slower rank's medians
+    agreed = torch.tensor([t for _, t in times], dtype=torch.float64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        Path(out).write_text(json.dumps([[n, float(t)] for (n, _), t in zip(times, agreed)]))
+    dist.destroy_process_group()
+
+
+def collective_constants() -> tuple[float, float]:
+    """(bandwidth GB/s, latency us) of the gloo all-reduce between two local ranks, fitted to
+    the ring model t = 2(n-1)/n x bytes/bw + 2(n-1) x latency at n = 2."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/times.json"
+        mp.start_processes(_collective_rank, args=(f"{tmp}/store", out), nprocs=2,
+                           start_method="spawn")
+        points = json.loads(Path(out).read_text())
+    bandwidth, intercept = _fit([(n, t) for n, t in points])
+    return bandwidth / GB, intercept / 2 * 1e6
+
+
+def layer_constants(cluster: Cluster, device: torch.device, precision: str
+                    ) -> tuple[float, float]:
+    """(elementwise passes, activation scale) from one bert_small layer at seq 128, batch 8:
+    its forward+backward time minus the predicted matmul time, per byte it saves; and its
+    saved activations measured / the formula's."""
+    model_config = preset("bert_small", dropout=0.1, attention_dropout=0.1)
+    work = Workload(model_config, 128, 8, precision, 0.15)
+    c = Candidate(1, 1, 1, 8, 1)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    model = build_model(model_config, ParallelContext.single(device=device.type), task="pretraining")
+    model.to(device=device, dtype=dtype).train()
+    block = model.blocks()[0]
+    x = torch.randn(8, 128, model_config.hidden_size, device=device, dtype=dtype, requires_grad=True)
+
+    def step() -> None:
+        block(x, None).sum().backward()
+
+    measured = _timed(step, device, min_time=0.5)
+    matmuls = 3 * sum(cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, c))
+    shape = (128, 8, model_config.hidden_size, model_config.num_heads,
+             model_config.intermediate_size)
+    saves = layer_activation_bytes(*shape, tp=1, sequence_parallel=False, recompute="none",
+                                   itemsize=work.itemsize)
+    passes = max(0.0, measured - matmuls) * cluster.memory_bandwidth / saves
+    saved = measure_saved_activations(block, lambda: block(x, None).sum())
+    return passes, saved.total / saves
+
+
+def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
+              collectives: bool) -> dict:
+    """Every constant measured here, as the keys of the cluster config they replace."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # one device = one core = one rank's thread
+    try:
+        sizes = [64, 128, 256, 512, 1024, 2048] + ([4096, 8192] if device.type == "cuda" else [])
+        curves = {"fp32": matmul_tflops(torch.float32, device, sizes)}
+        if device.type == "cuda" or precision == "bf16":
+            curves["16bit"] = matmul_tflops(torch.bfloat16, device, sizes)
+        result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                        "matmul": curves, "memory_gbps": memory_gbps(device)}
+        if device.type == "cpu":  # a core has no datasheet peak: the best measured matmul
+            result["peak_tflops_fp32"] = max(t for _, t in curves["fp32"])
+            if "16bit" in curves:
+                result["peak_tflops_16bit"] = max(t for _, t in curves["16bit"])
+        measured = replace(cluster, memory_bandwidth=result["memory_gbps"] * GB,
+                           peak_flops=1e12 * result.get(
+                               "peak_tflops_16bit" if precision != "fp32" else "peak_tflops_fp32",
+                               cluster.peak_flops / 1e12))
+        curve = curves["16bit" if precision != "fp32" and "16bit" in curves else "fp32"]
+        measured = replace(measured, matmul_curve=tuple((int(s), t * 1e12 / measured.peak_flops)
+                                                         for s, t in curve))
+        result["elementwise_passes"], result["activation_scale"] = layer_constants(
+            measured, device, precision)
+        if collectives:
+            result["intra_node_gbps"], result["intra_node_latency_us"] = collective_constants()
+        return result
+    finally:
+        torch.set_num_threads(threads)

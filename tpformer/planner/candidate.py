@@ -1,0 +1,170 @@
+"""What the planner chooses between: a workload (the model and the batch, fixed by the user)
+and candidate layouts (how the work is split and what is traded for memory), each one the
+Hydra overrides of a run that computes the same losses as every other."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from tpformer.config.schema import Config, ModelConfig
+from tpformer.parallel.layout import divisors
+from tpformer.parallel.pipeline.partition import best_split, equal_split
+from tpformer.parallel.pipeline.split import flop_costs
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What stays fixed while the layout changes: model, sequence, global batch and the two
+    numeric choices that change losses (precision, gradient compression)."""
+
+    model: ModelConfig
+    seq: int
+    global_batch: int
+    precision: str
+    head_fraction: float
+    """Share of a sample's tokens that go through the vocabulary head (MLM: mask_prob)."""
+    grad_compression: str = "none"
+    nsp: bool = True
+    """BERT's pooler and next-sentence head are part of the model."""
+
+    @classmethod
+    def of(cls, config: Config, global_batch: int) -> Workload:
+        bert = config.model.arch == "bert"
+        return cls(config.model, config.data.seq_length, global_batch, str(config.parallel.precision),
+                   config.data.mask_prob if bert else 1.0, str(config.parallel.grad_compression),
+                   nsp=bert)
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout: tp x pp x dp ranks, the micro-batching of the global batch, and the memory
+    savers (ZeRO stage, offload, sequence parallelism, recomputation)."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    grad_accum: int
+    zero_stage: int = 0
+    cpu_offload: str = "none"
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    virtual_stages: int = 2
+
+    @property
+    def chunks(self) -> int:
+        return self.virtual_stages if self.pp > 1 and self.schedule == "interleaved_1f1b" else 1
+
+    def overrides(self) -> list[str]:
+        """The Hydra overrides that run this layout (world size = tp x pp x dp)."""
+        out = [f"parallel.tensor={self.tp}", f"parallel.pipeline={self.pp}",
+               f"parallel.zero_stage={self.zero_stage}"]
+        if self.cpu_offload != "none":
+            out.append(f"parallel.cpu_offload={self.cpu_offload}")
+        if self.sequence_parallel:
+            out.append("parallel.sequence_parallel=true")
+        if self.recompute != "none":
+            out.append(f"parallel.activation_checkpointing={self.recompute}")
+        if self.pp > 1:
+            out.append(f"parallel.pipeline_schedule={self.schedule}")
+        return out + [f"trainer.micro_batch_size={self.micro_batch}",
+                      f"trainer.grad_accum={self.grad_accum}"]
+
+    def label(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"z{self.zero_stage}",
+                 f"mb{self.micro_batch}"]
+        if self.pp > 1:
+            parts.append({"1f1b": "1f1b", "gpipe": "gpipe"}.get(self.schedule, "int"))
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.recompute != "none":
+            parts.append(self.recompute)
+        if self.cpu_offload != "none":
+            parts.append("off-" + self.cpu_offload.replace("optimizer", "opt").replace("+", ""))
+        return " ".join(parts)
+
+    def apply(self, config: Config) -> Config:
+        """`config` at this layout (the other keys unchanged)."""
+        parallel = replace(config.parallel, tensor=self.tp, pipeline=self.pp, data=str(self.dp),
+                           zero_stage=self.zero_stage, cpu_offload=self.cpu_offload,
+                           sequence_parallel=self.sequence_parallel,
+                           activation_checkpointing=self.recompute,
+                           checkpoint_num_layers=0, checkpoint_every=1,
+                           pipeline_schedule=self.schedule, virtual_stages=self.virtual_stages,
+                           pipeline_split="balanced")
+        trainer = replace(config.trainer, micro_batch_size=self.micro_batch,
+                          grad_accum=self.grad_accum)
+        return replace(config, parallel=parallel, trainer=trainer)
+
+    def split(self, work: Workload) -> list[int]:
+        """Layers per virtual stage, as `parallel.pipeline_split=balanced` chooses them."""
+        if self.pp == 1:
+            return [work.model.num_layers]
+        if self.chunks > 1:
+            return equal_split(work.model.num_layers, self.pp * self.chunks)
+        return list(_balanced_split(work.model.hidden_size, work.seq, work.model.vocab_size,
+                                    work.head_fraction, work.model.num_layers, self.pp))
+
+
+@lru_cache(maxsize=4096)
+def _balanced_split(hidden: int, seq: int, vocab: int, head_fraction: float, layers: int,
+                    stages: int) -> tuple[int, ...]:
+    return tuple(best_split(flop_costs(hidden, seq, vocab, head_fraction, layers), stages))
+
+
+def candidate_of(config: Config, dp: int) -> Candidate:
+    """The layout `config` runs at with data-parallel degree dp."""
+    p, t = config.parallel, config.trainer
+    recompute = str(p.activation_checkpointing)
+    return Candidate(p.tensor, p.pipeline, dp, t.micro_batch_size, t.grad_accum,
+                     int(p.zero_stage), str(p.cpu_offload), p.sequence_parallel, recompute,
+                     str(p.pipeline_schedule), p.virtual_stages)
+
+
+def tensor_degrees(model: ModelConfig, gpus_per_node: int) -> list[int]:
+    """TP degrees that divide the heads and FFN width and stay inside one node."""
+    return [t for t in divisors(gpus_per_node)
+            if model.num_heads % t == 0 and model.intermediate_size % t == 0]
+
+
+def enumerate_candidates(work: Workload, world: int, gpus_per_node: int, *,
+                         max_micro_batch: int = 64, device_type: str = "cuda"
+                         ) -> Iterator[Candidate]:
+    """Every layout tpformer accepts for `work` on `world` devices (the validator's rules:
+    ZeRO-2/3 not with pipelines, interleaving needs p | m and pv | layers, offload of
+    parameters needs ZeRO-3, sequence parallelism needs tp > 1 dividing the sequence)."""
+    layers = work.model.num_layers
+    for tp in tensor_degrees(work.model, gpus_per_node):
+        if world % tp:
+            continue
+        for pp in divisors(world // tp):
+            if pp > layers:
+                continue
+            dp = world // (tp * pp)
+            if work.global_batch % dp:
+                continue
+            per_rank = work.global_batch // dp
+            for micro in divisors(per_rank):
+                if micro > max_micro_batch:
+                    continue
+                m = per_rank // micro
+                schedules = ["1f1b"] if pp == 1 else ["1f1b", "gpipe"]
+                if pp > 1 and m % pp == 0 and layers % (2 * pp) == 0:
+                    schedules.append("interleaved_1f1b")
+                for schedule in schedules:
+                    for stage in (0,) if dp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
+                        offloads = ["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])
+                        if device_type == "cpu":
+                            offloads = ["none"]  # host memory is device memory
+                        for offload in offloads:
+                            for sp in (False, True) if tp > 1 and work.seq % tp == 0 else (False,):
+                                for recompute in ("none", "selective", "full"):
+                                    yield Candidate(tp, pp, dp, micro, m, stage, offload, sp,
+                                                    recompute, schedule)

@@ -1,0 +1,198 @@
+"""A cluster description resolved to numbers: presets, this machine's devices, and the
+constants `tpformer-plan --calibrate` measured (which replace the preset's where present)."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from tpformer.config.schema import ClusterConfig
+from tpformer.config.store import CONF_DIR
+
+GPU_PRESETS = {"H100": "h100_node", "H200": "h100_node", "A100": "a100_node"}
+"""Device name fragment -> the preset whose constants `cluster=auto` uses on that device."""
+
+KNOWN_PEAKS = {("H200", "bf16"): 989.0, ("H100", "bf16"): 989.0, ("A100", "bf16"): 312.0,
+               ("H200", "fp32"): 67.0, ("H100", "fp32"): 67.0, ("A100", "fp32"): 19.5}
+"""Dense peak TFLOP/s per GPU by (name fragment, dtype), for MFU when nothing is given."""
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Link:
+    """Bandwidth (bytes/s per device) and latency (s) of one kind of link; ring algorithms."""
+
+    bandwidth: float
+    latency: float
+
+    def all_reduce(self, nbytes: float, n: int) -> float:
+        return 0.0 if n == 1 else 2 * (n - 1) * (nbytes / n / self.bandwidth + self.latency)
+
+    def all_gather(self, nbytes: float, n: int) -> float:
+        """`nbytes` = the gathered (whole) size; a reduce-scatter of nbytes costs the same."""
+        return 0.0 if n == 1 else (n - 1) * (nbytes / n / self.bandwidth + self.latency)
+
+    def send(self, nbytes: float) -> float:
+        return nbytes / self.bandwidth + self.latency
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Every constant of the time and memory model, in SI units, for one precision."""
+
+    name: str
+    gpus_per_node: int
+    nodes: int
+    device_memory: float
+    """bytes"""
+    peak_flops: float
+    """FLOP/s of one device in the run's precision."""
+    matmul_curve: tuple[tuple[int, float], ...]
+    """(smallest matrix dimension, fraction of peak) measured, or ((1, matmul_efficiency),)."""
+    memory_bandwidth: float
+    elementwise_passes: float
+    intra: Link
+    inter: Link
+    host_bandwidth: float
+    comm_overlap: float
+    overhead: float
+    """bytes"""
+    activation_scale: float = 1.0
+    """Measured / formula saved activations of one layer (calibrated), applied to predictions."""
+    calibrated: str = ""
+    """The calibration file applied, if any."""
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def matmul_efficiency(self, dim: float) -> float:
+        """Fraction of peak a matmul whose smallest dimension is `dim` reaches (log-linear
+        between measured sizes, flat beyond them)."""
+        sizes = [s for s, _ in self.matmul_curve]
+        i = bisect.bisect_left(sizes, dim)
+        if i == 0:
+            return self.matmul_curve[0][1] * min(1.0, dim / sizes[0])
+        if i == len(sizes):
+            return self.matmul_curve[-1][1]
+        (s0, e0), (s1, e1) = self.matmul_curve[i - 1], self.matmul_curve[i]
+        w = math.log(dim / s0) / math.log(s1 / s0)
+        return e0 + w * (e1 - e0)
+
+    def matmul_time(self, flops: float, dim: float) -> float:
+        return flops / (self.peak_flops * self.matmul_efficiency(dim))
+
+    def link(self, group_span: int) -> Link:
+        """The link a group whose ranks span `group_span` consecutive ranks uses."""
+        return self.intra if group_span <= self.gpus_per_node else self.inter
+
+
+def _preset(name: str) -> ClusterConfig:
+    path = Path(CONF_DIR) / "cluster" / f"{name}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"cluster={name}: no such preset; valid presets are {valid}")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig),
+                                               OmegaConf.load(path)))  # type: ignore[return-value]
+
+
+def device_kind() -> str:
+    """The preset this machine's device belongs to: a known GPU's, else cpu."""
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        return next((p for gpu, p in GPU_PRESETS.items() if gpu in name), "h100_node")
+    return "cpu"
+
+
+def _fill_from_device(config: ClusterConfig, world_size: int | None,
+                      local_world_size: int | None) -> ClusterConfig:
+    """cluster=auto: the preset of this device kind under the values given, plus counts and
+    memory read from this launch and device."""
+    kind = device_kind()
+    base = _preset(kind)
+    given = {f.name: getattr(config, f.name) for f in fields(config)
+             if getattr(config, f.name) not in (0, 0.0) and f.name not in ("name", "calibration")}
+    filled = replace(base, **given, calibration=config.calibration)
+    local = local_world_size or (torch.cuda.device_count() if kind != "cpu" else
+                                 os.cpu_count() or 1)
+    if not config.gpus_per_node:
+        filled = replace(filled, gpus_per_node=local)
+    if not config.nodes:
+        world = world_size or filled.gpus_per_node
+        filled = replace(filled, nodes=max(1, world // filled.gpus_per_node))
+    if not config.device_memory_gb:
+        if kind != "cpu":
+            memory = torch.cuda.get_device_properties(0).total_memory
+        else:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / filled.gpus_per_node
+        filled = replace(filled, device_memory_gb=memory / GB)
+    return filled
+
+
+def calibration_path(cache_dir: str, name: str) -> Path:
+    return Path(os.path.expanduser(cache_dir)) / "calibration" / f"{name}.json"
+
+
+def _check(config: ClusterConfig) -> None:
+    """Every constant the model divides by must be positive; fractions in (0, 1]."""
+    required = ["gpus_per_node", "nodes", "device_memory_gb", "peak_tflops_fp32",
+                "peak_tflops_16bit", "matmul_efficiency", "memory_gbps", "elementwise_passes",
+                "intra_node_gbps", "inter_node_gbps", "host_gbps"]
+    bad = [k for k in required if not getattr(config, k) > 0]
+    if bad:
+        raise ValueError(f"cluster={config.name}: {', '.join(f'cluster.{k}={getattr(config, k)}' for k in bad)} "
+                         "must be > 0 (a device needs memory, compute and links to be planned for)")
+    for key in ("matmul_efficiency", "comm_overlap"):
+        if not 0 <= getattr(config, key) <= 1:
+            raise ValueError(f"cluster.{key}={getattr(config, key)} must be a fraction in [0, 1]")
+
+
+def resolve_cluster(config: ClusterConfig, precision: str, *, cache_dir: str,
+                    world_size: int | None = None,
+                    local_world_size: int | None = None) -> Cluster:
+    """The numbers of `config` for a run in `precision`: `auto` filled from this machine, the
+    stored calibration applied (cluster.calibration), every value checked."""
+    if config.name == "auto":
+        config = _fill_from_device(config, world_size, local_world_size)
+    calibration: dict = {}
+    path = None
+    if config.calibration == "auto":
+        path = calibration_path(cache_dir, config.name)
+        path = path if path.exists() else None
+    elif config.calibration != "none":
+        path = Path(config.calibration)
+        if not path.exists():
+            raise ValueError(f"cluster.calibration={config.calibration}: no such file (run "
+                             "tpformer-plan --calibrate, or use auto or none)")
+    if path is not None:
+        try:
+            calibration = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"cluster.calibration: cannot read {path}: {err}; re-run "
+                             "tpformer-plan --calibrate") from err
+        config = replace(config, **{k: v for k, v in calibration.items()
+                                    if k in {f.name for f in fields(config)} and k != "name"})
+    _check(config)
+    bits16 = precision != "fp32"
+    peak = (config.peak_tflops_16bit if bits16 else config.peak_tflops_fp32) * 1e12
+    curve = calibration.get("matmul", {}).get("16bit" if bits16 else "fp32")
+    matmul_curve = (tuple((int(s), tflops * 1e12 / peak) for s, tflops in curve) if curve
+                    else ((1, config.matmul_efficiency),))
+    return Cluster(
+        name=config.name, gpus_per_node=config.gpus_per_node, nodes=config.nodes,
+        device_memory=config.device_memory_gb * GB, peak_flops=peak, matmul_curve=matmul_curve,
+        memory_bandwidth=config.memory_gbps * GB, elementwise_passes=config.elementwise_passes,
+        intra=Link(config.intra_node_gbps * GB, config.intra_node_latency_us * 1e-6),
+        inter=Link(config.inter_node_gbps * GB, config.inter_node_latency_us * 1e-6),
+        host_bandwidth=config.host_gbps * GB, comm_overlap=config.comm_overlap,
+        overhead=config.overhead_gb * GB,
+        activation_scale=float(calibration.get("activation_scale", 1.0)),
+        calibrated=str(path) if path else "")

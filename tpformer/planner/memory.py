@@ -1,0 +1,172 @@
+"""Memory per rank of a layout: model state by the ZeRO paper's formula on this rank's
+parameters, activations by Korthikanti et al.'s per-layer terms times the micro-batches the
+pipeline schedule keeps alive, plus working buffers and the framework's overhead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpformer.engine.memory import zero_memory_bytes
+from tpformer.layers.embedding import padded_vocab_size
+from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.cluster import Cluster
+
+
+def layer_activation_bytes(s: int, b: int, h: int, a: int, f: int, *, tp: int,
+                           sequence_parallel: bool, recompute: str, itemsize: int) -> float:
+    """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
+    tensors of `itemsize` bytes, 1-byte dropout masks and FFN width f). Kept tensors, in
+    elements: LayerNorm inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the
+    sequence under sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and
+    output 2sbf (1/t under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b
+    bytes. 16-bit, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h), SP + selective
+    34 sbh/t. selective drops the as^2 terms; full keeps only the layer's input."""
+    q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
+    sbh, attention = s * b * h, a * s * s * b
+    if recompute == "full":
+        return itemsize * sbh / q
+    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * s * b * f) / tp) + 2 * sbh / q
+    if recompute != "selective":
+        kept += (2 * itemsize + 1) * attention / tp
+    return kept
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters per rank of one pipeline stage, by part."""
+
+    embedding: int
+    layers: int
+    head: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.layers + self.head
+
+
+def layer_params(work: Workload, tp: int) -> int:
+    """One layer's parameters on one TP rank: QKV, FFN-in and their biases and the two output
+    matrices are split; LayerNorms and the output biases are replicated."""
+    h, f = work.model.hidden_size, work.model.intermediate_size
+    return (4 * h * h + 3 * h + 2 * h * f + f) // tp + 6 * h
+
+
+def stage_params(work: Workload, c: Candidate) -> list[StageParams]:
+    """Per rank, each stage: the word embedding (vocab-parallel) on the first (and, tied, on the
+    last when pipelined), position/segment embeddings, the layers of its split, the head."""
+    m = work.model
+    h = m.hidden_size
+    vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
+    word = vocab * h
+    if m.arch == "bert":
+        embedding = word + m.max_position_embeddings * h + max(m.type_vocab_size, 1) * h + 2 * h
+        head = (h * h + h) + 2 * h + vocab + ((h * h + h) + 2 * h + 2 if work.nsp else 0)
+    else:
+        embedding = word + m.max_position_embeddings * h
+        head = 2 * h
+    split = c.split(work)
+    per_layer = layer_params(work, c.tp)
+    stages = []
+    for r in range(c.pp):
+        layers = sum(split[r::c.pp]) * per_layer
+        first, last = r == 0, r == c.pp - 1
+        stages.append(StageParams(embedding if first else 0, layers,
+                                  (head + (word if not first else 0)) if last else 0))
+    return stages
+
+
+def in_flight(c: Candidate, stage: int) -> int:
+    """Micro-batches (interleaved: micro-batch chunks) whose activations stage `stage` holds at
+    once under the schedule, as `schedule.simulate` counts them."""
+    m, p, v = c.grad_accum, c.pp, c.chunks
+    if p == 1:
+        return 1
+    if c.schedule == "gpipe":
+        return m
+    if v == 1:
+        return min(m, p - stage)
+    return min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    """Bytes per rank on the most loaded stage; `host` is what CPU offload keeps off-device."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    overhead: float
+    host: float
+    stage: int
+
+    @property
+    def model_state(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def accounted(self) -> float:
+        """What the engine accounts (memory_report, offloaded state included) plus the saved
+        activations: the part a test measures."""
+        return self.model_state + self.host + self.activations
+
+    @property
+    def total(self) -> float:
+        return self.model_state + self.activations + self.buffers + self.overhead
+
+
+def activation_parts(work: Workload, c: Candidate, activation_scale: float = 1.0
+                     ) -> tuple[float, float, float]:
+    """(one layer, the embedding output, the head) bytes per micro-batch on one rank."""
+    m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
+    q = c.tp if c.sequence_parallel else 1
+    layer = activation_scale * layer_activation_bytes(
+        s, b, m.hidden_size, m.num_heads, m.intermediate_size, tp=c.tp,
+        sequence_parallel=c.sequence_parallel, recompute=c.recompute, itemsize=i)
+    sbh = s * b * m.hidden_size
+    vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
+    rows = s * b * work.head_fraction
+    if m.arch == "bert":  # LayerNorm input and dropout mask; transform, GELU, LayerNorm inputs
+        embedding = sbh * (i + 1) / q
+        head = rows * (3 * m.hidden_size * i + vocab * (i + 4))
+    else:  # dropout mask; final LayerNorm input, logits and their fp32 softmax
+        embedding = sbh / q
+        head = sbh * i / q + rows * vocab * (i + 4)
+    return layer, embedding, head
+
+
+def predict_memory(work: Workload, c: Candidate, cluster: Cluster) -> MemoryPrediction:
+    """Memory per rank of the stage that needs the most."""
+    layer, embedding, head = activation_parts(work, c, cluster.activation_scale)
+    split = c.split(work)
+    best: MemoryPrediction | None = None
+    mixed = work.precision != "fp32"
+    for r, params in enumerate(stage_params(work, c)):
+        state = zero_memory_bytes(c.zero_stage, params.total, c.dp, param_bytes=work.itemsize,
+                                  mixed=mixed)
+        alive = in_flight(c, r)
+        layers = sum(split[r::c.pp])
+        if c.chunks > 1:  # `alive` counts chunks of layers / v layers each
+            acts = alive * layers / c.chunks * layer + (embedding * -(-alive // c.chunks) if r == 0 else 0)
+        else:
+            acts = alive * (layers * layer + (embedding if r == 0 else 0))
+        acts += head if r == c.pp - 1 else 0
+        host = 0.0
+        optimizer, params_bytes = float(state.optimizer), float(state.params)
+        if c.cpu_offload != "none":
+            host, optimizer = host + optimizer, 0.0
+        if c.cpu_offload == "optimizer+params":
+            host, params_bytes = host + params_bytes, 0.0
+        # working buffers: ZeRO-2/3 hold whole gradients of up to three buckets (the root and
+        # two layers), ZeRO-3 the gathered parameters of as many; offloaded parameters are
+        # staged through a device copy of this rank's shard
+        per_layer = params.layers / max(1, layers)
+        bucket = params.embedding + params.head + 2 * per_layer
+        buffers = (4 * bucket if c.zero_stage >= 2 else 0) + (work.itemsize * bucket if c.zero_stage == 3 else 0)
+        prediction = MemoryPrediction(params_bytes, float(state.grads), optimizer, acts, buffers,
+                                      cluster.overhead, host, r)
+        if best is None or prediction.total > best.total:
+            best = prediction
+    assert best is not None
+    return best

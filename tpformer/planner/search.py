@@ -1,0 +1,103 @@
+"""The search: every valid layout of a workload on a cluster, its predicted memory and time,
+the ones that fit ranked by step time, and for the rest why they lose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpformer.parallel.layout import divisors
+from tpformer.planner.candidate import Candidate, Workload, enumerate_candidates, tensor_degrees
+from tpformer.planner.cluster import Cluster
+from tpformer.planner.memory import MemoryPrediction, predict_memory
+from tpformer.planner.step_time import TimePrediction, predict_time
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    candidate: Candidate
+    memory: MemoryPrediction
+    time: TimePrediction | None
+    """None when the layout does not fit (its time is not computed)."""
+
+    @property
+    def fits(self) -> bool:
+        return self.time is not None
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    work: Workload
+    cluster: Cluster
+    ranked: list[Evaluated]
+    """Layouts that fit, fastest first (ties: less memory first)."""
+    evaluated: list[Evaluated]
+    """Every layout searched."""
+    smallest: Evaluated
+    """The layout needing the least memory (fitting or not)."""
+
+    @property
+    def best(self) -> Evaluated:
+        return self.ranked[0]
+
+
+def evaluate(work: Workload, c: Candidate, cluster: Cluster) -> Evaluated:
+    memory = predict_memory(work, c, cluster)
+    fits = memory.total <= cluster.device_memory
+    return Evaluated(c, memory, predict_time(work, c, cluster) if fits else None)
+
+
+def _no_layout_message(work: Workload, cluster: Cluster) -> str:
+    world = cluster.world_size
+    degrees = tensor_degrees(work.model, cluster.gpus_per_node)
+    dps = sorted({world // (t * p) for t in degrees if world % t == 0
+                  for p in divisors(world // t) if p <= work.model.num_layers})
+    return (f"no layout can form the global batch of {work.global_batch} on {world} devices: "
+            f"it must be divisible by a data-parallel degree in {dps} (tensor degrees "
+            f"{degrees} divide model.num_heads={work.model.num_heads} and "
+            f"cluster.gpus_per_node={cluster.gpus_per_node}); e.g. plan.global_batch="
+            f"{-(-work.global_batch // dps[-1]) * dps[-1] if dps else world}")
+
+
+def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
+           device_type: str = "cuda") -> PlanResult:
+    """Rank every layout of `work` on `cluster`; ValueError when none exists or none fits."""
+    evaluated = [evaluate(work, c, cluster) for c in enumerate_candidates(
+        work, cluster.world_size, cluster.gpus_per_node, max_micro_batch=max_micro_batch,
+        device_type=device_type)]
+    if not evaluated:
+        raise ValueError(_no_layout_message(work, cluster))
+    smallest = min(evaluated, key=lambda e: e.memory.total)
+    ranked = sorted((e for e in evaluated if e.fits),
+                    key=lambda e: (round(e.time.step, 12), e.memory.total))  # type: ignore[union-attr]
+    if not ranked:
+        c = smallest.candidate
+        raise ValueError(
+            f"{work.model.arch} ({work.model.num_layers} layers, hidden {work.model.hidden_size}) "
+            f"needs {smallest.memory.total / GiB:.1f} GiB per rank at the smallest layout "
+            f"({c.label()}, global batch {work.global_batch}, seq {work.seq}); the device has "
+            f"{cluster.device_memory / GiB:.1f} GiB (cluster.device_memory_gb): add devices "
+            f"(cluster.nodes), shorten data.seq_length or lower the global batch")
+    return PlanResult(work, cluster, ranked, evaluated, smallest)
+
+
+def why_not(result: PlanResult, e: Evaluated) -> str:
+    """One line: how a layout loses against the best."""
+    if not e.fits:
+        return (f"does not fit: {e.memory.total / GiB:.1f} GiB > "
+                f"{result.cluster.device_memory / GiB:.1f} GiB")
+    best = result.best.time.step  # type: ignore[union-attr]
+    return f"slower by {(e.time.step / best - 1):.0%}"  # type: ignore[union-attr]
+
+
+def best_per_family(result: PlanResult) -> dict[tuple[int, int], Evaluated]:
+    """The best layout of each tensor x pipeline degree (fitting ones first)."""
+    families: dict[tuple[int, int], Evaluated] = {}
+    for e in result.evaluated:
+        key = (e.candidate.tp, e.candidate.pp)
+        current = families.get(key)
+        if current is None or (e.fits, -(e.time.step if e.fits else e.memory.total)) > (  # type: ignore[union-attr]
+                current.fits, -(current.time.step if current.fits else current.memory.total)):  # type: ignore[union-attr]
+            families[key] = e
+    return families

@@ -1,0 +1,163 @@
+"""Step time of a layout: matmuls at the measured efficiency of their size, elementwise work at
+memory bandwidth, TP collectives on the critical path, pipeline fill and drain, the part of the
+data-parallel reduction backward does not hide, and the optimizer step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpformer.layers.embedding import padded_vocab_size
+from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.cluster import Cluster
+from tpformer.planner.memory import activation_parts, layer_activation_bytes, stage_params
+
+
+@dataclass(frozen=True)
+class TimePrediction:
+    """Seconds per optimizer step, by part (compute and TP of the slowest stage per
+    micro-batch, the pipeline's fill and drain, exposed DP and offload traffic, the step)."""
+
+    step: float
+    compute: float
+    tensor_comm: float
+    bubble: float
+    data_comm: float
+    optimizer: float
+    model_flops: float
+    """FLOPs of one step as metrics.flops_per_step counts them (no recomputation)."""
+
+    def tokens_per_s(self, work: Workload) -> float:
+        return work.global_batch * work.seq / self.step
+
+    def mfu(self, cluster: Cluster) -> float:
+        return self.model_flops / self.step / cluster.world_size / cluster.peak_flops
+
+
+def _layer_matmuls(work: Workload, c: Candidate) -> list[tuple[float, float]]:
+    """(forward FLOPs, smallest dimension) of one layer's matmuls on one TP rank."""
+    m, s, b, t = work.model, work.seq, c.micro_batch, c.tp
+    h, f, tokens = m.hidden_size, m.intermediate_size, s * b
+    return [(2 * tokens * h * 3 * h / t, min(tokens, h, 3 * h / t)),
+            (2 * tokens * h / t * h, min(tokens, h / t, h)),
+            (2 * tokens * h * f / t, min(tokens, h, f / t)),
+            (2 * tokens * f / t * h, min(tokens, f / t, h)),
+            (4 * b * s * s * h / t, min(s, h / m.num_heads))]  # QK^T and PV
+
+
+def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
+    """Forward + backward (+ recomputation) of one layer on one rank, per micro-batch."""
+    mm = _layer_matmuls(work, c)
+    forward = sum(cl.matmul_time(fl, d) for fl, d in mm)
+    shape = (work.seq, c.micro_batch, work.model.hidden_size, work.model.num_heads,
+             work.model.intermediate_size)
+    touched = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
+                                     recompute="none", itemsize=work.itemsize)
+    elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
+    time = 3 * forward + elementwise
+    if c.recompute == "full":
+        time += forward + elementwise / 3
+    elif c.recompute == "selective":
+        without = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
+                                         recompute="selective", itemsize=work.itemsize)
+        time += cl.matmul_time(*mm[-1]) + (elementwise / 3) * (touched - without) / touched
+    return time
+
+
+def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
+    """A layer's TP collectives per micro-batch: 2 all-reduces forward and 2 backward (with
+    sequence parallelism all-gathers and reduce-scatters of the same volume), 2 more forward
+    when the layer is recomputed."""
+    if c.tp == 1:
+        return 0.0
+    nbytes = work.seq * c.micro_batch * work.model.hidden_size * work.itemsize
+    count = 4 + (2 if c.recompute == "full" else 0)
+    return count * cl.link(c.tp).all_reduce(nbytes, c.tp)
+
+
+def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]:
+    """(embedding, head) forward+backward per micro-batch on their stages."""
+    m = work.model
+    h = m.hidden_size
+    _, embedding_bytes, head_bytes = activation_parts(work, c)
+    vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
+    rows = work.seq * c.micro_batch * work.head_fraction
+    head = 3 * cl.matmul_time(2 * rows * h * vocab, min(h, vocab))
+    if m.arch == "bert":
+        head += 3 * cl.matmul_time(2 * rows * h * h, h)
+    passes = cl.elementwise_passes / cl.memory_bandwidth
+    embed_comm = cl.link(c.tp).all_reduce(work.seq * c.micro_batch * h * work.itemsize, c.tp)
+    return embedding_bytes * passes + embed_comm, head + head_bytes * passes
+
+
+def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backward: float
+               ) -> float:
+    """The DP reduction's exposed time per step: stages 0-1 reduce once, during the last
+    micro-batch's backward; stages 2-3 reduce (and stage 3 gathers) every micro-batch."""
+    if c.dp == 1:
+        return 0.0
+    link = cl.link(c.dp * c.tp)
+    grads = params * (2 if work.grad_compression in ("bf16", "powersgd") else 4)
+    weights = params * work.itemsize
+    hidden = cl.comm_overlap * backward
+    if c.zero_stage == 0:
+        return max(0.0, link.all_reduce(grads, c.dp) - hidden)
+    if c.zero_stage == 1:
+        return max(0.0, link.all_gather(grads, c.dp) - hidden) + link.all_gather(weights, c.dp)
+    per_micro = link.all_gather(grads, c.dp) + (2 * link.all_gather(weights, c.dp)
+                                                if c.zero_stage == 3 else 0.0)
+    exposed = c.grad_accum * max(0.0, per_micro - hidden)
+    return exposed + (link.all_gather(weights, c.dp) if c.zero_stage == 2 else 0.0)
+
+
+def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) -> float:
+    """AdamW reads parameter, gradient and two moments and writes three (28 bytes per fp32
+    parameter) on this rank's shard; offloaded, the shard's gradients go down and its
+    parameters come back over the host link, and offloaded ZeRO-3 parameters come up for
+    every forward and backward."""
+    shard = params / (c.dp if c.zero_stage >= 1 else 1)
+    mixed = work.itemsize if work.precision != "fp32" else 0
+    if c.cpu_offload == "none":
+        return shard * (28 + mixed) / cl.memory_bandwidth
+    time = shard * (28 + 4 + work.itemsize) / cl.host_bandwidth
+    if c.cpu_offload == "optimizer+params":
+        time += c.grad_accum * 2 * shard * work.itemsize / cl.host_bandwidth
+    return time
+
+
+def model_flops(work: Workload) -> float:
+    """metrics.flops_per_step for this workload's global batch."""
+    m = work.model
+    h, s = m.hidden_size, work.seq
+    per_token = m.num_layers * (2 * (4 * h * h + 2 * h * m.intermediate_size) + 4 * s * h)
+    head_tokens = work.global_batch * s * work.head_fraction
+    return 3.0 * (work.global_batch * s * per_token + head_tokens * 2 * (h * h + h * m.vocab_size))
+
+
+def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
+    split = c.split(work)
+    per_layer = layer_time(work, c, cl)
+    tp_layer = tensor_comm_time(work, c, cl)
+    embedding, head = _ends_time(work, c, cl)
+    params = [s.total for s in stage_params(work, c)]
+    # a stage boundary crosses nodes once a stage fills one
+    q = c.tp if c.sequence_parallel else 1
+    hop = cl.link(c.dp * c.tp + 1).send(work.seq * c.micro_batch * work.model.hidden_size
+                                        * work.itemsize / q) if c.pp > 1 else 0.0
+    stage_time, compute, comm = [], [], []
+    for r in range(c.pp):
+        layers = sum(split[r::c.pp])
+        work_r = layers * per_layer + (embedding if r == 0 else 0) + (head if r == c.pp - 1 else 0)
+        comm_r = layers * tp_layer + 2 * c.chunks * hop * (c.pp > 1)
+        compute.append(work_r)
+        comm.append(comm_r)
+        stage_time.append(work_r + comm_r)
+    slowest = max(range(c.pp), key=lambda r: stage_time[r])
+    m = c.grad_accum
+    pipeline = (m - 1) * stage_time[slowest] + sum(stage_time) / c.chunks
+    steady = m * stage_time[slowest]
+    backward = compute[slowest] * 2 / 3
+    data = _data_comm(work, c, cl, params[slowest], backward)
+    optimizer = _optimizer_time(work, c, cl, params[slowest])
+    return TimePrediction(step=pipeline + data + optimizer, compute=m * compute[slowest],
+                          tensor_comm=m * comm[slowest], bubble=pipeline - steady,
+                          data_comm=data, optimizer=optimizer, model_flops=model_flops(work))
