@@ -95,7 +95,7 @@ class Cluster:
         return self.intra if group_span <= self.gpus_per_node else self.inter
 
 
-def _preset(name: str) -> ClusterConfig:
+def load_preset(name: str) -> ClusterConfig:
     path = Path(CONF_DIR) / "cluster" / f"{name}.yaml"
     if not path.exists():
         valid = sorted(p.stem for p in path.parent.glob("*.yaml"))
@@ -117,7 +117,7 @@ def _fill_from_device(config: ClusterConfig, world_size: int | None,
     """cluster=auto: the preset of this device kind under the values given, plus counts and
     memory read from this launch and device."""
     kind = device_kind()
-    base = _preset(kind)
+    base = load_preset(kind)
     given = {f.name: getattr(config, f.name) for f in fields(config)
              if getattr(config, f.name) not in (0, 0.0) and f.name not in ("name", "calibration")}
     filled = replace(base, **given, calibration=config.calibration)
