@@ -54,8 +54,8 @@ def _user_overrides(overrides: list[str]) -> list[str]:
             and o.split("=")[0].lstrip("+~") not in LAYOUT_KEYS]
 
 
-def launch_line(c: Candidate, cluster: Cluster, base: list[str]) -> str:
-    args = " ".join([*base, *c.overrides()])
+def launch_line(c: Candidate, cluster: Cluster, base: list[str], layout: bool = True) -> str:
+    args = " ".join([*base, *(c.overrides() if layout else [])])
     world = c.tp * c.pp * c.dp
     if cluster.nodes == 1 or world <= cluster.gpus_per_node:
         return f"tpformer-pretrain {args} launcher.nproc_per_node={world}"
@@ -64,21 +64,20 @@ def launch_line(c: Candidate, cluster: Cluster, base: list[str]) -> str:
             f"--rdzv_backend c10d --rdzv_endpoint $HEAD:29500 -m tpformer.pretrain {args}")
 
 
-def sweep_line(top: list[Evaluated], base: list[str]) -> str:
-    """One Hydra multirun over the values the top layouts differ in (Hydra sweeps their
-    product; combinations tpformer rejects exit with 2 at once)."""
-    values: dict[str, list[str]] = {}
-    for e in top:
-        for o in e.candidate.overrides():
-            key, value = o.split("=", 1)
-            values.setdefault(key, [])
-            if value not in values[key]:
-                values[key].append(value)
-    keys = sorted(values, key=lambda k: LAYOUT_KEYS.index(k) if k in LAYOUT_KEYS else 99)
-    world = top[0].candidate.tp * top[0].candidate.pp * top[0].candidate.dp
-    args = [*base, *(f"{k}={','.join(values[k])}" for k in keys), "trainer.max_steps=20",
-            f"launcher.nproc_per_node={world}"]
-    return "tpformer-pretrain -m " + " ".join(args)
+def confirm_lines(top: list[Evaluated], cluster: Cluster, base: list[str]) -> list[str]:
+    """Short runs of the top layouts, each its own command: a Hydra `-m` sweep takes the
+    product of the values listed, which would mix these layouts into others (and, through
+    micro-batch x accumulation, change the global batch). Where the layouts differ in one key
+    only, that sweep is exact and is given instead."""
+    runs = [[*e.candidate.overrides(explicit=True), "trainer.max_steps=20"] for e in top]
+    differing = {o.split("=")[0] for r in runs for o in r} - set.intersection(*map(set, runs))
+    if len(top) > 1 and len(differing) == 1:
+        key = differing.pop()
+        values = [next(o.split("=", 1)[1] for o in r if o.startswith(key + "=")) for r in runs]
+        line = [o for o in runs[0] if not o.startswith(key + "=")] + [f"{key}={','.join(values)}"]
+        return [launch_line(top[0].candidate, cluster, [*base, *line], layout=False)
+                .replace("tpformer-pretrain ", "tpformer-pretrain -m ", 1)]
+    return [launch_line(e.candidate, cluster, [*base, "trainer.max_steps=20"]) for e in top]
 
 
 def _row(i: int, e: Evaluated, result: PlanResult) -> str:
@@ -110,7 +109,8 @@ def format_result(result: PlanResult, top: int, base: list[str], model_name: str
     lines += [_row(i, e, result) for i, e in enumerate(result.ranked[:top], 1)]
     best = result.best
     lines += ["", f"run #1: {launch_line(best.candidate, cl, base)}",
-              f"confirm the top {min(top, 3)}: {sweep_line(result.ranked[:3], base)}", "",
+              f"confirm the top {min(top, 3)} (20 steps each):",
+              *(f"  {line}" for line in confirm_lines(result.ranked[:3], cl, base)), "",
               "the best of each tensor x pipeline degree:"]
     for (tp, pp), e in sorted(best_per_family(result).items()):
         verdict = "best" if e is best else why_not(result, e)
@@ -142,7 +142,7 @@ def result_json(result: PlanResult, top: int, base: list[str]) -> dict:
             "searched": len(result.evaluated), "fit": len(result.ranked),
             "top": [entry(e) for e in result.ranked[:top]],
             "launch": launch_line(result.best.candidate, result.cluster, base),
-            "sweep": sweep_line(result.ranked[:3], base)}
+            "confirm": confirm_lines(result.ranked[:3], result.cluster, base)}
 
 
 def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrate: bool) -> str:

@@ -111,10 +111,11 @@ def collective_constants() -> tuple[float, float]:
 
 
 def layer_constants(cluster: Cluster, device: torch.device, precision: str
-                    ) -> tuple[float, float]:
-    """(elementwise passes, activation scale) from one bert_small layer at seq 128, batch 8:
-    its forward+backward time minus the predicted matmul time, per byte it saves; and its
-    saved activations measured / the formula's."""
+                    ) -> tuple[float, float, float]:
+    """(elementwise passes, activation scale, layer overhead in us) from one bert_small layer:
+    at seq 128, batch 8, its forward+backward time minus its time on 8 tokens (the fixed
+    overhead) and the predicted matmul time, per byte it saves; its saved activations
+    measured / the formula's."""
     model_config = preset("bert_small", dropout=0.1, attention_dropout=0.1)
     work = Workload(model_config, 128, 8, precision, 0.15)
     c = Candidate(1, 1, 1, 8, 1)
@@ -128,14 +129,17 @@ def layer_constants(cluster: Cluster, device: torch.device, precision: str
         block(x, None).sum().backward()
 
     measured = _timed(step, device, min_time=0.5)
+    small = torch.randn(1, 8, model_config.hidden_size, device=device, dtype=dtype,
+                        requires_grad=True)
+    overhead = _timed(lambda: block(small, None).sum().backward(), device)
     matmuls = 3 * sum(cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, c))
     shape = (128, 8, model_config.hidden_size, model_config.num_heads,
              model_config.intermediate_size)
     saves = layer_activation_bytes(*shape, tp=1, sequence_parallel=False, recompute="none",
                                    itemsize=work.itemsize)
-    passes = max(0.0, measured - matmuls) * cluster.memory_bandwidth / saves
+    passes = max(0.0, measured - overhead - matmuls) * cluster.memory_bandwidth / saves
     saved = measure_saved_activations(block, lambda: block(x, None).sum())
-    return passes, saved.total / saves
+    return passes, saved.total / saves, overhead * 1e6
 
 
 def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
@@ -162,8 +166,8 @@ def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
         curve = curves["16bit" if precision != "fp32" and "16bit" in curves else "fp32"]
         measured = replace(measured, matmul_curve=tuple((int(s), t * 1e12 / measured.peak_flops)
                                                          for s, t in curve))
-        result["elementwise_passes"], result["activation_scale"] = layer_constants(
-            measured, device, precision)
+        (result["elementwise_passes"], result["activation_scale"],
+         result["layer_overhead_us"]) = layer_constants(measured, device, precision)
         if collectives:
             result["intra_node_gbps"], result["intra_node_latency_us"] = collective_constants()
         return result

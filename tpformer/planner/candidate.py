@@ -62,17 +62,18 @@ class Candidate:
     def chunks(self) -> int:
         return self.virtual_stages if self.pp > 1 and self.schedule == "interleaved_1f1b" else 1
 
-    def overrides(self) -> list[str]:
-        """The Hydra overrides that run this layout (world size = tp x pp x dp)."""
+    def overrides(self, explicit: bool = False) -> list[str]:
+        """The Hydra overrides that run this layout (world size = tp x pp x dp); `explicit`:
+        also the keys left at their defaults."""
         out = [f"parallel.tensor={self.tp}", f"parallel.pipeline={self.pp}",
                f"parallel.zero_stage={self.zero_stage}"]
-        if self.cpu_offload != "none":
+        if self.cpu_offload != "none" or explicit:
             out.append(f"parallel.cpu_offload={self.cpu_offload}")
-        if self.sequence_parallel:
-            out.append("parallel.sequence_parallel=true")
-        if self.recompute != "none":
+        if self.sequence_parallel or explicit:
+            out.append(f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}")
+        if self.recompute != "none" or explicit:
             out.append(f"parallel.activation_checkpointing={self.recompute}")
-        if self.pp > 1:
+        if self.pp > 1 or explicit:
             out.append(f"parallel.pipeline_schedule={self.schedule}")
         return out + [f"trainer.micro_batch_size={self.micro_batch}",
                       f"trainer.grad_accum={self.grad_accum}"]

@@ -59,6 +59,8 @@ class Cluster:
     """(smallest matrix dimension, fraction of peak) measured, or ((1, matmul_efficiency),)."""
     memory_bandwidth: float
     elementwise_passes: float
+    layer_overhead: float
+    """seconds per layer per micro-batch (forward + backward)"""
     intra: Link
     inter: Link
     host_bandwidth: float
@@ -121,13 +123,13 @@ def _fill_from_device(config: ClusterConfig, world_size: int | None,
     given = {f.name: getattr(config, f.name) for f in fields(config)
              if getattr(config, f.name) not in (0, 0.0) and f.name not in ("name", "calibration")}
     filled = replace(base, **given, calibration=config.calibration)
-    local = local_world_size or (torch.cuda.device_count() if kind != "cpu" else
-                                 os.cpu_count() or 1)
+    devices = torch.cuda.device_count() if kind != "cpu" else os.cpu_count() or 1
+    local = local_world_size or min(world_size or devices, devices)
     if not config.gpus_per_node:
         filled = replace(filled, gpus_per_node=local)
     if not config.nodes:
         world = world_size or filled.gpus_per_node
-        filled = replace(filled, nodes=max(1, world // filled.gpus_per_node))
+        filled = replace(filled, nodes=-(-world // filled.gpus_per_node))
     if not config.device_memory_gb:
         if kind != "cpu":
             memory = torch.cuda.get_device_properties(0).total_memory
@@ -190,6 +192,7 @@ def resolve_cluster(config: ClusterConfig, precision: str, *, cache_dir: str,
         name=config.name, gpus_per_node=config.gpus_per_node, nodes=config.nodes,
         device_memory=config.device_memory_gb * GB, peak_flops=peak, matmul_curve=matmul_curve,
         memory_bandwidth=config.memory_gbps * GB, elementwise_passes=config.elementwise_passes,
+        layer_overhead=config.layer_overhead_us * 1e-6,
         intra=Link(config.intra_node_gbps * GB, config.intra_node_latency_us * 1e-6),
         inter=Link(config.inter_node_gbps * GB, config.inter_node_latency_us * 1e-6),
         host_bandwidth=config.host_gbps * GB, comm_overlap=config.comm_overlap,

@@ -136,19 +136,21 @@ def activation_parts(work: Workload, c: Candidate, activation_scale: float = 1.0
     return layer, embedding, head
 
 
-def predict_memory(work: Workload, c: Candidate, cluster: Cluster) -> MemoryPrediction:
-    """Memory per rank of the stage that needs the most."""
+def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster
+                         ) -> list[MemoryPrediction]:
+    """Memory per rank of each pipeline stage."""
     layer, embedding, head = activation_parts(work, c, cluster.activation_scale)
     split = c.split(work)
-    best: MemoryPrediction | None = None
     mixed = work.precision != "fp32"
+    stages = []
     for r, params in enumerate(stage_params(work, c)):
         state = zero_memory_bytes(c.zero_stage, params.total, c.dp, param_bytes=work.itemsize,
                                   mixed=mixed)
         alive = in_flight(c, r)
         layers = sum(split[r::c.pp])
         if c.chunks > 1:  # `alive` counts chunks of layers / v layers each
-            acts = alive * layers / c.chunks * layer + (embedding * -(-alive // c.chunks) if r == 0 else 0)
+            acts = (alive * layers / c.chunks * layer
+                    + (embedding * -(-alive // c.chunks) if r == 0 else 0))
         else:
             acts = alive * (layers * layer + (embedding if r == 0 else 0))
         acts += head if r == c.pp - 1 else 0
@@ -159,14 +161,16 @@ def predict_memory(work: Workload, c: Candidate, cluster: Cluster) -> MemoryPred
         if c.cpu_offload == "optimizer+params":
             host, params_bytes = host + params_bytes, 0.0
         # working buffers: ZeRO-2/3 hold whole gradients of up to three buckets (the root and
-        # two layers), ZeRO-3 the gathered parameters of as many; offloaded parameters are
-        # staged through a device copy of this rank's shard
+        # two layers), ZeRO-3 the gathered parameters of as many
         per_layer = params.layers / max(1, layers)
         bucket = params.embedding + params.head + 2 * per_layer
-        buffers = (4 * bucket if c.zero_stage >= 2 else 0) + (work.itemsize * bucket if c.zero_stage == 3 else 0)
-        prediction = MemoryPrediction(params_bytes, float(state.grads), optimizer, acts, buffers,
-                                      cluster.overhead, host, r)
-        if best is None or prediction.total > best.total:
-            best = prediction
-    assert best is not None
-    return best
+        buffers = ((4 * bucket if c.zero_stage >= 2 else 0)
+                   + (work.itemsize * bucket if c.zero_stage == 3 else 0))
+        stages.append(MemoryPrediction(params_bytes, float(state.grads), optimizer, acts,
+                                       buffers, cluster.overhead, host, r))
+    return stages
+
+
+def predict_memory(work: Workload, c: Candidate, cluster: Cluster) -> MemoryPrediction:
+    """Memory per rank of the stage that needs the most."""
+    return max(predict_stage_memory(work, c, cluster), key=lambda m: m.total)

@@ -88,7 +88,7 @@ def why_not(result: PlanResult, e: Evaluated) -> str:
         return (f"does not fit: {e.memory.total / GiB:.1f} GiB > "
                 f"{result.cluster.device_memory / GiB:.1f} GiB")
     best = result.best.time.step  # type: ignore[union-attr]
-    return f"slower by {(e.time.step / best - 1):.0%}"  # type: ignore[union-attr]
+    return f"slower by {(e.time.step / best - 1):.1%}"  # type: ignore[union-attr]
 
 
 def best_per_family(result: PlanResult) -> dict[tuple[int, int], Evaluated]:

@@ -53,9 +53,9 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     touched = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
                                      recompute="none", itemsize=work.itemsize)
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
-    time = 3 * forward + elementwise
+    time = 3 * forward + elementwise + cl.layer_overhead
     if c.recompute == "full":
-        time += forward + elementwise / 3
+        time += forward + (elementwise + cl.layer_overhead) / 3
     elif c.recompute == "selective":
         without = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
                                          recompute="selective", itemsize=work.itemsize)

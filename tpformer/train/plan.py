@@ -1,75 +1,29 @@
-"""The startup plan: layout, parameters per rank and a memory model per rank."""
+"""The startup plan: layout, parameters per rank, and the planner's predictions for this run
+(memory per rank, step time), with a warning when the layout is predicted not to fit or to be
+much slower than the best layout the planner finds for the same world and global batch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 
 from tpformer.config.schema import Config
-from tpformer.engine.memory import MemoryBytes, zero_memory_bytes
-from tpformer.engine.precision import DTYPES
 from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.parallel.pipeline.split import SplitChoice
+from tpformer.planner.candidate import Workload, candidate_of
+from tpformer.planner.cluster import Cluster, resolve_cluster
+from tpformer.planner.memory import predict_stage_memory
+from tpformer.planner.search import search
+from tpformer.planner.step_time import predict_time
+
+log = logging.getLogger("tpformer")
+MB = 2**20
+SLOWER_WARNING = 1.5
+"""Warn when the chosen layout is predicted this many times slower than the best that fits."""
 
 
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    model_state: MemoryBytes
-    activations: int
-
-    @property
-    def total(self) -> int:
-        return self.model_state.total + self.activations
-
-
-def layer_activation_bytes(s: int, b: int, h: int, a: int, f: int, *, tp: int,
-                           sequence_parallel: bool, recompute: str, itemsize: int) -> float:
-    """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
-    tensors of `itemsize` bytes, 1-byte dropout masks and FFN width f). Kept tensors, in
-    elements: LayerNorm inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the
-    sequence under sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and
-    output 2sbf (1/t under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b
-    bytes. 16-bit, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h), SP + selective
-    34 sbh/t. selective drops the as^2 terms; full keeps only the layer's input."""
-    q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
-    sbh, attention = s * b * h, a * s * s * b
-    if recompute == "full":
-        return itemsize * sbh / q
-    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * s * b * f) / tp) + 2 * sbh / q
-    if recompute != "selective":
-        kept += (2 * itemsize + 1) * attention / tp
-    return kept
-
-
-def activation_bytes(config: Config, tp: int) -> int:
-    """Activations kept for backward per rank per micro-batch by the transformer layers
-    (`layer_activation_bytes` each; full recomputation: the wrapped layers keep their input)."""
-    m, p = config.model, config.parallel
-    shape = (config.data.seq_length, config.trainer.micro_batch_size, m.hidden_size, m.num_heads,
-             m.intermediate_size)
-
-    def layer(recompute: str) -> float:
-        return layer_activation_bytes(*shape, tp=tp, sequence_parallel=p.sequence_parallel,
-                                      recompute=recompute, itemsize=DTYPES[p.precision].itemsize)
-
-    if p.activation_checkpointing == "full":
-        wrapped = len(range(0, p.checkpoint_num_layers or m.num_layers, p.checkpoint_every))
-        total = wrapped * layer("full") + (m.num_layers - wrapped) * layer("none")
-    else:
-        total = m.num_layers * layer(p.activation_checkpointing)
-    return int(total)
-
-
-def estimate_memory(config: Config, layout: Layout, params_per_rank: int) -> MemoryEstimate:
-    p = config.parallel
-    state = zero_memory_bytes(p.zero_stage, params_per_rank, layout.dp,
-                              param_bytes=DTYPES[p.precision].itemsize, mixed=p.precision != "fp32")
-    return MemoryEstimate(state, activation_bytes(config, layout.tp))
-
-
-def pipeline_lines(config: Config, layout: Layout, stage_params: list[int],
-                   choice: SplitChoice) -> list[str]:
+def pipeline_lines(config: Config, layout: Layout, choice: SplitChoice,
+                   stage_memory: list) -> list[str]:
     """The split, each stage's predicted time, the bubble and memory per stage."""
     p, t = config.parallel, config.trainer
     chunks = len(choice.split) // layout.pp
@@ -79,8 +33,6 @@ def pipeline_lines(config: Config, layout: Layout, stage_params: list[int],
     sim = simulate(p.pipeline_schedule, layout.pp, t.grad_accum, chunks,
                    forward_time=[c / 3 for c in per_virtual])
     ideal = t.grad_accum * max(costs)
-    layer = activation_bytes(config, layout.tp) / config.model.num_layers
-    mb = 2**20
     lines = [f"pipeline: {layout.pp} stages, schedule {p.pipeline_schedule}"
              + (f" x {chunks} virtual" if chunks > 1 else "")
              + f", {t.grad_accum} micro-batches; split {choice.split} "
@@ -91,40 +43,87 @@ def pipeline_lines(config: Config, layout: Layout, stage_params: list[int],
              f"{(t.grad_accum + layout.pp - 1) / t.grad_accum:.2f})"]
     for r in range(layout.pp):
         layers = sum(choice.split[r::layout.pp])
-        state = estimate_memory(config, layout, stage_params[r]).model_state
-        act = layers * layer * sim.peak_in_flight[r]
+        memory = stage_memory[r]
         lines.append(f"  stage {r}: {layers} layers, {costs[r]:.3g} {choice.unit} per micro-batch, "
                      f"{sim.peak_in_flight[r]} micro-batches in flight, memory per rank "
-                     f"{(state.total + act) / mb:.1f} MB ({stage_params[r]:,} parameters, "
-                     f"activations {act / mb:.1f} MB)")
+                     f"{memory.total / MB:.1f} MB (activations {memory.activations / MB:.1f} MB)")
     return lines
 
 
-def format_plan(config: Config, layout: Layout, stage_params: list[int], total_params: int,
-                checkpointed: list[str], split: SplitChoice | None = None) -> str:
-    """The startup plan; `stage_params`: parameters per rank on each pipeline stage."""
-    params_per_rank = stage_params[0]
-    est = estimate_memory(config, layout, params_per_rank)
+def run_cluster(config: Config, layout: Layout) -> Cluster:
+    """The cluster this run is on (cluster=auto: this launch's devices)."""
+    return resolve_cluster(config.cluster, str(config.parallel.precision),
+                           cache_dir=config.data.cache_dir, world_size=layout.world_size)
+
+
+def prediction_lines(config: Config, layout: Layout, cluster: Cluster,
+                     device_type: str) -> tuple[list[str], list[str]]:
+    """(plan lines, warnings): this layout's predicted memory and step time, and how it
+    compares with the best layout for the same world size and global batch."""
     t = config.trainer
-    mb = 2**20
+    global_batch = t.micro_batch_size * t.grad_accum * layout.dp
+    work = Workload.of(config, global_batch)
+    candidate = candidate_of(config, layout.dp)
+    memory = max(predict_stage_memory(work, candidate, cluster), key=lambda m: m.total)
+    time = predict_time(work, candidate, cluster)
+    device = cluster.device_memory
+    lines = [
+        f"memory per rank (predicted{f', stage {memory.stage}' if layout.pp > 1 else ''}): "
+        f"params {memory.params / MB:.1f} MB, grads {memory.grads / MB:.1f} MB, optimizer "
+        f"{memory.optimizer / MB:.1f} MB, activations {memory.activations / MB:.1f} MB, "
+        f"buffers {memory.buffers / MB:.1f} MB, overhead {memory.overhead / MB:.1f} MB, total "
+        f"{memory.total / MB:.1f} MB of {device / MB:,.0f} MB"
+        + (f" (+ {memory.host / MB:.1f} MB offloaded)" if memory.host else ""),
+        f"step time (predicted on cluster {cluster.name}): {time.step:.3g} s (compute "
+        f"{time.compute:.3g}, TP {time.tensor_comm:.3g}, bubble {time.bubble:.3g}, DP "
+        f"{time.data_comm:.3g}, optimizer {time.optimizer:.3g}), "
+        f"{time.tokens_per_s(work):,.0f} tokens/s, MFU {time.mfu(cluster):.1%}",
+    ]
+    warnings = []
+    if memory.total > device:
+        warnings.append(f"this layout is predicted to run out of memory: {memory.total / MB:,.0f} "
+                        f"MB per rank > {device / MB:,.0f} MB (cluster.device_memory_gb); "
+                        "`tpformer-plan` lists layouts that fit")
+    try:
+        best = search(work, cluster, device_type=device_type).best
+    except ValueError as err:  # no layout fits: the memory warning above says so
+        lines.append(f"best layout: none ({err})")
+        return lines, warnings
+    assert best.time is not None
+    ratio = time.step / best.time.step
+    lines.append(f"best layout for world {layout.world_size}, global batch {global_batch}: "
+                 f"{best.candidate.label()} ({best.time.step:.3g} s; this one {ratio:.2f}x)")
+    if ratio > SLOWER_WARNING:
+        warnings.append(f"this layout is predicted {ratio:.1f}x slower than the best that fits: "
+                        f"{' '.join(best.candidate.overrides())}")
+    return lines, warnings
+
+
+def format_plan(config: Config, layout: Layout, stage_params: list[int], total_params: int,
+                checkpointed: list[str], split: SplitChoice | None = None, *,
+                device_type: str = "cpu") -> tuple[str, list[str]]:
+    """(the startup plan, warnings); `stage_params`: parameters per rank on each stage."""
+    t = config.trainer
     global_batch = t.micro_batch_size * t.grad_accum * layout.dp
     pp = f"pp {layout.pp} x " if layout.pp > 1 else ""
+    cluster = run_cluster(config, layout)
+    work = Workload.of(config, global_batch)
+    stage_memory = predict_stage_memory(work, candidate_of(config, layout.dp), cluster)
+    predicted, warnings = prediction_lines(config, layout, cluster, device_type)
     lines = [
         f"layout: world {layout.world_size} = {pp}dp {layout.dp} x tp {layout.tp}",
         f"  TP groups: {layout.tp_groups()}",
         f"  DP groups: {layout.dp_groups()}",
-        *(pipeline_lines(config, layout, stage_params, split) if split is not None else []),
+        *(pipeline_lines(config, layout, split, stage_memory) if split is not None else []),
         f"model: {config.model.arch} {config.model.num_layers} layers, hidden "
         f"{config.model.hidden_size}, {config.model.num_heads} heads; {total_params:,} parameters, "
-        f"{params_per_rank:,} per rank" + (" (stage 0)" if layout.pp > 1 else ""),
+        f"{stage_params[0]:,} per rank" + (" (stage 0)" if layout.pp > 1 else ""),
         f"batch: global {global_batch} = micro {t.micro_batch_size} x accum {t.grad_accum} x dp "
         f"{layout.dp}, seq {config.data.seq_length}",
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
         f"checkpointing {config.parallel.activation_checkpointing} ({len(checkpointed)} wrapped), "
         f"sequence_parallel {str(config.parallel.sequence_parallel).lower()}",
-        f"memory per rank (estimate): params {est.model_state.params / mb:.1f} MB, grads "
-        f"{est.model_state.grads / mb:.1f} MB, optimizer {est.model_state.optimizer / mb:.1f} MB, "
-        f"activations {est.activations / mb:.1f} MB, total {est.total / mb:.1f} MB",
+        *predicted,
     ]
-    return "\n".join(lines)
+    return "\n".join(lines), warnings

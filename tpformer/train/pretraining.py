@@ -87,8 +87,11 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
 
     stage_params = [int(n) for n in all_gather_object(  # type: ignore[call-overload]
         sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp)]
-    log.info("plan:\n%s", format_plan(config, ctx.layout, stage_params, total_params,
-                                      wrapped.recomputed, wrapped.split))
+    plan, warnings = format_plan(config, ctx.layout, stage_params, total_params,
+                                 wrapped.recomputed, wrapped.split, device_type=ctx.device.type)
+    log.info("plan:\n%s", plan)
+    for warning in warnings:
+        log.warning("%s", warning)
     run_config = {k: v for k, v in asdict(config).items() if k != "model"}
     return Trainer(TrainingTask(
         model=model, engine=wrapped.engine,
