@@ -26,7 +26,7 @@ from tpformer.config.validate import validate, validate_model
 from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster, calibration_path, device_kind, resolve_cluster
-from tpformer.planner.search import GiB, Evaluated, PlanResult, best_per_family, search, why_not
+from tpformer.planner.search import GB, Evaluated, PlanResult, best_per_family, search, why_not
 
 LAYOUT_KEYS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.zero_stage",
                "parallel.cpu_offload", "parallel.sequence_parallel",
@@ -83,7 +83,7 @@ def confirm_lines(top: list[Evaluated], cluster: Cluster, base: list[str]) -> li
 def _row(i: int, e: Evaluated, result: PlanResult) -> str:
     t = e.time
     assert t is not None
-    return (f"{i:>3}  {e.candidate.label():<34} {e.memory.total / GiB:>8.2f} GiB "
+    return (f"{i:>3}  {e.candidate.label():<34} {e.memory.total / GB:>8.2f} GB "
             f"{t.step:>9.4g} s {t.tokens_per_s(result.work):>11,.0f} {t.mfu(result.cluster):>6.1%}"
             f"  {'-' if i == 1 else why_not(result, e)}")
 
@@ -99,7 +99,7 @@ def format_result(result: PlanResult, top: int, base: list[str], model_name: str
         f"{params / 1e6:,.0f}M parameters), seq {w.seq}, global batch {w.global_batch}, "
         f"{w.precision}",
         f"cluster {cl.name}: {cl.nodes} node(s) x {cl.gpus_per_node} devices, "
-        f"{cl.device_memory / GiB:.1f} GiB, {cl.peak_flops / 1e12:g} TFLOP/s peak, {link}"
+        f"{cl.device_memory / GB:.1f} GB, {cl.peak_flops / 1e12:g} TFLOP/s peak, {link}"
         + (f"; calibration {cl.calibrated}" if cl.calibrated else "; preset constants"),
         f"searched {len(result.evaluated):,} layouts in {seconds:.1f} s: {len(result.ranked):,} "
         f"fit, {len(result.evaluated) - len(result.ranked):,} do not",
@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         config = _compose(args.overrides)
         print(plan(config, args.overrides, as_json=args.json, do_calibrate=args.calibrate))
     except Exception as err:  # noqa: BLE001 - Hydra composition and validation errors alike
-        message = str(err).strip().splitlines()
-        print(f"error: {message[0] if message else type(err).__name__}", file=sys.stderr)
+        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"error: {message or type(err).__name__}", file=sys.stderr)
         sys.exit(2)
 
 

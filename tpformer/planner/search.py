@@ -11,7 +11,7 @@ from tpformer.planner.cluster import Cluster
 from tpformer.planner.memory import MemoryPrediction, predict_memory
 from tpformer.planner.step_time import TimePrediction, predict_time
 
-GiB = 2**30
+GB = 1e9
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,9 @@ def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
         c = smallest.candidate
         raise ValueError(
             f"{work.model.arch} ({work.model.num_layers} layers, hidden {work.model.hidden_size}) "
-            f"needs {smallest.memory.total / GiB:.1f} GiB per rank at the smallest layout "
+            f"needs {smallest.memory.total / GB:.1f} GB per rank at the smallest layout "
             f"({c.label()}, global batch {work.global_batch}, seq {work.seq}); the device has "
-            f"{cluster.device_memory / GiB:.1f} GiB (cluster.device_memory_gb): add devices "
+            f"{cluster.device_memory / GB:.1f} GB (cluster.device_memory_gb): add devices "
             f"(cluster.nodes), shorten data.seq_length or lower the global batch")
     return PlanResult(work, cluster, ranked, evaluated, smallest)
 
@@ -85,8 +85,8 @@ def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
 def why_not(result: PlanResult, e: Evaluated) -> str:
     """One line: how a layout loses against the best."""
     if not e.fits:
-        return (f"does not fit: {e.memory.total / GiB:.1f} GiB > "
-                f"{result.cluster.device_memory / GiB:.1f} GiB")
+        return (f"does not fit: {e.memory.total / GB:.1f} GB > "
+                f"{result.cluster.device_memory / GB:.1f} GB")
     best = result.best.time.step  # type: ignore[union-attr]
     return f"slower by {(e.time.step / best - 1):.1%}"  # type: ignore[union-attr]
 

@@ -1,0 +1,97 @@
+"""tpformer-plan as a user runs it: ranked layouts for a real preset in seconds, JSON for
+tools, calibration stored and used, and bad input as one line naming what fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def plan(*args: str, cwd: Path | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "tpformer.plan", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_bert_large_on_an_h100_node_prints_ranked_layouts() -> None:
+    result = plan("model=bert_large", "cluster=h100_node", "parallel.precision=bf16")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "workload: bert_large (24 layers, hidden 1024" in out
+    assert "cluster h100_node: 1 node(s) x 8 devices" in out
+    rows = [line for line in out.splitlines() if line.startswith(("  1 ", "  2 ", "  3 "))]
+    assert len(rows) == 3, out
+    assert "run #1: tpformer-pretrain model=bert_large parallel.precision=bf16 " in out
+    assert "launcher.nproc_per_node=8" in out
+    assert "tp 8 x pp 1:" in out  # every tensor x pipeline family is accounted for
+
+
+def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
+    result = plan("--json", "model=bert_base", "cluster=a100_node", "cluster.nodes=2",
+                  "plan.global_batch=256", "plan.top=8", "parallel.precision=bf16")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["cluster"]["nodes"] == 2 and data["workload"]["global_batch"] == 256
+    steps = [t["step_s"] for t in data["top"]]
+    assert len(steps) == 8 and steps == sorted(steps)
+    for entry in data["top"]:
+        layout = entry["layout"]
+        assert entry["fits"] and entry["memory_bytes"]["total"] <= 80e9
+        assert layout["tp"] * layout["pp"] * layout["dp"] == 16
+        assert layout["micro_batch"] * layout["grad_accum"] * layout["dp"] == 256
+    assert data["launch"].startswith("torchrun --nnodes 2 --nproc_per_node 8") or \
+        "launcher.nproc_per_node" in data["launch"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["cluster=h100_node", "cluster.gpus_per_node=-1"],
+     "cluster.gpus_per_node=-1 must be > 0"),
+    (["cluster=h100_node", "cluster.matmul_efficiency=1.5"],
+     "cluster.matmul_efficiency=1.5 must be a fraction in [0, 1]"),
+    (["model=bert_tiny", "cluster=h100_node", "plan.global_batch=3"],
+     "no layout can form the global batch of 3 on 8 devices: it must be divisible by a "
+     "data-parallel degree in [2, 4, 8]"),
+    (["model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1"],
+     "needs "),
+    (["cluster=dgx9000"], "Could not find 'cluster/dgx9000' Available options in 'cluster': "
+     "a100_node auto cpu h100_node"),
+    (["cluster.gpus_per_nod=8"], "gpus_per_nod"),
+])
+def test_bad_input_is_one_line_with_exit_code_2(args: list[str], message: str) -> None:
+    result = plan(*args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_model_that_fits_no_layout_says_by_how_much() -> None:
+    result = plan("model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1")
+    line = result.stderr.strip()
+    assert "GB per rank at the smallest layout" in line and "the device has 1.0 GB" in line
+
+
+def test_calibrating_other_hardware_is_refused() -> None:
+    result = plan("--calibrate", "cluster=h100_node")
+    assert result.returncode == 2
+    assert "--calibrate measures this machine (cpu); cluster=h100_node" in result.stderr
+
+
+@pytest.mark.slow
+def test_calibration_is_stored_and_used(tmp_path: Path) -> None:
+    result = plan("--calibrate", "cluster=cpu", f"data.cache_dir={tmp_path}", "model=bert_mini",
+                  timeout=300)
+    assert result.returncode == 0, result.stderr
+    stored = json.loads((tmp_path / "calibration" / "cpu.json").read_text())
+    assert {"matmul", "memory_gbps", "elementwise_passes", "activation_scale",
+            "layer_overhead_us", "intra_node_gbps", "intra_node_latency_us"} <= set(stored)
+    assert 0.9 < stored["activation_scale"] < 1.1  # one real layer vs the formula
+    assert f"calibration {tmp_path / 'calibration' / 'cpu.json'}" in result.stdout
+    again = plan("cluster=cpu", f"data.cache_dir={tmp_path}", "cluster.calibration=none")
+    assert "preset constants" in again.stdout
