@@ -18,6 +18,7 @@ FORBIDDEN = {
     "models": ["tpformer.engine", "tpformer.train", "tpformer.checkpoint", "torch.distributed"],
     "engine": ["tpformer.layers", "tpformer.models", "tpformer.train", "tpformer.checkpoint"],
     "checkpoint": ["tpformer.engine", "tpformer.models", "tpformer.layers", "tpformer.train"],
+    "planner": ["tpformer.train", "tpformer.checkpoint"],
     "data": ["tpformer.engine", "tpformer.models", "tpformer.layers", "tpformer.train",
              "tpformer.checkpoint"],
 }

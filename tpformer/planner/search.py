@@ -31,7 +31,7 @@ class PlanResult:
     work: Workload
     cluster: Cluster
     ranked: list[Evaluated]
-    """Layouts that fit, fastest first (ties: less memory first)."""
+    """Layouts that fit, fastest first (ties: the simpler, then less memory)."""
     evaluated: list[Evaluated]
     """Every layout searched."""
     smallest: Evaluated
@@ -46,6 +46,15 @@ def evaluate(work: Workload, c: Candidate, cluster: Cluster) -> Evaluated:
     memory = predict_memory(work, c, cluster)
     fits = memory.total <= cluster.device_memory
     return Evaluated(c, memory, predict_time(work, c, cluster) if fits else None)
+
+
+def _rank_key(e: Evaluated) -> tuple:
+    """Fastest first; at equal predicted time the simpler layout (lower ZeRO stage, no
+    offload, less recomputation: what the model does not price, such as hook overheads),
+    then the one with more memory to spare."""
+    c = e.candidate
+    simpler = (c.zero_stage, c.cpu_offload != "none", ["none", "selective", "full"].index(c.recompute))
+    return (round(e.time.step, 12), *simpler, e.memory.total)  # type: ignore[union-attr]
 
 
 def _no_layout_message(work: Workload, cluster: Cluster) -> str:
@@ -69,8 +78,7 @@ def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
     if not evaluated:
         raise ValueError(_no_layout_message(work, cluster))
     smallest = min(evaluated, key=lambda e: e.memory.total)
-    ranked = sorted((e for e in evaluated if e.fits),
-                    key=lambda e: (round(e.time.step, 12), e.memory.total))  # type: ignore[union-attr]
+    ranked = sorted((e for e in evaluated if e.fits), key=_rank_key)
     if not ranked:
         c = smallest.candidate
         raise ValueError(

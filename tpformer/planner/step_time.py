@@ -91,22 +91,30 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
 
 def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backward: float
                ) -> float:
-    """The DP reduction's exposed time per step: stages 0-1 reduce once, during the last
-    micro-batch's backward; stages 2-3 reduce (and stage 3 gathers) every micro-batch."""
+    """The DP traffic's exposed time per step. Gradients are reduced during backward (stages
+    0-1 once, in the last micro-batch's; stages 2-3 in every micro-batch's), parameters
+    gathered during forward (stages 1-2 once, the next step's first forward; stage 3 in every
+    forward and again in every backward); `comm_overlap` of the compute alongside hides it."""
     if c.dp == 1:
         return 0.0
     link = cl.link(c.dp * c.tp)
     grads = params * (2 if work.grad_compression in ("bf16", "powersgd") else 4)
     weights = params * work.itemsize
-    hidden = cl.comm_overlap * backward
+    behind_backward, behind_forward = cl.comm_overlap * backward, cl.comm_overlap * backward / 2
+
+    def exposed(comm: float, hidden: float) -> float:
+        return max(0.0, comm - hidden)
+
     if c.zero_stage == 0:
-        return max(0.0, link.all_reduce(grads, c.dp) - hidden)
+        return exposed(link.all_reduce(grads, c.dp), behind_backward)
+    gather = link.all_gather(weights, c.dp)
+    scatter = link.all_gather(grads, c.dp)  # a reduce-scatter costs what an all-gather does
     if c.zero_stage == 1:
-        return max(0.0, link.all_gather(grads, c.dp) - hidden) + link.all_gather(weights, c.dp)
-    per_micro = link.all_gather(grads, c.dp) + (2 * link.all_gather(weights, c.dp)
-                                                if c.zero_stage == 3 else 0.0)
-    exposed = c.grad_accum * max(0.0, per_micro - hidden)
-    return exposed + (link.all_gather(weights, c.dp) if c.zero_stage == 2 else 0.0)
+        return exposed(scatter, behind_backward) + exposed(gather, behind_forward)
+    if c.zero_stage == 2:
+        return c.grad_accum * exposed(scatter, behind_backward) + exposed(gather, behind_forward)
+    return c.grad_accum * (exposed(scatter + gather, behind_backward)
+                           + exposed(gather, behind_forward))
 
 
 def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) -> float:

@@ -1,0 +1,75 @@
+"""The planner's pieces against what they model: parameter counts against built models at
+TP 1/2, micro-batches in flight against the schedule simulator, and the startup plan's
+warnings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.dist import run_distributed
+from tests.models.common import tiny_bert, tiny_gpt
+from tests.planner.test_memory_prediction import base_config
+from tpformer.config.schema import ModelConfig
+from tpformer.models import build_model
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import Layout
+from tpformer.parallel.pipeline.schedule import simulate
+from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.cluster import load_preset, resolve_cluster
+from tpformer.planner.memory import in_flight, stage_params
+from tpformer.train.plan import prediction_lines
+
+
+def _count(ctx: ParallelContext, model: ModelConfig, task: str) -> int:
+    return sum(p.numel() for p in build_model(model, ctx, task=task).parameters())
+
+
+@pytest.mark.parametrize(("model", "task"), [(tiny_bert(), "pretraining"),
+                                             (tiny_gpt(), "causal_lm")])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_parameters_per_rank_match_the_built_model(model: ModelConfig, task: str, tp: int) -> None:
+    work = Workload(model, 16, 8, "fp32", 0.15, nsp=model.arch == "bert")
+    predicted = stage_params(work, Candidate(tp, 1, 1, 1, 1))[0].total
+    if tp == 1:
+        counts = [_count(ParallelContext.single(device="cpu"), model, task)]
+    else:
+        counts = run_distributed(_count, tp, model, task, tensor=tp)
+    assert counts == [predicted] * tp
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_micro_batches_in_flight_are_the_simulated_ones(schedule: str) -> None:
+    for p in (2, 3, 4):
+        for m in (1, 2, 4, 8):
+            if schedule == "interleaved_1f1b" and m % p:
+                continue
+            c = Candidate(1, p, 1, 1, m, schedule=schedule, virtual_stages=2)
+            peak = simulate(schedule, p, m, c.chunks).peak_in_flight
+            assert [in_flight(c, r) for r in range(p)] == peak, (schedule, p, m)
+
+
+def _lines(**trainer: int) -> tuple[list[str], list[str]]:
+    config = base_config()
+    config = replace(config, trainer=replace(config.trainer, **trainer))
+    cluster = resolve_cluster(load_preset("cpu"), "fp32", cache_dir="/nonexistent")
+    return prediction_lines(config, Layout(1, 1), cluster, "cpu")
+
+
+def test_startup_plan_warns_about_a_much_slower_layout() -> None:
+    lines, warnings = _lines(micro_batch_size=1, grad_accum=16)
+    assert any(line.startswith("step time (predicted on cluster cpu)") for line in lines)
+    assert len(warnings) == 1 and "slower than the best that fits" in warnings[0], warnings
+    assert "trainer.micro_batch_size=" in warnings[0]
+    _, none = _lines(micro_batch_size=16, grad_accum=1)
+    assert none == []
+
+
+def test_startup_plan_warns_when_the_layout_does_not_fit() -> None:
+    config = base_config()
+    config = replace(config, trainer=replace(config.trainer, micro_batch_size=16, grad_accum=1))
+    cluster = resolve_cluster(replace(load_preset("cpu"), device_memory_gb=0.01), "fp32",
+                              cache_dir="/nonexistent")
+    _, warnings = prediction_lines(config, Layout(1, 1), cluster, "cpu")
+    assert any("predicted to run out of memory" in w and "> 10 MB" in w for w in warnings), warnings
