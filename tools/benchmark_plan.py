@@ -3,7 +3,8 @@
 For each model (bert_small, bert_base) and world size (2 and 4 gloo processes, one thread
 each), the planner ranks every layout of a global batch of 16 x seq 128 on the `cpu` cluster
 (4 processes share the 2 cores: each rank is then half a core, so the tool halves the
-per-device compute and memory constants). A spread of the ranked layouts (the top ones, the
+per-device compute, memory and link bandwidths, since gloo's collectives copy and add on the
+CPU, and the memory of a device). A spread of the ranked layouts (the top ones, the
 best of each tensor x pipeline degree, and evenly spaced others) is run for real: one warm-up
 step and `--steps` timed ones (median), each rank building the layout's ParallelContext on the
 same process group. Printed: per layout predicted and measured seconds, the Spearman rank
@@ -19,6 +20,7 @@ tool says which it used).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import statistics
@@ -55,9 +57,12 @@ def cluster_for(world: int, cache_dir: str) -> Cluster:
     cluster = resolve_cluster(replace(load_preset("cpu"), gpus_per_node=world), "fp32",
                               cache_dir=cache_dir)
     share = max(1.0, world / 2)
+    slow = lambda link: replace(link, bandwidth=link.bandwidth / share)  # noqa: E731
     return replace(cluster, peak_flops=cluster.peak_flops / share,
+                   device_memory=cluster.device_memory / share,
                    memory_bandwidth=cluster.memory_bandwidth / share,
-                   layer_overhead=cluster.layer_overhead * share)
+                   layer_overhead=cluster.layer_overhead * share,
+                   intra=slow(cluster.intra), inter=slow(cluster.inter))
 
 
 def chosen(ranked: list[Evaluated], families: list[Evaluated], count: int) -> list[Evaluated]:
@@ -96,7 +101,8 @@ def _worker(rank: int, world: int, store: str, model: str, layouts: list[Candida
                 dist.barrier()
                 samples.append(time.perf_counter() - start)
             times.append(statistics.median(samples[1:]))
-            del trainer
+            del trainer, ctx
+            gc.collect()
     if rank == 0:
         Path(out).write_text(json.dumps(times))
     dist.destroy_process_group()

@@ -9,7 +9,7 @@ saved-tensor hooks over one forward (parameters excluded, each storage once), wh
 transformer layer keeps for backward in three settings: TP alone, TP + SP, TP + SP + selective
 recomputation. The formulas are Korthikanti et al. 2022's per-layer terms
 (sbh(10 + 24/t + 5as/(ht)), sbh/t (34 + 5as/h), 34 sbh/t for 16-bit tensors) in the fp32 form
-the startup plan uses (tpformer.train.plan.layer_activation_bytes: 4-byte tensors, 1-byte
+the planner and startup plan use (tpformer.planner.memory.layer_activation_bytes: 4-byte tensors, 1-byte
 masks). Step time (forward + backward) of TP=2 with and without SP is measured in the same
 processes, the two interleaved round by round, medians reported.
 """
@@ -35,7 +35,7 @@ from tpformer.engine.memory import measure_saved_activations
 from tpformer.engine.recompute import apply_recompute
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
-from tpformer.train.plan import layer_activation_bytes
+from tpformer.planner.memory import layer_activation_bytes
 
 SETTINGS = (("TP", False, "none"), ("TP + SP", True, "none"),
             ("TP + SP + selective", True, "selective"))

@@ -38,7 +38,7 @@ PUBLIC_KEYS = {
                 "log_every", "max_steps", "max_time_minutes", "micro_batch_size", "peak_tflops",
                 "progress", "resume", "save_every", "verify_checkpoint"],
     "launcher": ["max_restarts", "nproc_per_node", "timeout_s"],
-    "cluster": ["calibration", "comm_overlap", "device_memory_gb", "elementwise_passes",
+    "cluster": ["calibration", "comm_overlap", "device_memory_gb", "dropout_ns", "elementwise_passes",
                 "gpus_per_node", "host_gbps", "inter_node_gbps", "inter_node_latency_us",
                 "intra_node_gbps", "intra_node_latency_us", "layer_overhead_us",
                 "matmul_efficiency", "memory_gbps", "name", "nodes", "overhead_gb",

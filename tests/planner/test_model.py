@@ -19,6 +19,7 @@ from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.memory import in_flight, stage_params
+from tpformer.planner.step_time import pipeline_makespan
 from tpformer.train.plan import prediction_lines
 
 
@@ -73,3 +74,16 @@ def test_startup_plan_warns_when_the_layout_does_not_fit() -> None:
                               cache_dir="/nonexistent")
     _, warnings = prediction_lines(config, Layout(1, 1), cluster, "cpu")
     assert any("predicted to run out of memory" in w and "> 10 MB" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_pipeline_makespan_is_the_simulated_one(schedule: str) -> None:
+    """Equal stages: the closed form the search uses is what replaying the schedule gives."""
+    for p in (1, 2, 3, 4):
+        for m in (1, 2, 4, 8, 12):
+            v = 2 if schedule == "interleaved_1f1b" else 1
+            if v > 1 and m % p:
+                continue
+            # simulate: forward 1 and backward 2 per virtual stage -> a stage's step 3v
+            want = simulate(schedule, p, m, v).makespan
+            assert pipeline_makespan([3.0 * v] * p, m, v) == pytest.approx(want), (p, m)

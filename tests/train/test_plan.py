@@ -1,4 +1,4 @@
-"""The startup plan's activation estimate against activations measured with saved-tensor hooks,
+"""The planner's per-layer activation estimate (which the startup plan prints) against activations measured with saved-tensor hooks,
 at every TP / sequence-parallel / recomputation combination it models."""
 
 import pytest
@@ -11,7 +11,8 @@ from tpformer.engine.memory import measure_saved_activations
 from tpformer.engine.recompute import apply_recompute
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
-from tpformer.train.plan import activation_bytes
+from tpformer.planner.candidate import Workload, candidate_of
+from tpformer.planner.memory import activation_parts
 
 SEQ, BATCH = 64, 2
 PLAN_REL = 0.10
@@ -47,7 +48,8 @@ def _measured(ctx: ParallelContext, config: Config) -> int:
 ])
 def test_activation_estimate_matches_saved_tensors(tp: int, sp: bool, recompute: str) -> None:
     config = _config(tp, sp, recompute)
-    estimate = activation_bytes(config, tp)
+    layer, _, _ = activation_parts(Workload.of(config, BATCH), candidate_of(config, 1))
+    estimate = config.model.num_layers * layer
     if tp == 1:
         measured = [_measured(ParallelContext.single(device="cpu"), config)]
     else:

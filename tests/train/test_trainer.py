@@ -15,9 +15,9 @@ from tests.tolerances import FP32_MODEL_REL
 from tpformer.config.presets import preset
 from tpformer.config.schema import (Config, DataConfig, OptimConfig, ParallelConfig,
                                     TrainerConfig)
+from tpformer.engine.memory import zero_memory_bytes
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
-from tpformer.train.plan import estimate_memory
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=bert_tiny", "data=synthetic", "model.vocab_size=128", "model.num_heads=4", "data.seq_length=32",
@@ -94,7 +94,7 @@ def _memory(ctx: ParallelContext, stage: int, run_dir: str) -> tuple:
     trainer = pretraining_trainer(config, ctx, Path(run_dir))
     trainer.train()
     params_per_rank = sum(s.numel for b in trainer.engine.buckets for s in b.segments)
-    estimate = estimate_memory(config, ctx.layout, params_per_rank).model_state
+    estimate = zero_memory_bytes(stage, params_per_rank, ctx.layout.dp)
     return trainer.engine.memory_report(), estimate
 
 

@@ -304,6 +304,9 @@ class ClusterConfig:
     elementwise_passes: float = ranged(0.0, 0)
     """Bytes moved by a layer's non-matmul work over forward+backward, per byte it saves for
     backward (calibration fits it from a timed layer)."""
+    dropout_ns: float = ranged(0.0, 0)
+    """Nanoseconds to draw and apply one element of dropout noise (tpformer's layout-independent
+    masks come from one generator per sample: slow on a CPU, calibration measures it)."""
     layer_overhead_us: float = ranged(0.0, 0)
     """Fixed cost of one layer's forward+backward on one micro-batch (kernel launches, Python),
     what makes tiny micro-batches slow; calibration times a layer on 8 tokens."""

@@ -110,36 +110,39 @@ def collective_constants() -> tuple[float, float]:
     return bandwidth / GB, intercept / 2 * 1e6
 
 
-def layer_constants(cluster: Cluster, device: torch.device, precision: str
-                    ) -> tuple[float, float, float]:
-    """(elementwise passes, activation scale, layer overhead in us) from one bert_small layer:
-    at seq 128, batch 8, its forward+backward time minus its time on 8 tokens (the fixed
-    overhead) and the predicted matmul time, per byte it saves; its saved activations
+def layer_constants(cluster: Cluster, device: torch.device, precision: str) -> dict[str, float]:
+    """The layer terms, from one bert_small layer at seq 128, batch 8 (forward+backward):
+    `layer_overhead_us` its time on 8 tokens; `dropout_ns` the time dropout 0.1 adds, per
+    noise element drawn; `elementwise_passes` the dropout-free time minus the overhead and the
+    predicted matmul time, per byte the layer saves; `activation_scale` its saved activations
     measured / the formula's."""
-    model_config = preset("bert_small", dropout=0.1, attention_dropout=0.1)
-    work = Workload(model_config, 128, 8, precision, 0.15)
-    c = Candidate(1, 1, 1, 8, 1)
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    model = build_model(model_config, ParallelContext.single(device=device.type), task="pretraining")
-    model.to(device=device, dtype=dtype).train()
-    block = model.blocks()[0]
-    x = torch.randn(8, 128, model_config.hidden_size, device=device, dtype=dtype, requires_grad=True)
+    s, b = 128, 8
 
-    def step() -> None:
-        block(x, None).sum().backward()
+    def block_of(p: float) -> torch.nn.Module:
+        config = preset("bert_small", dropout=p, attention_dropout=p)
+        model = build_model(config, ParallelContext.single(device=device.type), task="pretraining")
+        return model.to(device=device, dtype=dtype).train().blocks()[0]
 
-    measured = _timed(step, device, min_time=0.5)
-    small = torch.randn(1, 8, model_config.hidden_size, device=device, dtype=dtype,
-                        requires_grad=True)
-    overhead = _timed(lambda: block(small, None).sum().backward(), device)
-    matmuls = 3 * sum(cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, c))
-    shape = (128, 8, model_config.hidden_size, model_config.num_heads,
-             model_config.intermediate_size)
-    saves = layer_activation_bytes(*shape, tp=1, sequence_parallel=False, recompute="none",
-                                   itemsize=work.itemsize)
-    passes = max(0.0, measured - overhead - matmuls) * cluster.memory_bandwidth / saves
+    config = preset("bert_small")
+    h = config.hidden_size
+    x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
+    small = torch.randn(1, 8, h, device=device, dtype=dtype, requires_grad=True)
+    block, plain = block_of(0.1), block_of(0.0)
+    with_dropout = _timed(lambda: block(x, None).sum().backward(), device, min_time=0.5)
+    without = _timed(lambda: plain(x, None).sum().backward(), device, min_time=0.5)
+    overhead = _timed(lambda: plain(small, None).sum().backward(), device)
+    work = Workload(config, s, b, precision, 0.15)
+    matmuls = 3 * sum(cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, Candidate(1, 1, 1, b, 1)))
+    saves = layer_activation_bytes(s, b, h, config.num_heads, config.intermediate_size, tp=1,
+                                   sequence_parallel=False, recompute="none", itemsize=work.itemsize)
+    noise = config.num_heads * s * s * b + 2 * s * b * h
     saved = measure_saved_activations(block, lambda: block(x, None).sum())
-    return passes, saved.total / saves, overhead * 1e6
+    return {"layer_overhead_us": overhead * 1e6,
+            "dropout_ns": max(0.0, with_dropout - without) / noise * 1e9,
+            "elementwise_passes": max(0.0, without - overhead - matmuls)
+            * cluster.memory_bandwidth / saves,
+            "activation_scale": saved.total / saves}
 
 
 def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
@@ -166,8 +169,7 @@ def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
         curve = curves["16bit" if precision != "fp32" and "16bit" in curves else "fp32"]
         measured = replace(measured, matmul_curve=tuple((int(s), t * 1e12 / measured.peak_flops)
                                                          for s, t in curve))
-        (result["elementwise_passes"], result["activation_scale"],
-         result["layer_overhead_us"]) = layer_constants(measured, device, precision)
+        result.update(layer_constants(measured, device, precision))
         if collectives:
             result["intra_node_gbps"], result["intra_node_latency_us"] = collective_constants()
         return result

@@ -61,6 +61,8 @@ class Cluster:
     elementwise_passes: float
     layer_overhead: float
     """seconds per layer per micro-batch (forward + backward)"""
+    dropout_time: float
+    """seconds per element of dropout noise"""
     intra: Link
     inter: Link
     host_bandwidth: float
@@ -192,7 +194,7 @@ def resolve_cluster(config: ClusterConfig, precision: str, *, cache_dir: str,
         name=config.name, gpus_per_node=config.gpus_per_node, nodes=config.nodes,
         device_memory=config.device_memory_gb * GB, peak_flops=peak, matmul_curve=matmul_curve,
         memory_bandwidth=config.memory_gbps * GB, elementwise_passes=config.elementwise_passes,
-        layer_overhead=config.layer_overhead_us * 1e-6,
+        layer_overhead=config.layer_overhead_us * 1e-6, dropout_time=config.dropout_ns * 1e-9,
         intra=Link(config.intra_node_gbps * GB, config.intra_node_latency_us * 1e-6),
         inter=Link(config.inter_node_gbps * GB, config.inter_node_latency_us * 1e-6),
         host_bandwidth=config.host_gbps * GB, comm_overlap=config.comm_overlap,

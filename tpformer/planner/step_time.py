@@ -53,13 +53,22 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     touched = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
                                      recompute="none", itemsize=work.itemsize)
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
-    time = 3 * forward + elementwise + cl.layer_overhead
+    # dropout noise: per (sample, head) for this rank's heads, per sample for the two residual
+    # branches, whose whole sequence every rank draws (also under sequence parallelism)
+    m = work.model
+    attention_noise = (m.num_heads // c.tp * work.seq**2 * c.micro_batch * cl.dropout_time
+                       if m.attention_dropout > 0 else 0.0)
+    residual_noise = (2 * shape[0] * shape[1] * shape[2] * cl.dropout_time
+                      if m.dropout > 0 else 0.0)
+    time = 3 * forward + elementwise + cl.layer_overhead + attention_noise + residual_noise
     if c.recompute == "full":
-        time += forward + (elementwise + cl.layer_overhead) / 3
+        time += (forward + (elementwise + cl.layer_overhead) / 3 + attention_noise
+                 + residual_noise)
     elif c.recompute == "selective":
         without = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
                                          recompute="selective", itemsize=work.itemsize)
-        time += cl.matmul_time(*mm[-1]) + (elementwise / 3) * (touched - without) / touched
+        time += (cl.matmul_time(*mm[-1]) + (elementwise / 3) * (touched - without) / touched
+                 + attention_noise)
     return time
 
 
@@ -86,7 +95,10 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
         head += 3 * cl.matmul_time(2 * rows * h * h, h)
     passes = cl.elementwise_passes / cl.memory_bandwidth
     embed_comm = cl.link(c.tp).all_reduce(work.seq * c.micro_batch * h * work.itemsize, c.tp)
-    return embedding_bytes * passes + embed_comm, head + head_bytes * passes
+    # each end has about a layer's fixed cost (its kernels, the loss's collectives)
+    noise = work.seq * c.micro_batch * h * cl.dropout_time if m.dropout > 0 else 0.0
+    return (embedding_bytes * passes + embed_comm + cl.layer_overhead + noise,
+            head + head_bytes * passes + cl.layer_overhead)
 
 
 def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backward: float
@@ -141,6 +153,13 @@ def model_flops(work: Workload) -> float:
     return 3.0 * (work.global_batch * s * per_token + head_tokens * 2 * (h * h + h * m.vocab_size))
 
 
+def pipeline_makespan(stage_time: list[float], micro_batches: int, chunks: int) -> float:
+    """m x the slowest stage, plus the fill and drain through the others (1/v of it with v
+    interleaved chunks): `schedule.simulate`'s makespan (m + (p - 1) / v) T for equal stages."""
+    slowest = max(stage_time)
+    return micro_batches * slowest + (sum(stage_time) - slowest) / chunks
+
+
 def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     split = c.split(work)
     per_layer = layer_time(work, c, cl)
@@ -161,7 +180,7 @@ def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
         stage_time.append(work_r + comm_r)
     slowest = max(range(c.pp), key=lambda r: stage_time[r])
     m = c.grad_accum
-    pipeline = (m - 1) * stage_time[slowest] + sum(stage_time) / c.chunks
+    pipeline = pipeline_makespan(stage_time, m, c.chunks)
     steady = m * stage_time[slowest]
     backward = compute[slowest] * 2 / 3
     data = _data_comm(work, c, cl, params[slowest], backward)
