@@ -6,8 +6,7 @@ each), the planner ranks every layout of a global batch of 16 x seq 128 on the `
 per-device compute, memory and link bandwidths, since gloo's collectives copy and add on the
 CPU, and the memory of a device). A spread of the ranked layouts (the top ones, the
 best of each tensor x pipeline degree, and evenly spaced others) is run for real: one warm-up
-step and `--steps` timed ones (median), each rank building the layout's ParallelContext on the
-same process group. Printed: per layout predicted and measured seconds, the Spearman rank
+step and `--steps` timed ones (median), on fresh processes per layout. Printed: per layout predicted and measured seconds, the Spearman rank
 correlation of the two orders, and where the planner's first choice lands among the measured.
 
     python tools/benchmark_plan.py                       # ~15 minutes on 2 cores
@@ -59,7 +58,7 @@ def cluster_for(world: int, cache_dir: str) -> Cluster:
     share = max(1.0, world / 2)
     slow = lambda link: replace(link, bandwidth=link.bandwidth / share)  # noqa: E731
     return replace(cluster, peak_flops=cluster.peak_flops / share,
-                   device_memory=cluster.device_memory / share,
+                   device_memory=0.7 * cluster.device_memory / share,  # headroom: 2 at a time
                    memory_bandwidth=cluster.memory_bandwidth / share,
                    layer_overhead=cluster.layer_overhead * share,
                    intra=slow(cluster.intra), inter=slow(cluster.inter))
@@ -109,10 +108,15 @@ def _worker(rank: int, world: int, store: str, model: str, layouts: list[Candida
 
 
 def measure(model: str, world: int, layouts: list[Candidate], steps: int) -> list[float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(world, f"{tmp}/store", model, layouts, steps,
-                                          f"{tmp}/out.json"), nprocs=world, start_method="spawn")
-        return json.loads(Path(f"{tmp}/out.json").read_text())
+    """Each layout on fresh processes (a finished trainer's memory is not all given back)."""
+    times = []
+    for layout in layouts:
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.start_processes(_worker, args=(world, f"{tmp}/store", model, [layout], steps,
+                                              f"{tmp}/out.json"), nprocs=world,
+                               start_method="spawn")
+            times += json.loads(Path(f"{tmp}/out.json").read_text())
+    return times
 
 
 def spearman(a: list[float], b: list[float]) -> float:

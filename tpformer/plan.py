@@ -173,7 +173,9 @@ def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrat
                          f"model.max_position_embeddings={config.model.max_position_embeddings}")
     device_type = "cpu" if cluster.name == "cpu" else "cuda"
     global_batch = config.plan.global_batch or default_global_batch(config, cluster.world_size)
-    work = Workload.of(config, global_batch)
+    model_name = next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")),
+                      "bert_mini")
+    work = Workload.of(config, global_batch, model_name)
     start = time.perf_counter()
     result = search(work, cluster, max_micro_batch=config.plan.max_micro_batch,
                     device_type=device_type)
@@ -185,8 +187,6 @@ def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrat
     base = _user_overrides(overrides)
     if as_json:
         return json.dumps(result_json(result, config.plan.top, base), indent=1)
-    model_name = next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")),
-                      "bert_mini")
     return format_result(result, config.plan.top, base, model_name, seconds)
 
 

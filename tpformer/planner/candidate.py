@@ -28,13 +28,15 @@ class Workload:
     grad_compression: str = "none"
     nsp: bool = True
     """BERT's pooler and next-sentence head are part of the model."""
+    name: str = ""
+    """The model's preset name, for messages."""
 
     @classmethod
-    def of(cls, config: Config, global_batch: int) -> Workload:
+    def of(cls, config: Config, global_batch: int, name: str = "") -> Workload:
         bert = config.model.arch == "bert"
         return cls(config.model, config.data.seq_length, global_batch, str(config.parallel.precision),
                    config.data.mask_prob if bert else 1.0, str(config.parallel.grad_compression),
-                   nsp=bert)
+                   nsp=bert, name=name or str(config.model.arch))
 
     @property
     def itemsize(self) -> int:

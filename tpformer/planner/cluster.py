@@ -136,7 +136,8 @@ def _fill_from_device(config: ClusterConfig, world_size: int | None,
         if kind != "cpu":
             memory = torch.cuda.get_device_properties(0).total_memory
         else:
-            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / filled.gpus_per_node
+            # the host's RAM, less a fifth for the system, shared by the local ranks
+            memory = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / filled.gpus_per_node
         filled = replace(filled, device_memory_gb=memory / GB)
     return filled
 

@@ -82,7 +82,8 @@ def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
     if not ranked:
         c = smallest.candidate
         raise ValueError(
-            f"{work.model.arch} ({work.model.num_layers} layers, hidden {work.model.hidden_size}) "
+            f"{work.name or work.model.arch} ({work.model.num_layers} layers, hidden "
+            f"{work.model.hidden_size}) "
             f"needs {smallest.memory.total / GB:.1f} GB per rank at the smallest layout "
             f"({c.label()}, global batch {work.global_batch}, seq {work.seq}); the device has "
             f"{cluster.device_memory / GB:.1f} GB (cluster.device_memory_gb): add devices "
