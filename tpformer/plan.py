@@ -26,6 +26,7 @@ from tpformer.config.validate import validate, validate_model
 from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster, calibration_path, device_kind, resolve_cluster
+from tpformer.planner.memory import stage_params
 from tpformer.planner.search import GB, Evaluated, PlanResult, best_per_family, search, why_not
 
 LAYOUT_KEYS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.zero_stage",
@@ -71,7 +72,7 @@ def confirm_lines(top: list[Evaluated], cluster: Cluster, base: list[str]) -> li
     only, that sweep is exact and is given instead."""
     runs = [[*e.candidate.overrides(explicit=True), "trainer.max_steps=20"] for e in top]
     differing = {o.split("=")[0] for r in runs for o in r} - set.intersection(*map(set, runs))
-    if len(top) > 1 and len(differing) == 1:
+    if len(top) > 1 and len(differing) == 1 and cluster.world_size <= cluster.gpus_per_node:
         key = differing.pop()
         values = [next(o.split("=", 1)[1] for o in r if o.startswith(key + "=")) for r in runs]
         line = [o for o in runs[0] if not o.startswith(key + "=")] + [f"{key}={','.join(values)}"]
@@ -91,8 +92,7 @@ def _row(i: int, e: Evaluated, result: PlanResult) -> str:
 def format_result(result: PlanResult, top: int, base: list[str], model_name: str,
                   seconds: float) -> str:
     w, cl = result.work, result.cluster
-    params = sum(s.total for s in __import__("tpformer.planner.memory", fromlist=["x"])
-                 .stage_params(w, Candidate(1, 1, 1, 1, 1)))
+    params = sum(s.total for s in stage_params(w, Candidate(1, 1, 1, 1, 1)))
     link = f"intra-node {cl.intra.bandwidth / 1e9:g} GB/s, inter-node {cl.inter.bandwidth / 1e9:g} GB/s"
     lines = [
         f"workload: {model_name} ({w.model.num_layers} layers, hidden {w.model.hidden_size}, "

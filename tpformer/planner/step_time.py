@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpformer.config.schema import ModelConfig
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
@@ -144,13 +145,18 @@ def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) ->
     return time
 
 
+def flops_per_step(config: ModelConfig, *, samples: int, seq: int, head_tokens: float) -> float:
+    """Model FLOPs of one training step (forward + backward = 3x forward), as executed: the
+    layers' matmuls and attention over every token, the vocabulary head over `head_tokens`
+    (the MFU the loop reports and the planner predicts; recomputation not counted)."""
+    h, layers = config.hidden_size, config.num_layers
+    per_token = layers * (2 * (4 * h * h + 2 * h * config.intermediate_size) + 4 * seq * h)
+    return 3.0 * (samples * seq * per_token + head_tokens * 2 * (h * h + h * config.vocab_size))
+
+
 def model_flops(work: Workload) -> float:
-    """metrics.flops_per_step for this workload's global batch."""
-    m = work.model
-    h, s = m.hidden_size, work.seq
-    per_token = m.num_layers * (2 * (4 * h * h + 2 * h * m.intermediate_size) + 4 * s * h)
-    head_tokens = work.global_batch * s * work.head_fraction
-    return 3.0 * (work.global_batch * s * per_token + head_tokens * 2 * (h * h + h * m.vocab_size))
+    return flops_per_step(work.model, samples=work.global_batch, seq=work.seq,
+                          head_tokens=work.global_batch * work.seq * work.head_fraction)
 
 
 def pipeline_makespan(stage_time: list[float], micro_batches: int, chunks: int) -> float:

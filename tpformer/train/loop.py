@@ -35,7 +35,8 @@ from tpformer.engine import ZeroEngine
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
-from tpformer.train.metrics import MetricsWriter, flops_per_step, peak_tflops
+from tpformer.planner.step_time import flops_per_step
+from tpformer.train.metrics import MetricsWriter, peak_tflops
 from tpformer.train.objectives import Objective
 from tpformer.train.schedule import lr_at
 

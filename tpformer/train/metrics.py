@@ -7,11 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tpformer.config.schema import ModelConfig
-
-# Dense peak TFLOP/s per GPU by (name fragment, dtype), for the MFU estimate when not given.
-KNOWN_PEAKS = {("H200", "bf16"): 989.0, ("H100", "bf16"): 989.0, ("A100", "bf16"): 312.0,
-               ("H200", "fp32"): 67.0, ("H100", "fp32"): 67.0, ("A100", "fp32"): 19.5}
+from tpformer.planner.cluster import KNOWN_PEAKS
 
 
 def peak_tflops(given: float, precision: str) -> float:
@@ -21,14 +17,6 @@ def peak_tflops(given: float, precision: str) -> float:
     name = torch.cuda.get_device_name()
     dtype = "fp32" if precision == "fp32" else "bf16"
     return next((v for (gpu, d), v in KNOWN_PEAKS.items() if gpu in name and d == dtype), 0.0)
-
-
-def flops_per_step(config: ModelConfig, *, samples: int, seq: int, head_tokens: int) -> float:
-    """Model FLOPs of one training step (forward + backward = 3x forward), as executed: the
-    layers' matmuls and attention over every token, the vocabulary head over `head_tokens`."""
-    h, layers = config.hidden_size, config.num_layers
-    per_token = layers * (2 * (4 * h * h + 2 * h * config.intermediate_size) + 4 * seq * h)
-    return 3.0 * (samples * seq * per_token + head_tokens * 2 * (h * h + h * config.vocab_size))
 
 
 class MetricsWriter:
