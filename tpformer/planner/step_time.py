@@ -74,13 +74,14 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
 
 
 def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
-    """A layer's TP collectives per micro-batch: 2 all-reduces forward and 2 backward (with
-    sequence parallelism all-gathers and reduce-scatters of the same volume), 2 more forward
-    when the layer is recomputed."""
+    """A layer's TP collectives per micro-batch, in all-reduces of its activation: 2 forward
+    and 2 backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters forward (the
+    same bytes) and backward 2 reduce-scatters + 4 all-gathers (1.5x); a fully recomputed
+    layer repeats its forward's."""
     if c.tp == 1:
         return 0.0
     nbytes = work.seq * c.micro_batch * work.model.hidden_size * work.itemsize
-    count = 4 + (2 if c.recompute == "full" else 0)
+    count = 2 + (3 if c.sequence_parallel else 2) + (2 if c.recompute == "full" else 0)
     return count * cl.link(c.tp).all_reduce(nbytes, c.tp)
 
 
