@@ -17,7 +17,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.planner.candidate import Candidate, Workload
-from tpformer.planner.cluster import load_preset, resolve_cluster
+from tpformer.planner.cluster import Link, load_preset, resolve_cluster
 from tpformer.planner.memory import in_flight, stage_params
 from tpformer.planner.step_time import pipeline_makespan
 from tpformer.train.plan import prediction_lines
@@ -87,3 +87,12 @@ def test_pipeline_makespan_is_the_simulated_one(schedule: str) -> None:
             # simulate: forward 1 and backward 2 per virtual stage -> a stage's step 3v
             want = simulate(schedule, p, m, v).makespan
             assert pipeline_makespan([3.0 * v] * p, m, v) == pytest.approx(want), (p, m)
+
+
+def test_calibrated_collectives_replace_the_link_constants() -> None:
+    """A collective calibration measured is priced with its own constants, the others with the
+    link's (ring model at n = 2: all-reduce bytes/bw + 2 lat, all-gather bytes/2/bw + lat)."""
+    link = Link(1e9, 1e-4, (("all_gather", 4e9, 0.0),))
+    assert link.all_gather(8e9, 2) == pytest.approx(1.0)
+    assert link.reduce_scatter(8e9, 2) == pytest.approx(4.0 + 1e-4)
+    assert link.all_reduce(8e9, 2) == pytest.approx(8.0 + 2e-4)

@@ -89,8 +89,10 @@ def test_calibration_is_stored_and_used(tmp_path: Path) -> None:
                   timeout=300)
     assert result.returncode == 0, result.stderr
     stored = json.loads((tmp_path / "calibration" / "cpu.json").read_text())
-    assert {"matmul", "memory_gbps", "elementwise_passes", "activation_scale",
+    assert {"matmul", "memory_gbps", "elementwise_passes", "activation_scale", "dropout_ns",
             "layer_overhead_us", "intra_node_gbps", "intra_node_latency_us"} <= set(stored)
+    assert set(stored["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter", "send"}
+    assert all(gbps > 0 and us >= 0 for gbps, us in stored["collectives"].values())
     assert 0.9 < stored["activation_scale"] < 1.1  # one real layer vs the formula
     assert f"calibration {tmp_path / 'calibration' / 'cpu.json'}" in result.stdout
     again = plan("cluster=cpu", f"data.cache_dir={tmp_path}", "cluster.calibration=none")

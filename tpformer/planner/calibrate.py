@@ -1,7 +1,7 @@
 """`tpformer-plan --calibrate`: measure this machine's constants for the planner, one device
 (on CPU: one core, the thread count each rank runs with) at a time: matmul throughput by size
-and dtype, memory bandwidth, collective bandwidth and latency between two local ranks, and one
-real layer's forward+backward time and saved activations (which fix the elementwise cost and
+and dtype, memory bandwidth, each collective's bandwidth and latency between two local ranks,
+and one real layer's forward+backward time and saved activations (which fix the elementwise cost and
 the activation formula's scale)."""
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import Tensor
 
 from tpformer.config.presets import preset
 from tpformer.engine.memory import measure_saved_activations
 from tpformer.models import build_model
-from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.comm import all_gather_async, reduce_scatter_async, wait
+from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import GB, Cluster
 from tpformer.planner.memory import layer_activation_bytes
@@ -76,38 +78,68 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def _collective_rank(rank: int, store: str, out: str) -> None:
+    """Time, between two ranks, the collectives the run uses: the TP all-reduce, the engine's
+    all-gather and reduce-scatter (tpformer.parallel.comm; pairwise exchanges on 2 gloo
+    ranks) and the pipeline's send/receive."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=300))
-    times = []
-    for nbytes in COLLECTIVE_BYTES:  # a fixed number of repeats: every rank must issue as many
-        x = torch.ones(nbytes // 4)
-        dist.all_reduce(x)
-        samples = []
-        for _ in range(max(5, 2**22 // nbytes)):
-            dist.barrier()
-            start = time.perf_counter()
+    handle = GroupHandle(dist.group.WORLD, rank, 2)
+
+    def run(op: str, x: Tensor) -> None:
+        if op == "all_reduce":
             dist.all_reduce(x)
-            samples.append(time.perf_counter() - start)
-        times.append((nbytes, statistics.median(samples)))
+        elif op == "all_gather":
+            half = x.numel() // 2
+            wait(all_gather_async(x, x[rank * half:(rank + 1) * half].clone(), handle))
+        elif op == "reduce_scatter":
+            wait(reduce_scatter_async(torch.empty(x.numel() // 2), x, handle))
+        elif rank == 0:
+            dist.send(x, 1)
+        else:
+            dist.recv(x, 0)
+
+    times: dict[str, list[list[float]]] = {}
+    for op in COLLECTIVES:
+        for nbytes in COLLECTIVE_BYTES:  # a fixed number of repeats: every rank issues as many
+            x = torch.ones(nbytes // 4)
+            run(op, x)
+            samples = []
+            for _ in range(max(5, 2**22 // nbytes)):
+                dist.barrier()
+                start = time.perf_counter()
+                run(op, x)
+                samples.append(time.perf_counter() - start)
+            times.setdefault(op, []).append([nbytes, statistics.median(samples)])
     # the slower rank's medians
-    agreed = torch.tensor([t for _, t in times], dtype=torch.float64)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    flat = torch.tensor([t for op in COLLECTIVES for _, t in times[op]], dtype=torch.float64)
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+    agreed = iter(flat.tolist())
     if rank == 0:
-        Path(out).write_text(json.dumps([[n, float(t)] for (n, _), t in zip(times, agreed)]))
+        Path(out).write_text(json.dumps({op: [[n, next(agreed)] for n, _ in times[op]]
+                                         for op in COLLECTIVES}))
     dist.destroy_process_group()
 
 
-def collective_constants() -> tuple[float, float]:
-    """(bandwidth GB/s, latency us) of the gloo all-reduce between two local ranks, fitted to
-    the ring model t = 2(n-1)/n x bytes/bw + 2(n-1) x latency at n = 2."""
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send")
+RING_SHARE = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "send": 1.0}
+"""At n = 2 the ring model is t = share x bytes / bandwidth + k x latency (k = 2 for the
+all-reduce's two phases, else 1)."""
+
+
+def collective_constants() -> dict[str, tuple[float, float]]:
+    """op -> (bandwidth GB/s, latency us) between two local ranks, each fitted to the ring
+    model of Link at n = 2."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/times.json"
         mp.start_processes(_collective_rank, args=(f"{tmp}/store", out), nprocs=2,
                            start_method="spawn")
         points = json.loads(Path(out).read_text())
-    bandwidth, intercept = _fit([(n, t) for n, t in points])
-    return bandwidth / GB, intercept / 2 * 1e6
+    constants = {}
+    for op, samples in points.items():
+        bandwidth, intercept = _fit([(RING_SHARE[op] * n, t) for n, t in samples])
+        constants[op] = (bandwidth / GB, intercept / (2 if op == "all_reduce" else 1) * 1e6)
+    return constants
 
 
 def layer_constants(cluster: Cluster, device: torch.device, precision: str) -> dict[str, float]:
@@ -171,7 +203,9 @@ def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
                                                          for s, t in curve))
         result.update(layer_constants(measured, device, precision))
         if collectives:
-            result["intra_node_gbps"], result["intra_node_latency_us"] = collective_constants()
+            measured = collective_constants()
+            result["collectives"] = measured
+            result["intra_node_gbps"], result["intra_node_latency_us"] = measured["all_reduce"]
         return result
     finally:
         torch.set_num_threads(threads)

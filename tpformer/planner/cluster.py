@@ -28,20 +28,35 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Link:
-    """Bandwidth (bytes/s per device) and latency (s) of one kind of link; ring algorithms."""
+    """Bandwidth (bytes/s per device) and latency (s) of one kind of link, priced with ring
+    algorithms; `measured` holds per-collective constants calibration fitted (op, bandwidth,
+    latency), which replace the link's own for that collective."""
 
     bandwidth: float
     latency: float
+    measured: tuple[tuple[str, float, float], ...] = ()
+
+    def _constants(self, op: str) -> tuple[float, float]:
+        return next(((bw, lat) for name, bw, lat in self.measured if name == op),
+                    (self.bandwidth, self.latency))
 
     def all_reduce(self, nbytes: float, n: int) -> float:
-        return 0.0 if n == 1 else 2 * (n - 1) * (nbytes / n / self.bandwidth + self.latency)
+        bw, lat = self._constants("all_reduce")
+        return 0.0 if n == 1 else 2 * (n - 1) * (nbytes / n / bw + lat)
 
     def all_gather(self, nbytes: float, n: int) -> float:
-        """`nbytes` = the gathered (whole) size; a reduce-scatter of nbytes costs the same."""
-        return 0.0 if n == 1 else (n - 1) * (nbytes / n / self.bandwidth + self.latency)
+        """`nbytes` = the gathered (whole) size."""
+        bw, lat = self._constants("all_gather")
+        return 0.0 if n == 1 else (n - 1) * (nbytes / n / bw + lat)
+
+    def reduce_scatter(self, nbytes: float, n: int) -> float:
+        """`nbytes` = the whole input."""
+        bw, lat = self._constants("reduce_scatter")
+        return 0.0 if n == 1 else (n - 1) * (nbytes / n / bw + lat)
 
     def send(self, nbytes: float) -> float:
-        return nbytes / self.bandwidth + self.latency
+        bw, lat = self._constants("send")
+        return nbytes / bw + lat
 
 
 @dataclass(frozen=True)
@@ -196,7 +211,9 @@ def resolve_cluster(config: ClusterConfig, precision: str, *, cache_dir: str,
         device_memory=config.device_memory_gb * GB, peak_flops=peak, matmul_curve=matmul_curve,
         memory_bandwidth=config.memory_gbps * GB, elementwise_passes=config.elementwise_passes,
         layer_overhead=config.layer_overhead_us * 1e-6, dropout_time=config.dropout_ns * 1e-9,
-        intra=Link(config.intra_node_gbps * GB, config.intra_node_latency_us * 1e-6),
+        intra=Link(config.intra_node_gbps * GB, config.intra_node_latency_us * 1e-6,
+                   tuple((op, gbps * GB, us * 1e-6) for op, (gbps, us)
+                         in calibration.get("collectives", {}).items())),
         inter=Link(config.inter_node_gbps * GB, config.inter_node_latency_us * 1e-6),
         host_bandwidth=config.host_gbps * GB, comm_overlap=config.comm_overlap,
         overhead=config.overhead_gb * GB,

@@ -74,15 +74,18 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
 
 
 def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
-    """A layer's TP collectives per micro-batch, in all-reduces of its activation: 2 forward
-    and 2 backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters forward (the
-    same bytes) and backward 2 reduce-scatters + 4 all-gathers (1.5x); a fully recomputed
-    layer repeats its forward's."""
+    """A layer's TP collectives per micro-batch on its activation: 2 all-reduces forward and 2
+    backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters forward and 2
+    reduce-scatters + 4 all-gathers backward (1.5x the bytes); a fully recomputed layer
+    repeats its forward's."""
     if c.tp == 1:
         return 0.0
     nbytes = work.seq * c.micro_batch * work.model.hidden_size * work.itemsize
-    count = 2 + (3 if c.sequence_parallel else 2) + (2 if c.recompute == "full" else 0)
-    return count * cl.link(c.tp).all_reduce(nbytes, c.tp)
+    link, forwards = cl.link(c.tp), 2 if c.recompute == "full" else 1
+    if not c.sequence_parallel:
+        return (2 * forwards + 2) * link.all_reduce(nbytes, c.tp)
+    gather, scatter = link.all_gather(nbytes, c.tp), link.reduce_scatter(nbytes, c.tp)
+    return forwards * 2 * (gather + scatter) + 2 * scatter + 4 * gather
 
 
 def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]:
@@ -122,7 +125,7 @@ def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backwar
     if c.zero_stage == 0:
         return exposed(link.all_reduce(grads, c.dp), behind_backward)
     gather = link.all_gather(weights, c.dp)
-    scatter = link.all_gather(grads, c.dp)  # a reduce-scatter costs what an all-gather does
+    scatter = link.reduce_scatter(grads, c.dp)
     if c.zero_stage == 1:
         return exposed(scatter, behind_backward) + exposed(gather, behind_forward)
     if c.zero_stage == 2:
