@@ -34,8 +34,6 @@ class PlanResult:
     """Layouts that fit, fastest first (ties: the simpler, then less memory)."""
     evaluated: list[Evaluated]
     """Every layout searched."""
-    smallest: Evaluated
-    """The layout needing the least memory (fitting or not)."""
 
     @property
     def best(self) -> Evaluated:
@@ -77,9 +75,9 @@ def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
         device_type=device_type)]
     if not evaluated:
         raise ValueError(_no_layout_message(work, cluster))
-    smallest = min(evaluated, key=lambda e: e.memory.total)
     ranked = sorted((e for e in evaluated if e.fits), key=_rank_key)
     if not ranked:
+        smallest = min(evaluated, key=lambda e: e.memory.total)
         c = smallest.candidate
         raise ValueError(
             f"{work.name or work.model.arch} ({work.model.num_layers} layers, hidden "
@@ -88,7 +86,7 @@ def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
             f"({c.label()}, global batch {work.global_batch}, seq {work.seq}); the device has "
             f"{cluster.device_memory / GB:.1f} GB (cluster.device_memory_gb): add devices "
             f"(cluster.nodes), shorten data.seq_length or lower the global batch")
-    return PlanResult(work, cluster, ranked, evaluated, smallest)
+    return PlanResult(work, cluster, ranked, evaluated)
 
 
 def why_not(result: PlanResult, e: Evaluated) -> str:
@@ -101,12 +99,14 @@ def why_not(result: PlanResult, e: Evaluated) -> str:
 
 
 def best_per_family(result: PlanResult) -> dict[tuple[int, int], Evaluated]:
-    """The best layout of each tensor x pipeline degree (fitting ones first)."""
+    """The best layout of each tensor x pipeline degree: the fastest that fits, else the one
+    needing the least memory."""
+    def better(e: Evaluated) -> tuple[bool, float]:
+        return (e.fits, -(e.time.step if e.time is not None else e.memory.total))
+
     families: dict[tuple[int, int], Evaluated] = {}
     for e in result.evaluated:
         key = (e.candidate.tp, e.candidate.pp)
-        current = families.get(key)
-        if current is None or (e.fits, -(e.time.step if e.fits else e.memory.total)) > (  # type: ignore[union-attr]
-                current.fits, -(current.time.step if current.fits else current.memory.total)):  # type: ignore[union-attr]
+        if key not in families or better(e) > better(families[key]):
             families[key] = e
     return families

@@ -12,7 +12,7 @@ from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.parallel.pipeline.split import SplitChoice
 from tpformer.planner.candidate import Workload, candidate_of
 from tpformer.planner.cluster import Cluster, resolve_cluster
-from tpformer.planner.memory import predict_stage_memory
+from tpformer.planner.memory import MemoryPrediction, predict_stage_memory
 from tpformer.planner.search import search
 from tpformer.planner.step_time import predict_time
 
@@ -23,7 +23,7 @@ SLOWER_WARNING = 1.5
 
 
 def pipeline_lines(config: Config, layout: Layout, choice: SplitChoice,
-                   stage_memory: list) -> list[str]:
+                   stage_memory: list[MemoryPrediction]) -> list[str]:
     """The split, each stage's predicted time, the bubble and memory per stage."""
     p, t = config.parallel, config.trainer
     chunks = len(choice.split) // layout.pp
@@ -56,16 +56,22 @@ def run_cluster(config: Config, layout: Layout) -> Cluster:
                            cache_dir=config.data.cache_dir, world_size=layout.world_size)
 
 
-def prediction_lines(config: Config, layout: Layout, cluster: Cluster,
-                     device_type: str) -> tuple[list[str], list[str]]:
-    """(plan lines, warnings): this layout's predicted memory and step time, and how it
-    compares with the best layout for the same world size and global batch."""
-    t = config.trainer
-    global_batch = t.micro_batch_size * t.grad_accum * layout.dp
+def predict_memory_of(config: Config, layout: Layout, cluster: Cluster) -> list[MemoryPrediction]:
+    """Memory per rank of each pipeline stage of this run."""
+    global_batch = config.trainer.micro_batch_size * config.trainer.grad_accum * layout.dp
+    return predict_stage_memory(Workload.of(config, global_batch), candidate_of(config, layout.dp),
+                                cluster)
+
+
+def prediction_lines(config: Config, layout: Layout, cluster: Cluster, device_type: str,
+                     stage_memory: list[MemoryPrediction]) -> tuple[list[str], list[str]]:
+    """(plan lines, warnings): this layout's predicted memory (`stage_memory`, per pipeline
+    stage) and step time, and how it compares with the best layout for the same world size
+    and global batch."""
+    global_batch = config.trainer.micro_batch_size * config.trainer.grad_accum * layout.dp
     work = Workload.of(config, global_batch)
-    candidate = candidate_of(config, layout.dp)
-    memory = max(predict_stage_memory(work, candidate, cluster), key=lambda m: m.total)
-    time = predict_time(work, candidate, cluster)
+    memory = max(stage_memory, key=lambda m: m.total)
+    time = predict_time(work, candidate_of(config, layout.dp), cluster)
     device = cluster.device_memory
     lines = [
         f"memory per rank (predicted{f', stage {memory.stage}' if layout.pp > 1 else ''}): "
@@ -107,9 +113,8 @@ def format_plan(config: Config, layout: Layout, stage_params: list[int], total_p
     global_batch = t.micro_batch_size * t.grad_accum * layout.dp
     pp = f"pp {layout.pp} x " if layout.pp > 1 else ""
     cluster = run_cluster(config, layout)
-    work = Workload.of(config, global_batch)
-    stage_memory = predict_stage_memory(work, candidate_of(config, layout.dp), cluster)
-    predicted, warnings = prediction_lines(config, layout, cluster, device_type)
+    stage_memory = predict_memory_of(config, layout, cluster)
+    predicted, warnings = prediction_lines(config, layout, cluster, device_type, stage_memory)
     lines = [
         f"layout: world {layout.world_size} = {pp}dp {layout.dp} x tp {layout.tp}",
         f"  TP groups: {layout.tp_groups()}",
