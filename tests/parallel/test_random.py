@@ -18,7 +18,7 @@ BATCH, HEADS, SEQ, HIDDEN = 4, 4, 5, 6
 class _Dropouts(nn.Module):
     def __init__(self, rng: RNGTracker) -> None:
         super().__init__()
-        self.attention = ParallelDropout(0.3, rng, per_head=True)
+        self.attention = ParallelDropout(0.3, rng, heads=HEADS)
         self.hidden = ParallelDropout(0.3, rng)
 
 

@@ -97,6 +97,9 @@ class ZeroEngine:
                                          whole=self.whole_master, tp=ctx.tp, dp=ctx.dp,
                                          comm_device=device)
         self._ready = [0] * len(self.buckets)
+        for module in model.modules():  # the hooks add row-sparse gradients into the buffers
+            if isinstance(getattr(module, "sparse", None), bool):
+                module.sparse = True
         for i, bucket in enumerate(self.buckets):
             for seg in bucket.segments:
                 seg.param.register_post_accumulate_grad_hook(self._grad_hook(i, seg))
@@ -146,13 +149,14 @@ class ZeroEngine:
     def step(self) -> dict[str, float]:
         """Reduce, unscale, clip, update and redistribute. Returns grad_norm and skipped."""
         self.settle()  # a step without a forward in between
-        scale = 1.0 / (self.ctx.dp.size * self.scaler.scale)
-        grads = [self.grads.reduced(i).mul_(scale) for i in range(len(self.buckets))]
+        scale = 1.0 / (self.ctx.dp.size * self.scaler.scale)  # folded into the clipping
+        grads = [self.grads.reduced(i) for i in range(len(self.buckets))]
         self.sequence_grads.sum_over_tp(grads)
         self.tied_grads.sum_over_ends(grads)
         shard_grads = ([b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master
                        else grads)  # each DP rank counts only its chunk in the norm
-        norm = global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp, self.ctx.pp)
+        norm = scale * global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp,
+                                        self.ctx.pp)
         finite = math.isfinite(norm)
         self.scaler.update(not finite)
         if not finite:
@@ -167,7 +171,7 @@ class ZeroEngine:
             return {"grad_norm": norm, "skipped": 1.0}
         self.nonfinite_steps = 0
         clip = self.clip_grad
-        coef = clip / (norm + 1e-6) if clip > 0 and norm > clip else 1.0
+        coef = scale * (clip / (norm + 1e-6) if clip > 0 and norm > clip else 1.0)
         for master, grad in zip(self.masters, grads):
             if coef != 1.0:
                 grad.mul_(coef)

@@ -22,11 +22,12 @@ def global_grad_norm(buckets: list[FlatBucket], shard_grads: list[Tensor], tp: G
     segments count on every TP rank, replicated ones only on TP rank 0; each stage counts its
     own parameters, the tied word embedding on the first stage only.
     """
+    counted = [grad[a:b] for bucket, grad in zip(buckets, shard_grads)
+               for seg, a, b in bucket.shard_ranges()
+               if (seg.tp_sharded or tp.rank == 0) and counted_in_norm(seg.param)]
     total = torch.zeros((), dtype=torch.float64, device=shard_grads[0].device)
-    for bucket, grad in zip(buckets, shard_grads):
-        for seg, a, b in bucket.shard_ranges():
-            if (seg.tp_sharded or tp.rank == 0) and counted_in_norm(seg.param):
-                total += torch.linalg.vector_norm(grad[a:b]).double() ** 2
+    if counted:  # one fused call over every piece, each norm in the gradients' dtype
+        total = torch.stack(torch._foreach_norm(counted)).double().square().sum()
     total = total.reshape(1)
     all_reduce(total, dp)
     all_reduce(total, tp)

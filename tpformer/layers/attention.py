@@ -36,7 +36,7 @@ class ParallelSelfAttention(nn.Module):
         sp = ctx.sequence_parallel
         self.qkv = ColumnParallelLinear(hidden_size, 3 * hidden_size, ctx.tp, sequence_parallel=sp)
         self.out = RowParallelLinear(hidden_size, hidden_size, ctx.tp, sequence_parallel=sp)
-        self.dropout = ParallelDropout(attention_dropout, ctx.rng, per_head=True)
+        self.dropout = ParallelDropout(attention_dropout, ctx.rng, heads=num_heads)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x: [b, s, hidden] (or [b, s/tp, hidden]); mask: bool [b, 1, 1|s, s], True = attend

@@ -34,6 +34,8 @@ class VocabParallelEmbedding(TPModule):
     the partial results. Padding rows are never indexed, so they never receive gradient.
     Output is replicated: [..., embedding_dim]; with sequence_parallel, ids [b, s] give this
     rank's sequence chunk [b, s/tp, dim] through a reduce-scatter instead.
+    `sparse` (as nn.Embedding's): the weight gradient holds only the rows looked up, instead of
+    a dense table allocated, zeroed and added every backward (the engine turns it on).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, tp: GroupHandle, *,
@@ -47,13 +49,14 @@ class VocabParallelEmbedding(TPModule):
         self.vocab_start = tp.rank * self.rows_per_rank
         weight = torch.zeros(self.rows_per_rank, embedding_dim, device=device, dtype=dtype)
         self.weight = mark_sharded(nn.Parameter(weight), 0, num_embeddings)
+        self.sparse = False
 
     def forward(self, ids: Tensor) -> Tensor:  # ids: [...] -> [..., dim]
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return F.embedding(ids, self.weight, sparse=self.sparse)
         local = ids - self.vocab_start
         outside = (local < 0) | (local >= self.rows_per_rank)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight, sparse=self.sparse)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
             return reduce_scatter_sequence(out, self.tp)

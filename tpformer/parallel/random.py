@@ -1,8 +1,8 @@
 """Layout-independent randomness.
 
-A dropout mask is a pure function of (seed, step, site, global sample index[, global head]),
-never of which rank computes it. Each rank seeds a generator per key it owns and draws only its
-own slice: a TP rank draws its own heads, a DP rank its own samples. So TP=2 or DP=2 with
+A dropout mask is a pure function of (seed, step, site, global sample index, position in the
+sample), never of which rank computes it. Each rank seeds a generator per sample it owns (a DP
+rank its own samples) and keeps its slice of each (a TP rank its heads). So TP=2 or DP=2 with
 dropout on reproduces the TP=1 losses, and recomputation (activation checkpointing) redraws the
 same masks for free as long as the position has not moved.
 """
@@ -25,12 +25,15 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def derive_seed(*keys: int) -> int:
-    """A 63-bit seed that depends on every key and on their order."""
-    h = 0
+def _fold(h: int, keys: tuple[int, ...]) -> int:
     for key in keys:
         h = _splitmix64(h ^ (key & _MASK64))
-    return h >> 1
+    return h
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed that depends on every key and on their order."""
+    return _fold(0, keys) >> 1
 
 
 def name_key(name: str) -> int:
@@ -55,13 +58,17 @@ class RNGTracker:
         """Key the masks of the next forward by the step and the global index of its first sample."""
         self.step, self.sample_offset = step, sample_offset
 
-    def generator(self, device: torch.device, *keys: int) -> torch.Generator:
-        """A generator on `device` seeded by (seed, step, *keys); reused, re-seeded per call."""
+    def sample_generators(self, device: torch.device, site: int,
+                          count: int) -> Iterator[torch.Generator]:
+        """The generators of `count` consecutive global samples from `sample_offset` at
+        `site`: the same one re-seeded by (seed, step, site, sample) before each yield."""
         gen = self._generators.get(device)
         if gen is None:
             gen = self._generators[device] = torch.Generator(device=device)
-        gen.manual_seed(derive_seed(self.seed, self.step, *keys))
-        return gen
+        prefix = _fold(0, (self.seed, self.step, site))
+        for sample in range(self.sample_offset, self.sample_offset + count):
+            gen.manual_seed(_splitmix64(prefix ^ sample) >> 1)
+            yield gen
 
     def init_generator(self, name: str) -> torch.Generator:
         """CPU generator for the layout-independent initialization of parameter `name`."""
