@@ -52,6 +52,23 @@ def test_dropout_masks_are_the_same_in_every_layout(world: int, tp: int) -> None
     assert 0.5 < (reference[0] == 0).float().mean() / 0.3 < 1.5  # it does drop about p
 
 
+def test_masks_do_not_depend_on_the_micro_batch_padding() -> None:
+    """A sample padded to 6 tokens (its micro-batch's longest) gets the top-left corner of the
+    masks it gets padded to 9 (the step's widest micro-batch), on all heads or a TP rank's."""
+    rng = RNGTracker(5)
+    module = _Dropouts(rng)
+    assign_dropout_sites(module)
+    rng.set_position(step=3, sample_offset=10)
+    rng.mask_width = 9
+    wide = module.attention(torch.ones(2, HEADS, 9, 9))
+    assert torch.equal(module.attention(torch.ones(2, HEADS, 6, 6)), wide[:, :, :6, :6])
+    half = HEADS // 2
+    assert torch.equal(module.attention(torch.ones(2, half, 6, 6), head_offset=half),
+                       wide[:, half:, :6, :6])
+    hidden = module.hidden(torch.ones(2, 9, HIDDEN))
+    assert torch.equal(module.hidden(torch.ones(2, 6, HIDDEN)), hidden[:, :6])
+
+
 def test_masks_change_with_step_site_and_seed() -> None:
     assert len({derive_seed(1, 2, 3), derive_seed(1, 3, 2), derive_seed(2, 2, 3)}) == 3
     ctx = ParallelContext.single(seed=5, device="cpu")

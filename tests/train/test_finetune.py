@@ -325,3 +325,31 @@ def test_nan_dev_metric_is_reported_and_still_checkpointed(
     assert all(e["pearson"] != e["pearson"] for e in results["evaluations"])  # NaN
     assert results["best"]["step"] == 2
     assert (tmp_path / "run" / "best" / "step00000002" / "meta.json").is_file()
+
+
+def test_best_checkpoint_holds_the_weights_only(tmp_path: Path) -> None:
+    """best/ keeps the parameters (what export and predictions need), a third of a resumable
+    checkpoint's bytes under AdamW; resuming from it names where a resumable one is."""
+    from tpformer.checkpoint import store
+    from tpformer.config.schema import FinetuneTrainerConfig as T
+
+    write_sst2(tmp_path / "glue", train=16, dev=8)
+    config = FinetuneConfig(task="sst2", init=str(write_hf_bert(tmp_path / "hf")),
+                            data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
+                                                cache_dir=str(tmp_path / "cache")),
+                            trainer=T(epochs=1, batch_size=8, progress=False, save_every=2))
+    ctx = ParallelContext.single(device="cpu")
+    trainer = finetuning_trainer(config, ctx, tmp_path / "run")
+    trainer.train()
+    best, full = tmp_path / "run" / "best" / "step00000002", tmp_path / "run" / "checkpoints" / "step00000002"
+    assert store.read_meta(best)["weights_only"] and "weights_only" not in store.read_meta(full)
+    sizes = [sum(f.stat().st_size for f in d.glob("__*")) for d in (best, full)]
+    assert 0.3 < sizes[0] / sizes[1] < 0.4, sizes
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = set(FileSystemReader(str(best)).read_metadata().state_dict_metadata)
+    assert keys and all(k.startswith("engine.param/") for k in keys), sorted(keys)[:5]
+    resumed = finetuning_trainer(replace(config, trainer=replace(config.trainer, resume=str(best))),
+                                 ctx, tmp_path / "again")
+    with pytest.raises(store.CheckpointError, match="weights only.*trainer.save_every"):
+        resumed.train()

@@ -86,18 +86,21 @@ def _local_chunk(value: Tensor, seg: Segment, ctx: ParallelContext) -> Tensor:
 @torch.no_grad()
 def logical_state(buckets: list[FlatBucket], masters: list[Master],
                   optimizer: torch.optim.Optimizer, ctx: ParallelContext, *,
-                  whole: bool) -> dict[str, Tensor]:
+                  whole: bool, weights_only: bool = False) -> dict[str, Tensor]:
     """{"param/<name>", "<slot>/<name>" for each of the optimizer's per-element slots (AdamW's
-    exp_avg, exp_avg_sq): fp32 logical tensor (a DTensor for TP-sharded parameters), "step"}. `whole`: the masters cover whole buckets (stage 0)."""
+    exp_avg, exp_avg_sq): fp32 logical tensor (a DTensor for TP-sharded parameters), "step"}.
+    `whole`: the masters cover whole buckets (stage 0). `weights_only`: "param/<name>" only."""
     out: dict[str, Tensor] = {}
     steps = []
+    slots = ("param",) if weights_only else ("param", *moments(optimizer))
     for bucket, master in zip(buckets, masters):
-        for slot in ("param", *moments(optimizer)):
+        for slot in slots:
             gathered = _whole_bucket(_master_like(optimizer, master, slot), ctx, whole=whole)
             for seg in bucket.segments:
                 out[f"{slot}/{seg.name}"] = _saved_form(bucket.view(gathered, seg), seg, ctx)
         steps += [optimizer_slots(optimizer, v.param)["step"] for v in master.views]
-    out["step"] = steps[0].detach().cpu().clone()
+    if not weights_only:
+        out["step"] = steps[0].detach().cpu().clone()
     return out
 
 

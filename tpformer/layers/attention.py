@@ -44,7 +44,7 @@ class ParallelSelfAttention(nn.Module):
         qkv = self.qkv(x)  # [b, s, 3 * hidden / tp], the whole sequence
         b, s = qkv.shape[:2]
         qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
-        q, k, v = (qkv.select(3, i).transpose(1, 2) for i in range(3))  # [b, h/tp, s, d]
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # [b, h/tp, s, d]; backward: one stack
         ctx = self.core(q, k, v, mask)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return self.out(ctx)

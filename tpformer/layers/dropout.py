@@ -26,12 +26,12 @@ class _ApplyMask(torch.autograd.Function):
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x * keep * scale
+        return torch.mul(x, keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None, None
+        return torch.mul(grad, keep).mul_(ctx.scale), None, None
 
 
 class ParallelDropout(nn.Module):
@@ -57,26 +57,38 @@ class ParallelDropout(nn.Module):
             return x
         if self.site is None:
             raise RuntimeError("ParallelDropout has no site; call assign_dropout_sites(model)")
-        dim, start, whole = self._slice_of_sample(x.shape[1:], head_offset)
+        whole, slices = self._sample_layout(x.shape[1:], head_offset)
+        direct = whole == list(x.shape[1:])
         noise = torch.empty(x.shape, device=x.device, dtype=torch.float32)
         for i, gen in enumerate(self.rng.sample_generators(x.device, self.site, x.shape[0])):
-            if noise.shape[dim + 1] == whole:
+            if direct:
                 noise[i].uniform_(generator=gen)
-            else:  # this rank's slice of the sample's whole stream
-                shape = [whole if d == dim else n for d, n in enumerate(noise.shape[1:])]
-                full = torch.empty(shape, device=x.device, dtype=noise.dtype)
-                noise[i].copy_(full.uniform_(generator=gen).narrow(dim, start, noise.shape[dim + 1]))
+                continue
+            full = torch.empty(whole, device=x.device, dtype=noise.dtype).uniform_(generator=gen)
+            for dim, start, length in slices:
+                full = full.narrow(dim, start, length)
+            noise[i].copy_(full)
         return _ApplyMask.apply(x, noise >= self.p, 1.0 / (1.0 - self.p))
 
-    def _slice_of_sample(self, shape: torch.Size, head_offset: int) -> tuple[int, int, int]:
-        """(dim, start, whole length) of this rank's part of one sample's tensor `shape`."""
+    def _sample_layout(self, shape: torch.Size,
+                       head_offset: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """The shape of one sample's whole stream, and the (dim, start, length) slices of it
+        that are this rank's `shape`. Attention probabilities [heads, s, s] are drawn at the
+        step's mask width (RNGTracker.mask_width): a micro-batch padded narrower than the widest
+        of its step then keeps the top-left corner, so (head, query, key) gets the same value
+        however the sample's micro-batch was padded (row-major [s, ...] streams, the other
+        sites, have that property by themselves)."""
         if self.heads is not None:
-            return 0, head_offset, self.heads
+            s = shape[-1]
+            width = max(s, self.rng.mask_width)
+            return [self.heads, width, width], [(0, head_offset, shape[0]), (1, 0, s), (2, 0, s)]
         if self.sequence is not None:
             dim = SEQUENCE_DIM - 1  # the sample's own dims: [s/tp, ...]
             local = shape[dim]
-            return dim, sequence_range(local, self.sequence)[0], local * self.sequence.size
-        return 0, 0, shape[0]
+            whole = list(shape)
+            whole[dim] = local * self.sequence.size
+            return whole, [(dim, sequence_range(local, self.sequence)[0], local)]
+        return list(shape), []
 
     def extra_repr(self) -> str:
         heads = f", heads={self.heads}" if self.heads is not None else ""

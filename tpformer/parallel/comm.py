@@ -67,8 +67,21 @@ def all_reduce(x: Tensor, handle: GroupHandle, op: dist.ReduceOp.RedOpType = dis
     if handle.size == 1:
         return x
     _record("all_reduce", x.nbytes, handle.size)
+    if op == dist.ReduceOp.SUM and _swaps(x, handle):
+        _swap_sum(x, handle).wait()
+        return x
     dist.all_reduce(x, op=op, group=handle.group)
     return x
+
+
+def summed(x: Tensor, handle: GroupHandle) -> Tensor:
+    """The SUM of a contiguous x over the group, as a new tensor (x is left as it is)."""
+    if handle.size > 1 and _swaps(x, handle):
+        _record("all_reduce", x.nbytes, handle.size)
+        theirs = torch.empty_like(x)
+        _PairExchange(x, theirs, handle).wait()
+        return x + theirs
+    return all_reduce(x.clone(), handle)
 
 
 def all_reduce_coalesced(tensors: list[Tensor], handle: GroupHandle) -> None:
@@ -114,7 +127,7 @@ class _CopyToTP(torch.autograd.Function):
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
-        return all_reduce(x.contiguous().clone(), handle)
+        return summed(x.contiguous(), handle)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
@@ -176,6 +189,8 @@ def all_reduce_async(x: Tensor, handle: GroupHandle) -> dist.Work | None:
     if handle.size == 1:
         return None
     _record("all_reduce", x.nbytes, handle.size)
+    if _swaps(x, handle):
+        return _swap_sum(x, handle)  # type: ignore[return-value]
     return dist.all_reduce(x, group=handle.group, async_op=True)
 
 
@@ -219,6 +234,23 @@ def _pairwise(handle: GroupHandle) -> bool:
     and runs on gloo's transport without its collective algorithms (measured on CPU, 32 MB,
     2 ranks: exchange 17.7 ms vs all-reduce 29.6 ms and all_gather_into_tensor 44.0 ms)."""
     return handle.size == 2 and dist.get_backend(handle.group) == "gloo"
+
+
+PAIR_SWAP_MAX_BYTES = 8 << 20
+"""gloo with two ranks: up to this size a SUM all-reduce is one swap of the whole tensor (each
+rank adds the other's; a + b == b + a, so both get the same bits), one round trip instead of
+gloo's ring. Measured on the 2-core CPU machine, each after a 1.6 ms matmul as in a layer:
+1.5 MB 3.3 ms vs 5.2 ms, 8 MB 8.2 vs 9.3 ms; from 16 MB the ring wins (20.8 vs 13.4 ms)."""
+
+
+def _swaps(x: Tensor, handle: GroupHandle) -> bool:
+    return _pairwise(handle) and x.nbytes <= PAIR_SWAP_MAX_BYTES
+
+
+def _swap_sum(x: Tensor, handle: GroupHandle) -> _PairExchange:
+    """Start x += the peer's x (see PAIR_SWAP_MAX_BYTES); `wait()` completes it."""
+    theirs = torch.empty_like(x)
+    return _PairExchange(x, theirs, handle, finish=lambda: x.add_(theirs))
 
 
 def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Work | None:

@@ -52,6 +52,10 @@ class RNGTracker:
         self.seed = seed
         self.step = 0
         self.sample_offset = 0
+        self.mask_width = 0
+        """The widest micro-batch (tokens) of the current global step, set by the training loop:
+        attention masks are drawn at this width, so they do not depend on a micro-batch's own
+        padding (see ParallelDropout)."""
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def set_position(self, step: int, sample_offset: int = 0) -> None:
@@ -87,7 +91,9 @@ class RNGTracker:
             self.load_state_dict(current)
 
     def state_dict(self) -> dict[str, int]:
-        return {"seed": self.seed, "step": self.step, "sample_offset": self.sample_offset}
+        return {"seed": self.seed, "step": self.step, "sample_offset": self.sample_offset,
+                "mask_width": self.mask_width}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.seed, self.step, self.sample_offset = state["seed"], state["step"], state["sample_offset"]
+        self.mask_width = state.get("mask_width", 0)

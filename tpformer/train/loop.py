@@ -7,9 +7,9 @@ the LR schedule, gradient accumulation, dropout keyed by (step, global sample), 
 final checkpoints, resume (`trainer.resume`), `exit_at_step`, SIGTERM and the time limit (agreed
 by all ranks), metrics.jsonl, TensorBoard, the loss plot and the progress bar.
 
-Per step: for each micro-batch, key the dropout masks by (step, its first global sample),
-forward, and backward a loss normalized by the *global* counts (so every layout optimizes the
-same objective); then the engine reduces, clips and updates.
+Per step: for each micro-batch, key the dropout masks by (step, its first global sample, the
+step's widest micro-batch), forward, and backward a loss normalized by the *global* counts (so
+every layout optimizes the same objective); then the engine reduces, clips and updates.
 """
 
 from __future__ import annotations
@@ -119,6 +119,9 @@ class Trainer:
         counts = all_reduce(torch.tensor(local, dtype=torch.float64, device=self.ctx.device),
                             self.ctx.dp).tolist()
         counts, tokens, real = counts[:-2], counts[-2], counts[-1]
+        width = torch.tensor([max((b["input_ids"].shape[-1] for _, b in parts), default=0)],
+                             device=self.ctx.device)
+        self.ctx.rng.mask_width = int(all_reduce(width, self.ctx.dp, torch.distributed.ReduceOp.MAX))
         dp = self.ctx.dp.size  # the engine averages gradients over DP: scale the global shares
         if self.task.pipeline is not None:
             self.engine.settle()  # the stages call the model's parts, not its forward (hooks)
@@ -163,7 +166,7 @@ class Trainer:
             value = -math.inf if math.isnan(value) else value
             if value > self.best_value or not self.evaluations[:-1]:  # the first is kept anyway
                 self.best_value = max(value, self.best_value)
-                self.save(step, root=self.run_dir / "best", keep_last=1)
+                self.save(step, root=self.run_dir / "best", keep_last=1, weights_only=True)
                 best.on_best(step)
         return metrics
 
@@ -177,13 +180,18 @@ class Trainer:
     def checkpoint_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def save(self, step: int, *, root: Path | None = None, keep_last: int | None = None) -> Path:
+    def save(self, step: int, *, root: Path | None = None, keep_last: int | None = None,
+             weights_only: bool = False) -> Path:
         """The engine's logical state, this rank's RNG and the loop's own state, written by the
-        ranks together through DCP."""
-        state = {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()}
+        ranks together through DCP; `weights_only` (the best checkpoint, for export and
+        predictions): the parameters alone."""
+        state: dict[str, object] = (
+            {"engine": self.engine.weights_state_dict()} if weights_only else
+            {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()})
         trainer_state = {"evaluations": self.evaluations, "best_value": self.best_value}
-        return store.save(root or self.checkpoint_root, step, state, self.ctx,
-                          meta={**self.task.meta, "trainer": trainer_state},
+        meta = {**self.task.meta, "trainer": trainer_state,
+                **({"weights_only": True} if weights_only else {})}
+        return store.save(root or self.checkpoint_root, step, state, self.ctx, meta=meta,
                           keep_last=self.loop.keep_last if keep_last is None else keep_last,
                           tokenizer_files=self.task.tokenizer_files)
 
@@ -200,6 +208,11 @@ class Trainer:
                      self.checkpoint_root)
             return 0
         meta = store.read_meta(directory)
+        if meta.get("weights_only"):
+            raise store.CheckpointError(
+                f"{directory} holds the weights only (a fine-tuning run's best checkpoint, for "
+                f"export and predictions), no optimizer state to resume; resume from a "
+                f"checkpoint that trainer.save_every wrote into {self.checkpoint_root}")
         mismatched = store.model_mismatches(meta, self.task.model_config)
         if mismatched:
             details = ", ".join(f"{k}: checkpoint {a} vs run {b}"

@@ -9,7 +9,8 @@ shows at once). Without it, plain shuffled batches. The last batch of an epoch i
 the epoch's first examples (as DistributedSampler pads), so every step has B examples. Within a
 batch the examples are sorted by length before DP rank r takes its contiguous slice and cuts
 it into micro-batches padded to their own longest row; each micro-batch's dropout masks are
-keyed by its first position in the global stream (step x B + index in the batch).
+keyed by its first position in the global stream (step x B + index in the batch), attention's
+drawn at the step's widest micro-batch, so they do not depend on the micro-batch's padding.
 
 Prediction: the split sorted by length, cut into batches of a fixed token budget, predictions
 put back in the split's order.
