@@ -46,20 +46,39 @@ class ReplicatedGrads:
         self.sharded, self.bf16, self.powersgd = sharded, bf16, powersgd
         self.whole: list[Tensor | None] = [None] * len(buckets)
         self.pending = [PendingReduction() for _ in buckets]
+        self.stale: list[set[int]] = [set() for _ in buckets]
+        """Segments whose part of the persistent buffer still holds the previous step's values:
+        the first gradient of a step is copied over them (no zeroing pass over every buffer),
+        and the reduction zeroes those that got none."""
 
     def accumulate(self, i: int, seg: Segment, grad: Tensor) -> None:
         if self.whole[i] is None:
             self.whole[i] = self.pool.take(self.buckets[i].padded_numel, torch.float32,
                                            self.device, zero=True)
-        self.buckets[i].view(self.whole[i], seg).add_(grad)
+        view = self.buckets[i].view(self.whole[i], seg)
+        if seg.offset not in self.stale[i]:
+            view.add_(grad)
+            return
+        self.stale[i].discard(seg.offset)
+        if grad.is_sparse:  # row-sparse (an embedding): only its rows are written
+            view.zero_().add_(grad)
+        else:
+            view.copy_(grad)
 
     def launch(self, i: int) -> None:
         """Start bucket i's reduction (once per step; nothing to do if it has no gradient)."""
         pending = self.pending[i]
         if pending.launched or self.whole[i] is None:
             return
+        self._zero_stale(i)
         pending.launched = True
         pending.work = self._reduce(i)
+
+    def _zero_stale(self, i: int) -> None:
+        for seg in self.buckets[i].segments:
+            if seg.offset in self.stale[i]:
+                self.buckets[i].view(self.whole[i], seg).zero_()
+        self.stale[i].clear()
 
     def _reduce(self, i: int) -> object:
         whole = self.whole[i]
@@ -91,10 +110,12 @@ class ReplicatedGrads:
         return self.buckets[i].shard_of(self.whole[i]) if self.sharded else self.whole[i]
 
     def zero(self) -> None:
-        """Clear the accumulators for the next step (the buffers stay allocated)."""
-        for whole in self.whole:
+        """Clear the accumulators for the next step (the buffers stay allocated): each
+        segment's next gradient overwrites it, the padding is zeroed now."""
+        for i, (bucket, whole) in enumerate(zip(self.buckets, self.whole)):
             if whole is not None:
-                whole.zero_()
+                whole[bucket.numel:].zero_()
+                self.stale[i] = {seg.offset for seg in bucket.segments}
 
     def whole_buffers_held(self) -> int:
         """How many buckets hold a whole (unreduced) gradient buffer right now."""
