@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -340,8 +341,14 @@ def test_best_checkpoint_holds_the_weights_only(tmp_path: Path) -> None:
                             trainer=T(epochs=1, batch_size=8, progress=False, save_every=2))
     ctx = ParallelContext.single(device="cpu")
     trainer = finetuning_trainer(config, ctx, tmp_path / "run")
+    start = time.perf_counter()
     trainer.train()
-    best, full = tmp_path / "run" / "best" / "step00000002", tmp_path / "run" / "checkpoints" / "step00000002"
+    results = write_results(trainer, config, time.perf_counter() - start)
+    spent = results["output_seconds"]  # what the run writes besides training and evaluating
+    assert set(spent) == {"checkpoints", "best_outputs", "metrics_close"}, spent
+    assert spent["checkpoints"] > 0 and sum(spent.values()) < results["wall_time_s"], results
+    best = tmp_path / "run" / "best" / "step00000002"
+    full = tmp_path / "run" / "checkpoints" / "step00000002"
     assert store.read_meta(best)["weights_only"] and "weights_only" not in store.read_meta(full)
     sizes = [sum(f.stat().st_size for f in d.glob("__*")) for d in (best, full)]
     assert 0.3 < sizes[0] / sizes[1] < 0.4, sizes

@@ -6,7 +6,7 @@ global index: one stream per sample covers the sample's whole tensor as the TP=1
 whose tensor is a slice of that (its heads under TP, its chunk of the sequence under sequence
 parallelism) draws the sample's whole stream and keeps its slice, so every layout applies the
 TP=1 run's masks. One generator per sample (not per head) keeps the cost at a re-seed per
-sample: drawing is about 1.3 ns per element on one CPU core, re-seeding a few microseconds.
+sample (a few microseconds) besides the drawing (about 2 ns per element on one CPU core).
 """
 
 from __future__ import annotations

@@ -170,11 +170,14 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
 
 
 def write_results(trainer: Trainer, config: FinetuneConfig, wall_time_s: float) -> dict:
-    """results.json: every evaluation, the best by the main metric and the wall time."""
+    """results.json: every evaluation, the best by the main metric, the wall time and, of it,
+    the seconds spent writing checkpoints, the best epoch's test predictions and the metrics
+    files (`output_seconds`)."""
     metric = trainer.task.best.metric  # type: ignore[union-attr]
     evaluations = trainer.evaluations
     results: dict = {"task": config.task, "init": config.init, "steps": trainer.task.max_steps,
-                     "evaluations": evaluations, "wall_time_s": wall_time_s}
+                     "evaluations": evaluations, "wall_time_s": wall_time_s,
+                     "output_seconds": {k: round(v, 3) for k, v in trainer.seconds.items()}}
     if evaluations:  # a NaN metric counts as the worst value, as in the loop
         results["best"] = max(evaluations, key=lambda e: -math.inf if math.isnan(e[metric])
                               else e[metric])

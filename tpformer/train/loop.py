@@ -102,6 +102,11 @@ class Trainer:
         self.evaluations: list[dict[str, float]] = []
         self.best_value = -math.inf
         self._sigterm = False
+        self.seconds: dict[str, float] = {"checkpoints": 0.0, "best_outputs": 0.0,
+                                          "metrics_close": 0.0}
+        """Wall time of what the run writes besides training and evaluating: checkpoints, the
+        best evaluation's outputs (fine-tuning's test predictions), closing the metrics (the
+        loss plot, TensorBoard). Fine-tuning's results.json reports it."""
 
     # ------------------------------------------------------------------ one step
 
@@ -167,7 +172,9 @@ class Trainer:
             if value > self.best_value or not self.evaluations[:-1]:  # the first is kept anyway
                 self.best_value = max(value, self.best_value)
                 self.save(step, root=self.run_dir / "best", keep_last=1, weights_only=True)
+                start = time.perf_counter()
                 best.on_best(step)
+                self.seconds["best_outputs"] += time.perf_counter() - start
         return metrics
 
     def _epoch(self, step: int) -> dict[str, float]:
@@ -191,9 +198,12 @@ class Trainer:
         trainer_state = {"evaluations": self.evaluations, "best_value": self.best_value}
         meta = {**self.task.meta, "trainer": trainer_state,
                 **({"weights_only": True} if weights_only else {})}
-        return store.save(root or self.checkpoint_root, step, state, self.ctx, meta=meta,
-                          keep_last=self.loop.keep_last if keep_last is None else keep_last,
-                          tokenizer_files=self.task.tokenizer_files)
+        start = time.perf_counter()
+        saved = store.save(root or self.checkpoint_root, step, state, self.ctx, meta=meta,
+                           keep_last=self.loop.keep_last if keep_last is None else keep_last,
+                           tokenizer_files=self.task.tokenizer_files)
+        self.seconds["checkpoints"] += time.perf_counter() - start
+        return saved
 
     def resume(self) -> int:
         """Load trainer.resume at this run's layout; returns the step to continue from."""
@@ -300,7 +310,9 @@ class Trainer:
                          step + 1)
                 break
         bar.close()
+        start_close = time.perf_counter()
         self.metrics.close()
+        self.seconds["metrics_close"] = time.perf_counter() - start_close
         self._record_stop(reason, step + 1, saved if saved and saved.name.endswith(
             store.step_dir_name(step + 1)) else None)
         return records
