@@ -145,9 +145,9 @@ def main() -> None:
                      ref, ref_time, ref_time, ref_time))
         for tp in (1, 2):
             ours, our_time, whole = finetune_tpformer(args, task_name, glue_dir, tp)
-            rows.append((task_name, f"tpformer TP={tp}, {tp} process{'es' if tp > 1 else ''} x "
-                         f"{2 // tp} thread{'s' if tp == 1 else ''}", ours, our_time, ref_time,
-                         whole))
+            label = (f"tpformer TP={tp}, {tp} process{'es' if tp > 1 else ''} x "
+                     f"{2 // tp} thread{'s' if tp == 1 else ''}")
+            rows.append((task_name, label, ours, our_time, ref_time, whole))
     print("\n| task | run | dev metrics | train + eval | vs transformers | whole run |")
     print("|---|---|---|---|---|---|")
     for task_name, run, metrics, seconds, reference, whole in rows:

@@ -12,8 +12,12 @@ import io
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import tokenizers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Fixed ids 0..4 in every sentencepiece model trained by tpformer."""
@@ -101,7 +105,7 @@ _NORMALIZER_KEYS = {"do_lower_case": "lowercase", "strip_accents": "strip_accent
 """tokenizer_config.json's options and the BertNormalizer fields of tokenizer.json they set."""
 
 
-def _wordpiece_backend(path: Path) -> "tokenizers.Tokenizer":  # noqa: F821
+def _wordpiece_backend(path: Path) -> tokenizers.Tokenizer:
     """The `tokenizers` tokenizer that transformers' BertTokenizerFast would run for `path`:
     read from tokenizer.json directly when tokenizer_config.json agrees with its normalizer
     (what BertTokenizerFast checks before rebuilding it), which spares importing transformers

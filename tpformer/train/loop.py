@@ -192,13 +192,13 @@ class Trainer:
         """The engine's logical state, this rank's RNG and the loop's own state, written by the
         ranks together through DCP; `weights_only` (the best checkpoint, for export and
         predictions): the parameters alone."""
+        start = time.perf_counter()
         state: dict[str, object] = (
             {"engine": self.engine.weights_state_dict()} if weights_only else
             {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()})
         trainer_state = {"evaluations": self.evaluations, "best_value": self.best_value}
         meta = {**self.task.meta, "trainer": trainer_state,
                 **({"weights_only": True} if weights_only else {})}
-        start = time.perf_counter()
         saved = store.save(root or self.checkpoint_root, step, state, self.ctx, meta=meta,
                            keep_last=self.loop.keep_last if keep_last is None else keep_last,
                            tokenizer_files=self.task.tokenizer_files)
