@@ -299,3 +299,40 @@ def test_lamb_matches_per_parameter_reference(tp: int, dp: int) -> None:
         for case, params in enumerate(rank_result):
             for name, expected in reference.items():
                 assert_rel_close(params[name], expected, ADAMW_REL, f"lamb case {case} {name}")
+
+
+def _layers_a_b() -> tuple[torch.nn.ModuleDict, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4)})
+    return model, torch.randn(8, 4, generator=seeded(1))
+
+
+def _two_steps_second_without_b(ctx: ParallelContext, stage: int) -> list[float]:
+    """Step 1 backpropagates through layers a and b, step 2 through a only (lr 0: the weights
+    stay put). Returns the gradient norm of each step as the engine computed it."""
+    model, x = _layers_a_b()
+    engine = build_engine(model, replace(OPTIM, lr=0.0, clip_grad=0.0),
+                          ParallelConfig(zero_stage=stage), ctx)
+    norms = []
+    for through_b in (True, False):
+        y = model["a"](x)
+        engine.backward((model["b"](y) if through_b else y).square().mean())
+        norms.append(engine.step()["grad_norm"])
+    return norms
+
+
+@pytest.mark.parametrize(("world", "stage"), [(1, 0), (2, 0), (2, 1)])
+def test_a_parameter_without_gradient_this_step_counts_as_zero(world: int, stage: int) -> None:
+    """The gradient buffers are not zeroed between steps (a step's first gradient is copied
+    over the last one's): b's step-1 gradient must not leak into step 2."""
+    model, x = _layers_a_b()
+    want = []
+    for through_b in (True, False):
+        model.zero_grad(set_to_none=True)
+        y = model["a"](x)
+        (model["b"](y) if through_b else y).square().mean().backward()
+        grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        want.append(float(torch.cat(grads).norm()))
+    got = (_two_steps_second_without_b(ParallelContext.single(device="cpu"), stage) if world == 1
+           else run_distributed(_two_steps_second_without_b, world, stage)[0])
+    assert got == pytest.approx(want, rel=1e-6)

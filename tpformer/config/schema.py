@@ -141,7 +141,7 @@ class ModelConfig:
     dropout: float = ranged(0.1, 0, 1, hi_open=True)
     """Dropout on embeddings and residual branches."""
     attention_dropout: float = ranged(0.1, 0, 1, hi_open=True)
-    """Dropout on attention probabilities (drawn per global head)."""
+    """Dropout on attention probabilities (one stream per global sample over all heads)."""
     activation: Activation = Activation("gelu")
     """gelu (erf, BERT) or gelu_tanh (GPT-2's gelu_new)."""
     layer_norm_eps: float = ranged(1e-12, 0, lo_open=True)

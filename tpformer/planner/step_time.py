@@ -54,10 +54,10 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     touched = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
                                      recompute="none", itemsize=work.itemsize)
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
-    # dropout noise: per (sample, head) for this rank's heads, per sample for the two residual
-    # branches, whose whole sequence every rank draws (also under sequence parallelism)
+    # dropout noise: one stream per sample, which every rank draws whole (all heads of the
+    # attention probabilities, the whole sequence of the two residual branches) and slices
     m = work.model
-    attention_noise = (m.num_heads // c.tp * work.seq**2 * c.micro_batch * cl.dropout_time
+    attention_noise = (m.num_heads * work.seq**2 * c.micro_batch * cl.dropout_time
                        if m.attention_dropout > 0 else 0.0)
     residual_noise = (2 * shape[0] * shape[1] * shape[2] * cl.dropout_time
                       if m.dropout > 0 else 0.0)
