@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tests.dist import run_distributed
-from tpformer.layers.dropout import ParallelDropout, assign_dropout_sites
+from tpformer.layers.dropout import ParallelDropout, _ApplyMask, assign_dropout_sites
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tpformer.parallel.context import GroupHandle, ParallelContext
@@ -67,6 +67,28 @@ def test_masks_do_not_depend_on_the_micro_batch_padding() -> None:
                        wide[:, half:, :6, :6])
     hidden = module.hidden(torch.ones(2, 9, HIDDEN))
     assert torch.equal(module.hidden(torch.ones(2, 6, HIDDEN)), hidden[:, :6])
+
+
+def test_the_cpu_float_mask_gives_the_bits_of_a_bool_mask() -> None:
+    """On CPU the mask is kept as float32 0-or-scale (faster than converting a bool); output
+    and input gradient equal x * keep * scale with a bool mask, bit for bit, and it drops."""
+    rng = RNGTracker(5)
+    module = _Dropouts(rng)
+    assign_dropout_sites(module)
+    rng.set_position(step=2)
+    x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+    out = module.hidden(x)
+    keep = out != 0
+    scale = 1.0 / 0.7
+    assert 0.5 < (~keep).float().mean() / 0.3 < 1.5
+    x_bool = x.detach().clone().requires_grad_()
+    out_bool = _ApplyMask.apply(x_bool, keep, scale)
+    assert torch.equal(out, out_bool)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    out_bool.backward(grad)
+    assert torch.equal(x.grad, x_bool.grad)
+    assert torch.equal(x_bool.grad, torch.mul(grad, keep).mul_(scale))
 
 
 def test_masks_change_with_step_site_and_seed() -> None:
