@@ -221,7 +221,9 @@ def _export_regression(ctx: ParallelContext, config: FinetuneConfig, run_dir: st
 
 def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None:
     """STS-B at TP=2: to-hf writes a regression BertForSequenceClassification whose dev scores
-    equal tpformer's (fp32, summed in another order across TP ranks: 1e-5 relative)."""
+    equal tpformer's (fp32, summed in another order across TP ranks: 1e-5 relative), and so do
+    the test predictions the run wrote with its best checkpoint (made without dropout; the
+    file's 3 decimals)."""
     from transformers import BertForSequenceClassification
 
     from tpformer.convert import to_hf
@@ -230,6 +232,7 @@ def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None
     rows = [(a, b, f"{(la == lb) * 4 + 0.5:.2f}") for (a, _, la), (b, _, lb) in pairs]
     write_glue_file(tmp_path / "glue", "STS-B", "train", rows[:32])
     write_glue_file(tmp_path / "glue", "STS-B", "dev", rows[32:])
+    write_glue_file(tmp_path / "glue", "STS-B", "test", rows[32:])  # its scores are not read
     config = FinetuneConfig(task="stsb", init=str(write_hf_bert(tmp_path / "hf")),
                             data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
                                                 cache_dir=str(tmp_path / "cache")),
@@ -251,6 +254,9 @@ def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None
                           return_tensors="pt")
         scores = model.eval()(**batch).logits.squeeze(-1)
     assert_rel_close(scores, torch.tensor(ours), FP32_MODEL_REL, "exported STS-B scores")
+    written = [float(line.split("\t")[1]) for line in
+               lines_of(tmp_path / "run" / "predictions" / "STS-B.tsv")[1:]]
+    assert torch.allclose(torch.tensor(written), scores.clamp(0, 5), rtol=0, atol=1e-3)
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -64,7 +65,8 @@ class BestCheckpoint:
     metric: str
     """The evaluator's metric that decides (higher is better)."""
     on_best: Callable[[int], None] = lambda step: None
-    """Called on every rank after a new best was saved (e.g. write test predictions)."""
+    """Called on every rank after a new best was saved, the model in eval mode with its
+    parameters gathered (e.g. write test predictions)."""
 
 
 @dataclass
@@ -153,10 +155,8 @@ class Trainer:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """The evaluator's metrics at `step`, logged (and kept for the best checkpoint)."""
-        self.model.eval()
-        with torch.no_grad(), self.engine.gathered():
+        with self._inference():
             metrics = self.task.evaluator(self)
-        self.model.train()
         record = {"step": step, **self._epoch(step), **metrics}
         self.evaluations.append(record)
         self.metrics.log({**record, "eval": True})
@@ -173,9 +173,20 @@ class Trainer:
                 self.best_value = max(value, self.best_value)
                 self.save(step, root=self.run_dir / "best", keep_last=1, weights_only=True)
                 start = time.perf_counter()
-                best.on_best(step)
+                with self._inference():  # test predictions without dropout, as dev's
+                    best.on_best(step)
                 self.seconds["best_outputs"] += time.perf_counter() - start
         return metrics
+
+    @contextmanager
+    def _inference(self) -> Iterator[None]:
+        """The model in eval mode (no dropout), without autograd, its parameters gathered."""
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.engine.gathered():
+                yield
+        finally:
+            self.model.train()
 
     def _epoch(self, step: int) -> dict[str, float]:
         per_epoch = self.task.steps_per_epoch
