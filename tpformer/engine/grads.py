@@ -53,8 +53,9 @@ class ReplicatedGrads:
         self.sparse_rows: dict[tuple[int, int], list[Tensor]] = {}
         """Alone in the DP group: the rows that row-sparse gradients (an embedding's) wrote into
         a segment since it was last zeroed, so the next step zeroes those rows, not the whole
-        table (the rest is still zero). With more DP ranks the reduction brings in the others'
-        rows, and the whole segment is zeroed."""
+        table (the rest is still zero). Unknown (the whole segment is zeroed) after a dense
+        gradient of the same table (a tied decoder's), and always with more DP ranks, whose
+        reduction brings in the others' rows."""
 
     def accumulate(self, i: int, seg: Segment, grad: Tensor) -> None:
         if self.whole[i] is None:
@@ -65,10 +66,13 @@ class ReplicatedGrads:
             self.stale[i].discard(seg.offset)
             if not grad.is_sparse:
                 view.copy_(grad)
+                self.sparse_rows.pop((i, seg.offset), None)
                 return
             self._zero_sparse_segment(i, seg, view)
         view.add_(grad)
-        if grad.is_sparse and self.dp.size == 1:
+        if not grad.is_sparse:  # a dense gradient too (a tied decoder's): rows unknown
+            self.sparse_rows.pop((i, seg.offset), None)
+        elif self.dp.size == 1:
             self.sparse_rows.setdefault((i, seg.offset), []).append(grad._indices()[0])
 
     def _zero_sparse_segment(self, i: int, seg: Segment, view: Tensor) -> None:
