@@ -86,7 +86,6 @@ def reference() -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(("tp", "dp"), [(2, 1), (1, 2), (2, 2), (1, 4)])
 def test_zero_matches_single_process_adamw(reference, tp: int, dp: int) -> None:
-    """dp=1 included: there a step zeroes only the embedding rows the last one wrote."""
     results = run_distributed(_all_cases, tp * dp, tensor=tp)
     for rank_result in results:
         for case, params in zip(CASES, rank_result):
@@ -337,43 +336,3 @@ def test_a_parameter_without_gradient_this_step_counts_as_zero(world: int, stage
     got = (_two_steps_second_without_b(ParallelContext.single(device="cpu"), stage) if world == 1
            else run_distributed(_two_steps_second_without_b, world, stage)[0])
     assert got == pytest.approx(want, rel=1e-6)
-
-
-def _tied_table_norms(ctx: ParallelContext) -> tuple[list[float], int]:
-    """An embedding table also used densely (as a tied decoder) in steps 0 and 2, looked up
-    alone in steps 1 and 3, lr 0. Returns the engine's gradient norms and the most row lists
-    it tracks for one segment."""
-    from tpformer.layers.embedding import VocabParallelEmbedding
-
-    torch.manual_seed(0)
-    embed = VocabParallelEmbedding(20, 4, ctx.tp)
-    torch.nn.init.normal_(embed.weight)
-    engine = build_engine(embed, replace(OPTIM, lr=0.0, clip_grad=0.0), ParallelConfig(), ctx)
-    norms, tracked = [], 0
-    for step in range(4):
-        ids = torch.randint(0, 20, (3, 5), generator=seeded(step))
-        loss = embed(ids).square().sum()
-        if step % 2 == 0:
-            loss = loss + (embed.weight * 0.5).square().sum()
-        engine.backward(loss)
-        norms.append(engine.step()["grad_norm"])
-        tracked = max([tracked, *(len(rows) for rows in engine.grads.sparse_rows.values())])
-    return norms, tracked
-
-
-def test_an_embedding_table_zeroes_what_its_last_step_wrote() -> None:
-    """Alone in the DP group a step zeroes only the rows the last one looked up, unless a dense
-    gradient (a tied decoder) wrote the whole table: then all of it. Norms as torch's."""
-    torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.nn.init.normal_(torch.empty(20, 4)))
-    want = []
-    for step in range(4):
-        ids = torch.randint(0, 20, (3, 5), generator=seeded(step))
-        loss = torch.nn.functional.embedding(ids, weight).square().sum()
-        if step % 2 == 0:
-            loss = loss + (weight * 0.5).square().sum()
-        (grad,) = torch.autograd.grad(loss, weight)
-        want.append(float(grad.norm()))
-    norms, tracked = _tied_table_norms(ParallelContext.single(device="cpu"))
-    assert norms == pytest.approx(want, rel=1e-6)
-    assert tracked <= 1  # one step's lookups, not a growing history

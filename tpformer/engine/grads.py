@@ -50,38 +50,20 @@ class ReplicatedGrads:
         """Segments whose part of the persistent buffer still holds the previous step's values:
         the first gradient of a step is copied over them (no zeroing pass over every buffer),
         and the reduction zeroes those that got none."""
-        self.sparse_rows: dict[tuple[int, int], list[Tensor]] = {}
-        """Alone in the DP group: the rows that row-sparse gradients (an embedding's) wrote into
-        a segment since it was last zeroed, so the next step zeroes those rows, not the whole
-        table (the rest is still zero). Unknown (the whole segment is zeroed) after a dense
-        gradient of the same table (a tied decoder's), and always with more DP ranks, whose
-        reduction brings in the others' rows."""
 
     def accumulate(self, i: int, seg: Segment, grad: Tensor) -> None:
         if self.whole[i] is None:
             self.whole[i] = self.pool.take(self.buckets[i].padded_numel, torch.float32,
                                            self.device, zero=True)
         view = self.buckets[i].view(self.whole[i], seg)
-        if seg.offset in self.stale[i]:  # the step's first gradient of this segment
-            self.stale[i].discard(seg.offset)
-            if not grad.is_sparse:
-                view.copy_(grad)
-                self.sparse_rows.pop((i, seg.offset), None)
-                return
-            self._zero_sparse_segment(i, seg, view)
-        view.add_(grad)
-        if not grad.is_sparse:  # a dense gradient too (a tied decoder's): rows unknown
-            self.sparse_rows.pop((i, seg.offset), None)
-        elif self.dp.size == 1:
-            self.sparse_rows.setdefault((i, seg.offset), []).append(grad._indices()[0])
-
-    def _zero_sparse_segment(self, i: int, seg: Segment, view: Tensor) -> None:
-        """Zero the rows the previous steps wrote (see sparse_rows), or all if not known."""
-        rows = self.sparse_rows.pop((i, seg.offset), None)
-        if rows is None:
-            view.zero_()
-        elif rows:
-            view.index_fill_(0, torch.cat(rows), 0.0)
+        if seg.offset not in self.stale[i]:
+            view.add_(grad)
+            return
+        self.stale[i].discard(seg.offset)
+        if grad.is_sparse:  # row-sparse (an embedding): only its rows are written
+            view.zero_().add_(grad)
+        else:
+            view.copy_(grad)
 
     def launch(self, i: int) -> None:
         """Start bucket i's reduction (once per step; nothing to do if it has no gradient)."""
@@ -96,8 +78,6 @@ class ReplicatedGrads:
         for seg in self.buckets[i].segments:
             if seg.offset in self.stale[i]:
                 self.buckets[i].view(self.whole[i], seg).zero_()
-                if self.dp.size == 1:
-                    self.sparse_rows[(i, seg.offset)] = []  # all zero now
         self.stale[i].clear()
 
     def _reduce(self, i: int) -> object:
