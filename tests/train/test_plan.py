@@ -9,6 +9,7 @@ from tests.models.common import tiny_bert
 from tpformer.config.schema import Config, DataConfig, ParallelConfig, TrainerConfig
 from tpformer.engine.memory import measure_saved_activations
 from tpformer.engine.recompute import apply_recompute
+from tpformer.layers.dropout import dropout_mask_bytes
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.planner.candidate import Workload, candidate_of
@@ -48,7 +49,8 @@ def _measured(ctx: ParallelContext, config: Config) -> int:
 ])
 def test_activation_estimate_matches_saved_tensors(tp: int, sp: bool, recompute: str) -> None:
     config = _config(tp, sp, recompute)
-    layer, _, _ = activation_parts(Workload.of(config, BATCH), candidate_of(config, 1))
+    layer, _, _ = activation_parts(Workload.of(config, BATCH), candidate_of(config, 1),
+                                   mask_bytes=dropout_mask_bytes("cpu", torch.float32))
     estimate = config.model.num_layers * layer
     if tp == 1:
         measured = [_measured(ParallelContext.single(device="cpu"), config)]

@@ -37,6 +37,12 @@ class _ApplyMask(torch.autograd.Function):
         return _masked(grad, mask, ctx.scale), None, None
 
 
+def dropout_mask_bytes(device_type: str, dtype: torch.dtype) -> int:
+    """Bytes per element of the mask dropout saves for backward (the planner's memory model):
+    a float32 0-or-scale mask for fp32 on CPU (see _ApplyMask), a bool one elsewhere."""
+    return 4 if device_type == "cpu" and dtype == torch.float32 else 1
+
+
 def _masked(x: Tensor, mask: Tensor, scale: float) -> Tensor:
     if mask.dtype == torch.bool:
         return torch.mul(x, mask).mul_(scale)
@@ -78,7 +84,7 @@ class ParallelDropout(nn.Module):
                 full = full.narrow(dim, start, length)
             noise[i].copy_(full)
         scale = 1.0 / (1.0 - self.p)
-        if x.device.type == "cpu" and x.dtype == torch.float32:
+        if dropout_mask_bytes(x.device.type, x.dtype) == 4:
             mask = noise.ge_(self.p).mul_(scale)  # in place: 0 or the scale (see _ApplyMask)
         else:
             mask = noise >= self.p

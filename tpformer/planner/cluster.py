@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from tpformer.config.schema import ClusterConfig
 from tpformer.config.store import CONF_DIR
+from tpformer.layers.dropout import dropout_mask_bytes
 
 GPU_PRESETS = {"H100": "h100_node", "H200": "h100_node", "A100": "a100_node"}
 """Device name fragment -> the preset whose constants `cluster=auto` uses on that device."""
@@ -86,6 +87,9 @@ class Cluster:
     """bytes"""
     activation_scale: float = 1.0
     """Measured / formula saved activations of one layer (calibrated), applied to predictions."""
+    mask_bytes: int = 1
+    """Bytes per element of a saved dropout mask: 4 on the cpu preset in fp32 (float masks),
+    else 1 (layers.dropout.dropout_mask_bytes)."""
     calibrated: str = ""
     """The calibration file applied, if any."""
 
@@ -218,4 +222,6 @@ def resolve_cluster(config: ClusterConfig, precision: str, *, cache_dir: str,
         host_bandwidth=config.host_gbps * GB, comm_overlap=config.comm_overlap,
         overhead=config.overhead_gb * GB,
         activation_scale=float(calibration.get("activation_scale", 1.0)),
+        mask_bytes=dropout_mask_bytes("cpu" if config.name == "cpu" else "cuda",
+                                      torch.bfloat16 if bits16 else torch.float32),
         calibrated=str(path) if path else "")

@@ -13,21 +13,23 @@ from tpformer.planner.cluster import Cluster
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, f: int, *, tp: int,
-                           sequence_parallel: bool, recompute: str, itemsize: int) -> float:
+                           sequence_parallel: bool, recompute: str, itemsize: int,
+                           mask_bytes: int = 1) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
-    tensors of `itemsize` bytes, 1-byte dropout masks and FFN width f). Kept tensors, in
+    tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
+    layers.dropout.dropout_mask_bytes) and FFN width f). Kept tensors, in
     elements: LayerNorm inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the
     sequence under sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and
     output 2sbf (1/t under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b
-    bytes. 16-bit, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h), SP + selective
+    (times mask_bytes). 16-bit, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h), SP + selective
     34 sbh/t. selective drops the as^2 terms; full keeps only the layer's input."""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
     sbh, attention = s * b * h, a * s * s * b
     if recompute == "full":
         return itemsize * sbh / q
-    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * s * b * f) / tp) + 2 * sbh / q
+    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * s * b * f) / tp) + mask_bytes * 2 * sbh / q
     if recompute != "selective":
-        kept += (2 * itemsize + 1) * attention / tp
+        kept += (2 * itemsize + mask_bytes) * attention / tp
     return kept
 
 
@@ -116,22 +118,23 @@ class MemoryPrediction:
         return self.model_state + self.activations + self.buffers + self.overhead
 
 
-def activation_parts(work: Workload, c: Candidate, activation_scale: float = 1.0
-                     ) -> tuple[float, float, float]:
+def activation_parts(work: Workload, c: Candidate, activation_scale: float = 1.0,
+                     mask_bytes: int = 1) -> tuple[float, float, float]:
     """(one layer, the embedding output, the head) bytes per micro-batch on one rank."""
     m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
     q = c.tp if c.sequence_parallel else 1
     layer = activation_scale * layer_activation_bytes(
         s, b, m.hidden_size, m.num_heads, m.intermediate_size, tp=c.tp,
-        sequence_parallel=c.sequence_parallel, recompute=c.recompute, itemsize=i)
+        sequence_parallel=c.sequence_parallel, recompute=c.recompute, itemsize=i,
+        mask_bytes=mask_bytes)
     sbh = s * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
     rows = s * b * work.head_fraction
     if m.arch == "bert":  # LayerNorm input and dropout mask; transform, GELU, LayerNorm inputs
-        embedding = sbh * (i + 1) / q
+        embedding = sbh * (i + mask_bytes) / q
         head = rows * (3 * m.hidden_size * i + vocab * (i + 4))
     else:  # dropout mask; final LayerNorm input, logits and their fp32 softmax
-        embedding = sbh / q
+        embedding = sbh * mask_bytes / q
         head = sbh * i / q + rows * vocab * (i + 4)
     return layer, embedding, head
 
@@ -139,7 +142,8 @@ def activation_parts(work: Workload, c: Candidate, activation_scale: float = 1.0
 def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster
                          ) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage."""
-    layer, embedding, head = activation_parts(work, c, cluster.activation_scale)
+    layer, embedding, head = activation_parts(work, c, cluster.activation_scale,
+                                                cluster.mask_bytes)
     split = c.split(work)
     mixed = work.precision != "fp32"
     stages = []

@@ -52,7 +52,8 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     shape = (work.seq, c.micro_batch, work.model.hidden_size, work.model.num_heads,
              work.model.intermediate_size)
     touched = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
-                                     recompute="none", itemsize=work.itemsize)
+                                     recompute="none", itemsize=work.itemsize,
+                                     mask_bytes=cl.mask_bytes)
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
     # dropout noise: one stream per sample, which every rank draws whole (all heads of the
     # attention probabilities, the whole sequence of the two residual branches) and slices
@@ -67,7 +68,8 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
                  + residual_noise)
     elif c.recompute == "selective":
         without = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
-                                         recompute="selective", itemsize=work.itemsize)
+                                         recompute="selective", itemsize=work.itemsize,
+                                         mask_bytes=cl.mask_bytes)
         time += (cl.matmul_time(*mm[-1]) + (elementwise / 3) * (touched - without) / touched
                  + attention_noise)
     return time
@@ -92,7 +94,7 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
     """(embedding, head) forward+backward per micro-batch on their stages."""
     m = work.model
     h = m.hidden_size
-    _, embedding_bytes, head_bytes = activation_parts(work, c)
+    _, embedding_bytes, head_bytes = activation_parts(work, c, mask_bytes=cl.mask_bytes)
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
     rows = work.seq * c.micro_batch * work.head_fraction
     head = 3 * cl.matmul_time(2 * rows * h * vocab, min(h, vocab))
