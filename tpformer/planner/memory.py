@@ -17,12 +17,13 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, f: int, *, tp: int,
                            mask_bytes: int = 1) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
     tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
-    layers.dropout.dropout_mask_bytes) and FFN width f). Kept tensors, in
-    elements: LayerNorm inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the
-    sequence under sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and
-    output 2sbf (1/t under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b
-    (times mask_bytes). 16-bit, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP sbh/t (34 + 5as/h), SP + selective
-    34 sbh/t. selective drops the as^2 terms; full keeps only the layer's input."""
+    layers.dropout.dropout_mask_bytes) and FFN width f). Kept tensors, in elements: LayerNorm
+    inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the sequence under
+    sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and output 2sbf (1/t
+    under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b (times
+    mask_bytes). 16-bit, 1-byte masks, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP
+    sbh/t (34 + 5as/h), SP + selective 34 sbh/t. selective drops the as^2 terms; full keeps only
+    the layer's input."""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
     sbh, attention = s * b * h, a * s * s * b
     if recompute == "full":
@@ -143,7 +144,7 @@ def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster
                          ) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage."""
     layer, embedding, head = activation_parts(work, c, cluster.activation_scale,
-                                                cluster.mask_bytes)
+                                              cluster.mask_bytes)
     split = c.split(work)
     mixed = work.precision != "fp32"
     stages = []
