@@ -9,9 +9,10 @@ saved-tensor hooks over one forward (parameters excluded, each storage once), wh
 transformer layer keeps for backward in three settings: TP alone, TP + SP, TP + SP + selective
 recomputation. The formulas are Korthikanti et al. 2022's per-layer terms
 (sbh(10 + 24/t + 5as/(ht)), sbh/t (34 + 5as/h), 34 sbh/t for 16-bit tensors) in the fp32 form
-the planner and startup plan use (tpformer.planner.memory.layer_activation_bytes: 4-byte tensors, and
-4-byte masks, CPU fp32 dropout's float masks). Step time (forward + backward) of TP=2 with and without SP is measured in the same
-processes, the two interleaved round by round, medians reported.
+the planner and startup plan use (tpformer.planner.memory.layer_activation_bytes: 4-byte
+tensors, and 4-byte masks, CPU fp32 dropout's float masks). Step time (forward + backward) of
+TP=2 with and without SP is measured in the same processes, the two interleaved round by
+round, medians reported.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ class ParallelSelfAttention(nn.Module):
     ctx.sequence_parallel both are [b, s/tp, hidden]: the QKV projection all-gathers the
     sequence, the output projection reduce-scatters it; the core always sees the whole sequence.
     With attention dropout active in training the core is computed explicitly, so the mask can
-    be the TP=1 model's (layers/dropout.py); otherwise `scaled_dot_product_attention` (flash/efficient kernels).
+    be the TP=1 model's (layers/dropout.py); otherwise `scaled_dot_product_attention`
+    (flash/efficient kernels).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, ctx: ParallelContext, *,

@@ -168,7 +168,8 @@ def layer_constants(cluster: Cluster, device: torch.device, precision: str) -> d
     work = Workload(config, s, b, precision, 0.15)
     matmuls = 3 * sum(cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, Candidate(1, 1, 1, b, 1)))
     saves = layer_activation_bytes(s, b, h, config.num_heads, config.intermediate_size, tp=1,
-                                   sequence_parallel=False, recompute="none", itemsize=work.itemsize,
+                                   sequence_parallel=False, recompute="none",
+                                   itemsize=work.itemsize,
                                    mask_bytes=dropout_mask_bytes(device.type, dtype))
     noise = config.num_heads * s * s * b + 2 * s * b * h
     saved = measure_saved_activations(block, lambda: block(x, None).sum())
