@@ -13,8 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tpformer.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                             vocab_parallel_cross_entropy)
+from tpformer.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
 from tpformer.parallel import GroupHandle, ParallelContext
 from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.init import initialize_parameters

@@ -28,24 +28,40 @@ from tpformer.parallel.context import ParallelContext
 DEFAULT_TIMEOUT_S = 180.0
 
 
-def _worker(fn: Callable[..., Any], args: tuple, rank: int, world_size: int, workdir: str,
-            config: ParallelConfig, timeout_s: float) -> None:
+def _worker(
+    fn: Callable[..., Any],
+    args: tuple,
+    rank: int,
+    world_size: int,
+    workdir: str,
+    config: ParallelConfig,
+    timeout_s: float,
+) -> None:
     out = Path(workdir)
     try:
         torch.set_num_threads(1)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
-        ctx = ParallelContext.create(config.tensor, config.data, seed=config.seed,
-                                     timeout_s=timeout_s,
-                                     sequence_parallel=config.sequence_parallel,
-                                     pipeline=config.pipeline)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{out / 'store'}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        ctx = ParallelContext.create(
+            config.tensor,
+            config.data,
+            seed=config.seed,
+            timeout_s=timeout_s,
+            sequence_parallel=config.sequence_parallel,
+            pipeline=config.pipeline,
+        )
         try:
             result = fn(ctx, *args)
         finally:
             ctx.destroy()
         torch.save(result, out / f"result{rank}.pt")
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
+    except BaseException:
         (out / f"error{rank}.txt").write_text(traceback.format_exc())
         os._exit(1)
 
@@ -56,33 +72,62 @@ def _context() -> mp.context.BaseContext:
     return ctx
 
 
-def start_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
-                timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
-                seed: int = 1234, sequence_parallel: bool = False, pipeline: int = 1,
-                ) -> tuple[list[mp.process.BaseProcess], str]:
+def start_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    tensor: int = 1,
+    data: str | int = "auto",
+    seed: int = 1234,
+    sequence_parallel: bool = False,
+    pipeline: int = 1,
+) -> tuple[list[mp.process.BaseProcess], str]:
     """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
     and their work directory (for tests that kill ranks themselves)."""
-    config = ParallelConfig(tensor=tensor, data=str(data), seed=seed,
-                            sequence_parallel=sequence_parallel, pipeline=pipeline)
+    config = ParallelConfig(
+        tensor=tensor,
+        data=str(data),
+        seed=seed,
+        sequence_parallel=sequence_parallel,
+        pipeline=pipeline,
+    )
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
     mpctx = _context()
-    procs = [mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
-             for r in range(world_size)]
+    procs = [
+        mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     return procs, workdir
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
-                    timeout_s: float = DEFAULT_TIMEOUT_S, tensor: int = 1, data: str | int = "auto",
-                    seed: int = 1234, sequence_parallel: bool = False,
-                    pipeline: int = 1) -> list[Any]:
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    tensor: int = 1,
+    data: str | int = "auto",
+    seed: int = 1234,
+    sequence_parallel: bool = False,
+    pipeline: int = 1,
+) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
     fn and args must be picklable (a module-level function of a test module)."""
-    procs, workdir = start_ranks(fn, world_size, *args, timeout_s=timeout_s, tensor=tensor,
-                                 data=data, seed=seed, sequence_parallel=sequence_parallel,
-                                 pipeline=pipeline)
+    procs, workdir = start_ranks(
+        fn,
+        world_size,
+        *args,
+        timeout_s=timeout_s,
+        tensor=tensor,
+        data=data,
+        seed=seed,
+        sequence_parallel=sequence_parallel,
+        pipeline=pipeline,
+    )
     try:
         deadline = time.monotonic() + timeout_s + 30
         while any(p.is_alive() for p in procs):
@@ -101,7 +146,9 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
         hung = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if hung:
             raise AssertionError(f"ranks {hung} did not finish within {timeout_s:.0f}s")
-        return [torch.load(Path(workdir) / f"result{r}.pt", weights_only=False)
-                for r in range(world_size)]
+        return [
+            torch.load(Path(workdir) / f"result{r}.pt", weights_only=False)
+            for r in range(world_size)
+        ]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Bytes sent and step time of compressed DP gradient reduction against uncompressed, in one run.
 
-    python tools/benchmark_compression.py                      # bert_small and bert_base, DP 2 and 4
+    python tools/benchmark_compression.py      # bert_small and bert_base, DP 2 and 4
     python tools/benchmark_compression.py --models bert_small --dp 2 --steps 5
 
 For each model and DP degree the tool starts that many gloo processes (1 thread each, tensor=1,
@@ -36,19 +36,32 @@ from tpformer.parallel.context import ParallelContext
 OPTIONS = ("none", "bf16", "powersgd")
 
 
-def _worker(rank: int, world: int, store: str, args: argparse.Namespace, model_name: str,
-            option: str, out: str) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    store: str,
+    args: argparse.Namespace,
+    model_name: str,
+    option: str,
+    out: str,
+) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=1800))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=1800),
+    )
     ctx = ParallelContext.create(tensor=1, device=torch.device("cpu"))
     config = preset(model_name, vocab_size=30522)
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(5, config.vocab_size, (args.batch, args.seq), generator=g)
     labels = torch.where(torch.rand(ids.shape, generator=g) < 0.15, ids, -100)
     model = build_model(config, ctx, task="pretraining").train()
-    parallel = ParallelConfig(grad_compression=option, powersgd_rank=args.powersgd_rank,
-                              powersgd_start_step=0)
+    parallel = ParallelConfig(
+        grad_compression=option, powersgd_rank=args.powersgd_rank, powersgd_start_step=0
+    )
     engine = parallelize(model, parallel, OptimConfig(lr=1e-4), ctx).engine
     times, sent = [], []
     for step in range(args.steps + 1):
@@ -72,8 +85,9 @@ def _worker(rank: int, world: int, store: str, args: argparse.Namespace, model_n
 def _run(model_name: str, dp: int, option: str, args: argparse.Namespace) -> dict:
     workdir = tempfile.mkdtemp(prefix="tpformer-compression-")
     out = os.path.join(workdir, "result.json")
-    mp.spawn(_worker, args=(dp, os.path.join(workdir, "store"), args, model_name, option, out),
-             nprocs=dp)
+    mp.spawn(
+        _worker, args=(dp, os.path.join(workdir, "store"), args, model_name, option, out), nprocs=dp
+    )
     with open(out) as f:
         return json.load(f)
 
@@ -88,10 +102,13 @@ def main() -> None:
     parser.add_argument("--powersgd-rank", type=int, default=4)
     args = parser.parse_args()
     mb = 2**20
-    print(f"seq {args.seq}, {args.batch} sequences per rank, fp32, ZeRO stage 0, gloo processes x "
-          f"1 thread, PowerSGD rank {args.powersgd_rank}; medians of {args.steps} steps")
-    print("| model | DP | compression | sent per step per rank (MB) | vs none | step (s) "
-          "| vs none |")
+    print(
+        f"seq {args.seq}, {args.batch} sequences per rank, fp32, ZeRO stage 0, gloo processes x "
+        f"1 thread, PowerSGD rank {args.powersgd_rank}; medians of {args.steps} steps"
+    )
+    print(
+        "| model | DP | compression | sent per step per rank (MB) | vs none | step (s) | vs none |"
+    )
     print("|---|---|---|---|---|---|---|")
     for model_name in args.models:
         for dp in args.dp:
@@ -99,9 +116,12 @@ def main() -> None:
             base = result["none"]
             for option in OPTIONS:
                 r = result[option]
-                print(f"| {model_name} | {dp} | {option} | {r['bytes'] / mb:.1f} | "
-                      f"{r['bytes'] / base['bytes']:.3f} | {r['time']:.2f} | "
-                      f"{r['time'] / base['time']:.2f} |", flush=True)
+                print(
+                    f"| {model_name} | {dp} | {option} | {r['bytes'] / mb:.1f} | "
+                    f"{r['bytes'] / base['bytes']:.3f} | {r['time']:.2f} | "
+                    f"{r['time'] / base['time']:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

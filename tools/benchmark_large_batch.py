@@ -24,38 +24,70 @@ import sys
 import tempfile
 from pathlib import Path
 
-MAIN_JOB = ["model=bert_mini", "model.vocab_size=8000", "data.seq_length=64",
-            "optim.warmup_steps=40", "trainer.progress=false", "trainer.log_every=5",
-            "launcher.nproc_per_node=2"]
-LARGE = ["trainer.micro_batch_size=64", "trainer.max_steps=125", "optim.warmup_steps=10",
-         "optim.lr_scaling=sqrt", "optim.base_batch_size=32"]
-DP2 = ["parallel.tensor=1", "trainer.micro_batch_size=16", "trainer.max_steps=500",
-       "optim.lr=3e-4"]
+MAIN_JOB = [
+    "model=bert_mini",
+    "model.vocab_size=8000",
+    "data.seq_length=64",
+    "optim.warmup_steps=40",
+    "trainer.progress=false",
+    "trainer.log_every=5",
+    "launcher.nproc_per_node=2",
+]
+LARGE = [
+    "trainer.micro_batch_size=64",
+    "trainer.max_steps=125",
+    "optim.warmup_steps=10",
+    "optim.lr_scaling=sqrt",
+    "optim.base_batch_size=32",
+]
+DP2 = ["parallel.tensor=1", "trainer.micro_batch_size=16", "trainer.max_steps=500", "optim.lr=3e-4"]
 STUDIES: dict[str, dict[str, tuple[int, list[str]]]] = {
     "optimizers": {
-        "AdamW, batch 32": (32, ["parallel.tensor=1", "trainer.micro_batch_size=16",
-                            "trainer.max_steps=500", "optim.lr=3e-4"]),
+        "AdamW, batch 32": (
+            32,
+            [
+                "parallel.tensor=1",
+                "trainer.micro_batch_size=16",
+                "trainer.max_steps=500",
+                "optim.lr=3e-4",
+            ],
+        ),
         "AdamW, batch 128": (128, [*LARGE, "parallel.tensor=1", "optim.lr=3e-4"]),
-        "LAMB, batch 128": (128, [*LARGE, "parallel.tensor=1", "optim.name=lamb",
-                                  "optim.lr=2e-3"]),
-        "LARS, batch 128": (128, [*LARGE, "parallel.tensor=1", "optim.name=lars",
-                                  "optim.lr=2.0"]),
-        "NovoGrad, batch 128": (128, [*LARGE, "parallel.tensor=1", "optim.name=novograd",
-                                      "optim.lr=1e-2", "optim.beta1=0.95", "optim.beta2=0.98"]),
+        "LAMB, batch 128": (128, [*LARGE, "parallel.tensor=1", "optim.name=lamb", "optim.lr=2e-3"]),
+        "LARS, batch 128": (128, [*LARGE, "parallel.tensor=1", "optim.name=lars", "optim.lr=2.0"]),
+        "NovoGrad, batch 128": (
+            128,
+            [
+                *LARGE,
+                "parallel.tensor=1",
+                "optim.name=novograd",
+                "optim.lr=1e-2",
+                "optim.beta1=0.95",
+                "optim.beta2=0.98",
+            ],
+        ),
     },
     "compression": {
         "none": (32, [*DP2]),
         "bf16": (32, [*DP2, "parallel.grad_compression=bf16"]),
-        "powersgd rank 4": (32, [*DP2, "parallel.grad_compression=powersgd",
-                                 "parallel.powersgd_rank=4"]),
+        "powersgd rank 4": (
+            32,
+            [*DP2, "parallel.grad_compression=powersgd", "parallel.powersgd_rank=4"],
+        ),
     },
 }
 
 
 def run_job(overrides: list[str], run_dir: Path) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "tpformer.pretrain", *MAIN_JOB, *overrides,
-           f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tpformer.cli.pretrain",
+        *MAIN_JOB,
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"error: {' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
@@ -83,8 +115,10 @@ def main() -> None:
         first = first or final
         print(f"| {name} | {final:.4f} | {final / first:.3f} |")
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, points in curves.items():
         ax.plot([x for x, _ in points], [y for _, y in points], label=name, linewidth=1.2)

@@ -30,9 +30,17 @@ VOCAB, SEQ, BATCH, MASK_RATE = 30522, 128, 8, 0.15
 
 def reference_config(dropout: float) -> ModelConfig:
     """The "bert-small-4L" reference: hidden 512, 8 heads, 4 layers, FFN 2048."""
-    return ModelConfig(arch="bert", vocab_size=VOCAB, hidden_size=512, num_layers=4, num_heads=8,
-                       intermediate_size=2048, max_position_embeddings=512, dropout=dropout,
-                       attention_dropout=dropout)
+    return ModelConfig(
+        arch="bert",
+        vocab_size=VOCAB,
+        hidden_size=512,
+        num_layers=4,
+        num_heads=8,
+        intermediate_size=2048,
+        max_position_embeddings=512,
+        dropout=dropout,
+        attention_dropout=dropout,
+    )
 
 
 def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -69,9 +77,15 @@ class HFStep:
     def __init__(self, dropout: float) -> None:
         from transformers import BertConfig, BertForMaskedLM
 
-        cfg = BertConfig(vocab_size=VOCAB, hidden_size=512, num_hidden_layers=4,
-                         num_attention_heads=8, intermediate_size=2048,
-                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+        cfg = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            intermediate_size=2048,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+        )
         torch.manual_seed(0)
         self.model = BertForMaskedLM._from_config(cfg, attn_implementation="sdpa").train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
@@ -91,8 +105,11 @@ class TPStep:
         self.model = build_model(reference_config(dropout), ctx, task="pretraining").train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
         batch = make_batch()
-        self.batch = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-                      "mlm_labels": batch["labels"]}
+        self.batch = {
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch["attention_mask"],
+            "mlm_labels": batch["labels"],
+        }
         self.step = 0
 
     def __call__(self) -> float:
@@ -107,8 +124,13 @@ class TPStep:
 
 def _tp_worker(rank: int, world: int, store: str, dropout: float, commands, replies) -> None:
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                                         world_size=world, timeout=timedelta(seconds=300))
+    torch.distributed.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=300),
+    )
     ctx = ParallelContext.create(tensor=world, device=torch.device("cpu"))
     step = TPStep(ctx, dropout)
     while commands[rank].get() == "step":
@@ -138,8 +160,10 @@ def main() -> None:
         store = os.path.join(tempfile.mkdtemp(), "store")
         commands = [mpctx.Queue() for _ in range(tp)]
         replies = mpctx.Queue()
-        workers = [mpctx.Process(target=_tp_worker, args=(r, tp, store, args.dropout, commands,
-                                                          replies)) for r in range(tp)]
+        workers = [
+            mpctx.Process(target=_tp_worker, args=(r, tp, store, args.dropout, commands, replies))
+            for r in range(tp)
+        ]
         for w in workers:
             w.start()
 
@@ -167,18 +191,25 @@ def main() -> None:
     config = reference_config(args.dropout)
     masked = int((make_batch()["labels"] != -100).sum())
     tokens = BATCH * SEQ
-    print(f"bert-small-4L: hidden 512, 8 heads, 4 layers, FFN 2048, vocab {VOCAB}, seq {SEQ}, "
-          f"micro-batch {BATCH}, fp32, dropout {args.dropout}, {masked} masked tokens; "
-          f"{args.rounds} interleaved rounds; peak {peak:.3f} TFLOP/s "
-          f"({'given' if args.peak_tflops else f'2048^3 matmul, {args.threads} threads'})")
+    print(
+        f"bert-small-4L: hidden 512, 8 heads, 4 layers, FFN 2048, vocab {VOCAB}, seq {SEQ}, "
+        f"micro-batch {BATCH}, fp32, dropout {args.dropout}, {masked} masked tokens; "
+        f"{args.rounds} interleaved rounds; peak {peak:.3f} TFLOP/s "
+        f"({'given' if args.peak_tflops else f'2048^3 matmul, {args.threads} threads'})"
+    )
     base = statistics.median(times["HF BertForMaskedLM"])
-    print(f"{'contender':40s} {'median s':>9s} {'vs HF':>6s} {'tokens/s':>9s} {'TFLOP/s':>8s} {'MFU':>6s}")
+    print(
+        f"{'contender':40s} {'median s':>9s} {'vs HF':>6s} {'tokens/s':>9s} "
+        f"{'TFLOP/s':>8s} {'MFU':>6s}"
+    )
     for name, ts in times.items():
         med = statistics.median(ts)
         head_tokens = tokens if name.startswith("HF") else masked
         flops = step_flops(config, head_tokens=head_tokens)
-        print(f"{name:40s} {med:9.4f} {med / base:6.2f} {tokens / med:9.0f} "
-              f"{flops / med / 1e12:8.3f} {flops / med / 1e12 / peak:6.1%}")
+        print(
+            f"{name:40s} {med:9.4f} {med / base:6.2f} {tokens / med:9.0f} "
+            f"{flops / med / 1e12:8.3f} {flops / med / 1e12 / peak:6.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -41,18 +41,34 @@ from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.train.pretraining import pretraining_trainer
 
 
-def _config(args: argparse.Namespace, world: int, schedule: str, micro_batches: int,
-            split: object = "balanced") -> Config:
-    model = preset(args.model, vocab_size=args.vocab, dropout=0.1, attention_dropout=0.1,
-                   max_position_embeddings=max(512, args.seq))
-    return Config(model=model,
-                  parallel=ParallelConfig(pipeline=world, pipeline_schedule=schedule,
-                                          pipeline_split=split),
-                  optim=OptimConfig(lr=1e-4, warmup_steps=1),
-                  data=DataConfig(source="synthetic", seq_length=args.seq),
-                  trainer=TrainerConfig(max_steps=args.steps + 1, micro_batch_size=args.micro,
-                                        grad_accum=micro_batches, log_every=1, eval_steps=1,
-                                        progress=False))
+def _config(
+    args: argparse.Namespace,
+    world: int,
+    schedule: str,
+    micro_batches: int,
+    split: object = "balanced",
+) -> Config:
+    model = preset(
+        args.model,
+        vocab_size=args.vocab,
+        dropout=0.1,
+        attention_dropout=0.1,
+        max_position_embeddings=max(512, args.seq),
+    )
+    return Config(
+        model=model,
+        parallel=ParallelConfig(pipeline=world, pipeline_schedule=schedule, pipeline_split=split),
+        optim=OptimConfig(lr=1e-4, warmup_steps=1),
+        data=DataConfig(source="synthetic", seq_length=args.seq),
+        trainer=TrainerConfig(
+            max_steps=args.steps + 1,
+            micro_batch_size=args.micro,
+            grad_accum=micro_batches,
+            log_every=1,
+            eval_steps=1,
+            progress=False,
+        ),
+    )
 
 
 class StageMeter:
@@ -94,6 +110,7 @@ class StageMeter:
                     out = fn(*a, **k)
                 meter.busy += time.perf_counter() - start
                 return out
+
             return run
 
         def timed_backward(*a, **k):
@@ -110,8 +127,7 @@ class StageMeter:
         self.busy, self.peak = 0.0, self.live
 
 
-def _measure(ctx: ParallelContext, config: Config, args: argparse.Namespace,
-             run_dir: str) -> dict:
+def _measure(ctx: ParallelContext, config: Config, args: argparse.Namespace, run_dir: str) -> dict:
     trainer = pretraining_trainer(config, ctx, Path(run_dir))
     meter = StageMeter(trainer)
     times, busy, peaks = [], [], []
@@ -126,14 +142,23 @@ def _measure(ctx: ParallelContext, config: Config, args: argparse.Namespace,
             busy.append(meter.busy)
             peaks.append(meter.peak)
     split = trainer.task.pipeline.stage.chunks  # type: ignore[union-attr]
-    return {"time": statistics.median(times), "busy": statistics.median(busy),
-            "peak": max(peaks), "layers": sum(len(c) for c in split)}
+    return {
+        "time": statistics.median(times),
+        "busy": statistics.median(busy),
+        "peak": max(peaks),
+        "layers": sum(len(c) for c in split),
+    }
 
 
 def _worker(rank: int, world: int, store: str, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=1800))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=1800),
+    )
     ctx = ParallelContext.create(pipeline=world, device=torch.device("cpu"))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,11 +188,15 @@ def _ideal(schedule: str, p: int, m: int, v: int) -> float:
 
 def _report(world: int, per_rank: list[list[dict]], args: argparse.Namespace) -> None:
     rows = list(zip(*per_rank))  # one tuple of every stage's record per configuration
-    print(f"\n### pipeline={world} ({args.model}, seq {args.seq}, micro-batch {args.micro}, "
-          f"{world} gloo processes x 1 thread)\n")
-    print("| schedule | m | step (s) | busiest stage per micro-batch (s) | measured slowdown "
-          "| simulated | ideal (m+p-1)/m | peak saved activations per stage (MB) | theory "
-          "(micro-batches alive) |")
+    print(
+        f"\n### pipeline={world} ({args.model}, seq {args.seq}, micro-batch {args.micro}, "
+        f"{world} gloo processes x 1 thread)\n"
+    )
+    print(
+        "| schedule | m | step (s) | busiest stage per micro-batch (s) | measured slowdown "
+        "| simulated | ideal (m+p-1)/m | peak saved activations per stage (MB) | theory "
+        "(micro-batches alive) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         first = row[0]
@@ -178,28 +207,43 @@ def _report(world: int, per_rank: list[list[dict]], args: argparse.Namespace) ->
         step = max(r["time"] for r in row)
         per_micro = [r["busy"] / m for r in row]
         slowdown = step / (m * max(per_micro))
-        sim = simulate(schedule, world, m, v,
-                       forward_time=[per_micro[i % world] / v / 3 for i in range(world * v)])
+        sim = simulate(
+            schedule,
+            world,
+            m,
+            v,
+            forward_time=[per_micro[i % world] / v / 3 for i in range(world * v)],
+        )
         sim_slowdown = sim.makespan / (m * max(per_micro))
-        alive = ([m] * world if schedule == "gpipe" else
-                 [min(m, world - r) for r in range(world)] if schedule == "1f1b" else
-                 sim.peak_in_flight)
+        alive = (
+            [m] * world
+            if schedule == "gpipe"
+            else [min(m, world - r) for r in range(world)]
+            if schedule == "1f1b"
+            else sim.peak_in_flight
+        )
         peaks = " / ".join(f"{r['peak'] / 2**20:.1f}" for r in row)
-        print(f"| {schedule} | {m} | {step:.3f} | {max(per_micro):.3f} | {slowdown:.2f} | "
-              f"{sim_slowdown:.2f} | {_ideal(schedule, world, m, v):.2f} | {peaks} | "
-              f"{' / '.join(map(str, alive))} |")
+        print(
+            f"| {schedule} | {m} | {step:.3f} | {max(per_micro):.3f} | {slowdown:.2f} | "
+            f"{sim_slowdown:.2f} | {_ideal(schedule, world, m, v):.2f} | {peaks} | "
+            f"{' / '.join(map(str, alive))} |"
+        )
     splits = [row for row in rows if row[0]["part"] == "split"]
     if splits:
-        print(f"\n#### partitioner (vocab 30522 MLM head on the last stage, 1f1b, "
-              f"m={args.partition_micros})\n")
+        print(
+            f"\n#### partitioner (vocab 30522 MLM head on the last stage, 1f1b, "
+            f"m={args.partition_micros})\n"
+        )
         print("| split | layers per stage | step (s) | stage work per step (s) | vs equal |")
         print("|---|---|---|---|---|")
         base = max(r["time"] for r in splits[0])
         for row in splits:
             step = max(r["time"] for r in row)
-            print(f"| {row[0]['split']} | {' / '.join(str(r['layers']) for r in row)} | "
-                  f"{step:.3f} | {' / '.join(format(r['busy'], '.3f') for r in row)} | "
-                  f"{step / base:.2f} |")
+            print(
+                f"| {row[0]['split']} | {' / '.join(str(r['layers']) for r in row)} | "
+                f"{step:.3f} | {' / '.join(format(r['busy'], '.3f') for r in row)} | "
+                f"{step / base:.2f} |"
+            )
 
 
 def main() -> None:
@@ -212,8 +256,7 @@ def main() -> None:
     parser.add_argument("--pipelines", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--micros", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--partition-micros", type=int, default=4)
-    parser.add_argument("--schedules", nargs="+",
-                        default=["gpipe", "1f1b", "interleaved_1f1b"])
+    parser.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved_1f1b"])
     args = parser.parse_args()
     for world in args.pipelines:
         with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,8 @@ each), the planner ranks every layout of a global batch of 16 x seq 128 on the `
 per-device compute, memory and link bandwidths, since gloo's collectives copy and add on the
 CPU, and the memory of a device). A spread of the ranked layouts (the top ones, the
 best of each tensor x pipeline degree, and evenly spaced others) is run for real: one warm-up
-step and `--steps` timed ones (median), on fresh processes per layout. Printed: per layout predicted and measured seconds, the Spearman rank
+step and `--steps` timed ones (median), on fresh processes per layout. Printed: per layout
+predicted and measured seconds, the Spearman rank
 correlation of the two orders, and where the planner's first choice lands among the measured.
 
     python tools/benchmark_plan.py                       # ~15 minutes on 2 cores
@@ -45,23 +46,31 @@ SEQ, GLOBAL_BATCH = 128, 16
 
 
 def base_config(model: str) -> Config:
-    return Config(model=preset(model), optim=OptimConfig(lr=1e-4, warmup_steps=1),
-                  data=DataConfig(source="synthetic", seq_length=SEQ),
-                  trainer=TrainerConfig(max_steps=100, log_every=1, eval_steps=1, progress=False))
+    return Config(
+        model=preset(model),
+        optim=OptimConfig(lr=1e-4, warmup_steps=1),
+        data=DataConfig(source="synthetic", seq_length=SEQ),
+        trainer=TrainerConfig(max_steps=100, log_every=1, eval_steps=1, progress=False),
+    )
 
 
 def cluster_for(world: int, cache_dir: str) -> Cluster:
     """The cpu preset (and its stored calibration); above 2 ranks, each rank is a share of a
     core: compute and bandwidth per device divided by world / 2."""
-    cluster = resolve_cluster(replace(load_preset("cpu"), gpus_per_node=world), "fp32",
-                              cache_dir=cache_dir)
+    cluster = resolve_cluster(
+        replace(load_preset("cpu"), gpus_per_node=world), "fp32", cache_dir=cache_dir
+    )
     share = max(1.0, world / 2)
     slow = lambda link: replace(link, bandwidth=link.bandwidth / share)  # noqa: E731
-    return replace(cluster, peak_flops=cluster.peak_flops / share,
-                   device_memory=0.7 * cluster.device_memory / share,  # headroom: 2 at a time
-                   memory_bandwidth=cluster.memory_bandwidth / share,
-                   layer_overhead=cluster.layer_overhead * share,
-                   intra=slow(cluster.intra), inter=slow(cluster.inter))
+    return replace(
+        cluster,
+        peak_flops=cluster.peak_flops / share,
+        device_memory=0.7 * cluster.device_memory / share,  # headroom: 2 at a time
+        memory_bandwidth=cluster.memory_bandwidth / share,
+        layer_overhead=cluster.layer_overhead * share,
+        intra=slow(cluster.intra),
+        inter=slow(cluster.inter),
+    )
 
 
 def chosen(ranked: list[Evaluated], families: list[Evaluated], count: int) -> list[Evaluated]:
@@ -79,17 +88,28 @@ def chosen(ranked: list[Evaluated], families: list[Evaluated], count: int) -> li
     return picks
 
 
-def _worker(rank: int, world: int, store: str, model: str, layouts: list[Candidate],
-            steps: int, out: str) -> None:
+def _worker(
+    rank: int, world: int, store: str, model: str, layouts: list[Candidate], steps: int, out: str
+) -> None:
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=1800))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=1800),
+    )
     times = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, c in enumerate(layouts):
-            ctx = ParallelContext.create(c.tp, c.dp, pipeline=c.pp, device=torch.device("cpu"),
-                                         sequence_parallel=c.sequence_parallel)
+            ctx = ParallelContext.create(
+                c.tp,
+                c.dp,
+                pipeline=c.pp,
+                device=torch.device("cpu"),
+                sequence_parallel=c.sequence_parallel,
+            )
             trainer = pretraining_trainer(c.apply(base_config(model)), ctx, Path(tmp) / str(i))
             samples = []
             for step in range(steps + 1):
@@ -112,9 +132,12 @@ def measure(model: str, world: int, layouts: list[Candidate], steps: int) -> lis
     times = []
     for layout in layouts:
         with tempfile.TemporaryDirectory() as tmp:
-            mp.start_processes(_worker, args=(world, f"{tmp}/store", model, [layout], steps,
-                                              f"{tmp}/out.json"), nprocs=world,
-                               start_method="spawn")
+            mp.start_processes(
+                _worker,
+                args=(world, f"{tmp}/store", model, [layout], steps, f"{tmp}/out.json"),
+                nprocs=world,
+                start_method="spawn",
+            )
             times += json.loads(Path(f"{tmp}/out.json").read_text())
     return times
 
@@ -152,22 +175,36 @@ def main() -> None:
             predicted = [e.time.step for e in picks]  # type: ignore[union-attr]
             fastest = min(measured)
             first = measured[0]  # picks[0] is the planner's first choice
-            print(f"\n## {model}, {world} processes (cluster cpu"
-                  f"{', calibrated' if cluster.calibrated else ', preset constants'}), "
-                  f"{len(result.ranked)} layouts fit; {len(picks)} run")
+            print(
+                f"\n## {model}, {world} processes (cluster cpu"
+                f"{', calibrated' if cluster.calibrated else ', preset constants'}), "
+                f"{len(result.ranked)} layouts fit; {len(picks)} run"
+            )
             print("| planner rank | layout | predicted s | measured s | measured / predicted |")
             print("|---|---|---|---|---|")
             for e, p, m in zip(picks, predicted, measured):
-                print(f"| {result.ranked.index(e) + 1} | {e.candidate.label()} | {p:.3f} | "
-                      f"{m:.3f} | {m / p:.2f} |")
+                print(
+                    f"| {result.ranked.index(e) + 1} | {e.candidate.label()} | {p:.3f} | "
+                    f"{m:.3f} | {m / p:.2f} |"
+                )
             rho = spearman(predicted, measured)
-            print(f"Spearman rank correlation {rho:.2f}; planner's first choice measured "
-                  f"{first:.3f} s = {first / fastest:.3f}x the measured fastest "
-                  f"({picks[measured.index(fastest)].candidate.label()})")
-            rows.append({"model": model, "world": world, "spearman": rho,
-                         "first_vs_fastest": first / fastest,
-                         "layouts": [{"layout": e.candidate.label(), "predicted": p,
-                                      "measured": m} for e, p, m in zip(picks, predicted, measured)]})
+            print(
+                f"Spearman rank correlation {rho:.2f}; planner's first choice measured "
+                f"{first:.3f} s = {first / fastest:.3f}x the measured fastest "
+                f"({picks[measured.index(fastest)].candidate.label()})"
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "world": world,
+                    "spearman": rho,
+                    "first_vs_fastest": first / fastest,
+                    "layouts": [
+                        {"layout": e.candidate.label(), "predicted": p, "measured": m}
+                        for e, p, m in zip(picks, predicted, measured)
+                    ],
+                }
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -60,9 +60,11 @@ def main() -> None:
             models[mode].zero_grad(set_to_none=True)
 
     base_mem, base_t = saved["none"].total, statistics.median(times["none"])
-    print(f"{args.model} ({config.num_layers} layers, hidden {config.hidden_size}, "
-          f"{config.num_heads} heads), seq {args.seq}, batch {args.batch}, fp32, dropout "
-          f"{config.dropout}, {args.threads} threads, {args.rounds} interleaved rounds")
+    print(
+        f"{args.model} ({config.num_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_heads} heads), seq {args.seq}, batch {args.batch}, fp32, dropout "
+        f"{config.dropout}, {args.threads} threads, {args.rounds} interleaved rounds"
+    )
     print("| mode | saved activations (MB) | vs none | fwd+bwd (s) | time vs none |")
     print("|---|---|---|---|---|")
     for mode in MODES:

@@ -38,8 +38,11 @@ from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.planner.memory import layer_activation_bytes
 
-SETTINGS = (("TP", False, "none"), ("TP + SP", True, "none"),
-            ("TP + SP + selective", True, "selective"))
+SETTINGS = (
+    ("TP", False, "none"),
+    ("TP + SP", True, "none"),
+    ("TP + SP + selective", True, "selective"),
+)
 
 
 def _batch(config: ModelConfig, seq: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,8 +54,13 @@ def _batch(config: ModelConfig, seq: int, batch: int) -> tuple[torch.Tensor, tor
 
 def _worker(rank: int, world: int, store: str, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=1800))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=1800),
+    )
     base = ParallelContext.create(tensor=world, device=torch.device("cpu"))
     config = preset(args.model, vocab_size=30522, max_position_embeddings=max(512, args.seq))
     ids, labels = _batch(config, args.seq, args.batch)
@@ -103,11 +111,15 @@ def main() -> None:
     s, b = args.seq, args.batch
     h, a, f = config.hidden_size, config.num_heads, config.intermediate_size
     mb = 2**20
-    print(f"{args.model} ({config.num_layers} layers, hidden {h}, {a} heads, FFN {f}), seq {s}, "
-          f"batch {b}, fp32, dropout {config.dropout}; saved activations per layer per rank, "
-          "measured with saved-tensor hooks (gloo processes, 1 thread each)")
-    print("| TP | setting | measured (MB/layer) | formula (MB/layer) | measured / formula "
-          "| vs TP alone |")
+    print(
+        f"{args.model} ({config.num_layers} layers, hidden {h}, {a} heads, FFN {f}), seq {s}, "
+        f"batch {b}, fp32, dropout {config.dropout}; saved activations per layer per rank, "
+        "measured with saved-tensor hooks (gloo processes, 1 thread each)"
+    )
+    print(
+        "| TP | setting | measured (MB/layer) | formula (MB/layer) | measured / formula "
+        "| vs TP alone |"
+    )
     print("|---|---|---|---|---|---|")
     timing = None
     for tp in args.tp:
@@ -115,16 +127,30 @@ def main() -> None:
         alone = result["saved"]["TP"]
         for name, sp, recompute in SETTINGS:
             got = result["saved"][name]
-            want = layer_activation_bytes(s, b, h, a, f, tp=tp, sequence_parallel=sp,
-                                          recompute=recompute, itemsize=4, mask_bytes=4)
-            print(f"| {tp} | {name} | {got / mb:.2f} | {want / mb:.2f} | {got / want:.3f} | "
-                  f"{got / alone:.2f} |")
+            want = layer_activation_bytes(
+                s,
+                b,
+                h,
+                a,
+                f,
+                tp=tp,
+                sequence_parallel=sp,
+                recompute=recompute,
+                itemsize=4,
+                mask_bytes=4,
+            )
+            print(
+                f"| {tp} | {name} | {got / mb:.2f} | {want / mb:.2f} | {got / want:.3f} | "
+                f"{got / alone:.2f} |"
+            )
         if result["times"]:
             timing = result["times"]
     if timing:
         plain, sp = statistics.median(timing["TP"]), statistics.median(timing["TP + SP"])
-        print(f"\nTP=2 forward+backward, median of {args.rounds} interleaved rounds: "
-              f"TP {plain:.2f} s, TP + SP {sp:.2f} s, ratio SP / TP {sp / plain:.2f}")
+        print(
+            f"\nTP=2 forward+backward, median of {args.rounds} interleaved rounds: "
+            f"TP {plain:.2f} s, TP + SP {sp:.2f} s, ratio SP / TP {sp / plain:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
-REFERENCE = Path(__file__).resolve().parents[1] / "examples" / "bert_pretrain" / "reference_metrics.jsonl"
+REFERENCE = (
+    Path(__file__).resolve().parents[1] / "examples" / "bert_pretrain" / "reference_metrics.jsonl"
+)
 COLUMNS = ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy")
 
 
@@ -25,22 +27,28 @@ def read(path: Path) -> tuple[dict[int, dict], dict[int, dict]]:
     if not path.is_file():
         raise SystemExit(f"error: {path} does not exist; pass a run directory or a metrics.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return ({r["step"]: r for r in rows if not r.get("eval")},
-            {r["step"]: r for r in rows if r.get("eval")})
+    return (
+        {r["step"]: r for r in rows if not r.get("eval")},
+        {r["step"]: r for r in rows if r.get("eval")},
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a run directory or its metrics.jsonl")
     parser.add_argument("--reference", type=Path, default=REFERENCE)
-    parser.add_argument("--out", type=Path, help="PNG with both curves (default: <run>/vs_reference.png)")
+    parser.add_argument(
+        "--out", type=Path, help="PNG with both curves (default: <run>/vs_reference.png)"
+    )
     args = parser.parse_args()
     run, run_eval = read(args.run)
     ref, ref_eval = read(args.reference)
     shared = sorted(set(run) & set(ref))
     if not shared:
-        raise SystemExit(f"error: no logged step in common (run: {sorted(run)[:5]}..., reference: "
-                         f"{sorted(ref)[:5]}...); log with the reference's trainer.log_every")
+        raise SystemExit(
+            f"error: no logged step in common (run: {sorted(run)[:5]}..., reference: "
+            f"{sorted(ref)[:5]}...); log with the reference's trainer.log_every"
+        )
     columns = [c for c in COLUMNS if c in run[shared[0]] and c in ref[shared[0]]]
     print("step  " + "  ".join(f"{c:>22}" for c in columns) + "   (run / reference)")
     for step in shared:
@@ -49,7 +57,10 @@ def main() -> None:
     for step in sorted(set(run_eval) & set(ref_eval)):
         print(f"eval at {step}: loss {run_eval[step]['loss']:.4f} / {ref_eval[step]['loss']:.4f}")
     last = shared[-1]
-    print(f"at step {last} the run's loss is {run[last]['loss'] / ref[last]['loss']:.3f}x the reference")
+    print(
+        f"at step {last} the run's loss is "
+        f"{run[last]['loss'] / ref[last]['loss']:.3f}x the reference"
+    )
 
     import matplotlib
 

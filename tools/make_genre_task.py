@@ -13,6 +13,7 @@ follows sentence A in the play (1), or one from elsewhere (0)? Written in MRPC's
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 from pathlib import Path
 
@@ -40,28 +41,33 @@ def next_sentence_pairs(seed: int, min_words: int = 6) -> list[tuple[str, str, i
     rng = random.Random(seed)
     plays = []
     for play in shakespeare_files():
-        sentences = [" ".join(s.replace("\t", " ").split()[:48])
-                     for s in split_sentences(strip_play_markup(play.read_text(encoding="utf-8")))]
+        sentences = [
+            " ".join(s.replace("\t", " ").split()[:48])
+            for s in split_sentences(strip_play_markup(play.read_text(encoding="utf-8")))
+        ]
         plays.append([s for s in sentences if len(s.split()) >= min_words])
     every = [s for play in plays for s in play]
     rows = []
     for play in plays:
-        for a, b in zip(play, play[1:]):
+        for a, b in itertools.pairwise(play):
             rows.append((a, b, 1) if rng.random() < 0.5 else (a, rng.choice(every), 0))
     return rows
 
 
-def write_pairs(rows: list[tuple[str, str, int]], folder: Path, train: int, dev: int,
-                test: int) -> None:
+def write_pairs(
+    rows: list[tuple[str, str, int]], folder: Path, train: int, dev: int, test: int
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
-    parts = {"train": rows[:train], "dev": rows[train:train + dev]}
+    parts = {"train": rows[:train], "dev": rows[train : train + dev]}
     for name, part in parts.items():
         lines = [header, *(f"{y}\t{i}\t{i}\t{a}\t{b}" for i, (a, b, y) in enumerate(part))]
         (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tests = rows[train + dev:train + dev + test]
-    lines = ["index\t#1 ID\t#2 ID\t#1 String\t#2 String",
-             *(f"{i}\t{i}\t{i}\t{a}\t{b}" for i, (a, b, _) in enumerate(tests))]
+    tests = rows[train + dev : train + dev + test]
+    lines = [
+        "index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+        *(f"{i}\t{i}\t{i}\t{a}\t{b}" for i, (a, b, _) in enumerate(tests)),
+    ]
     (folder / "test.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -78,7 +84,9 @@ def main() -> None:
         pairs = next_sentence_pairs(args.seed)
         random.Random(args.seed).shuffle(pairs)
         write_pairs(pairs, args.out / "MRPC", args.train, args.dev, args.test)
-        print(f"wrote {args.out / 'MRPC'}: {args.train} train, {args.dev} dev, {args.test} test pairs")
+        print(
+            f"wrote {args.out / 'MRPC'}: {args.train} train, {args.dev} dev, {args.test} test pairs"
+        )
         return
     rows = genre_sentences()
     random.Random(args.seed).shuffle(rows)
@@ -87,15 +95,17 @@ def main() -> None:
         raise SystemExit(f"only {len(rows)} sentences for {need} examples")
     folder = args.out / "SST-2"
     folder.mkdir(parents=True, exist_ok=True)
-    train, dev = rows[:args.train], rows[args.train:args.train + args.dev]
-    test = rows[args.train + args.dev:need]
+    train, dev = rows[: args.train], rows[args.train : args.train + args.dev]
+    test = rows[args.train + args.dev : need]
     for name, part in (("train", train), ("dev", dev)):
         lines = ["sentence\tlabel", *(f"{s}\t{y}" for s, y in part)]
         (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     lines = ["index\tsentence", *(f"{i}\t{s}" for i, (s, _) in enumerate(test))]
     (folder / "test.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     share = sum(y for _, y in dev) / len(dev)
-    print(f"wrote {folder}: {len(train)} train, {len(dev)} dev ({share:.1%} comedy), {len(test)} test")
+    print(
+        f"wrote {folder}: {len(train)} train, {len(dev)} dev ({share:.1%} comedy), {len(test)} test"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,16 @@ SEQ, VOCAB = 2048, 51200
 def paper_flops(work: Workload) -> float:
     """Model FLOPs per step by the paper's formula (with the recomputed forward)."""
     m, s = work.model, work.seq
-    h, l = m.hidden_size, m.num_layers
-    return 96 * work.global_batch * s * l * h * h * (1 + s / (6 * h) + m.vocab_size / (16 * l * h))
+    h, n_layers = m.hidden_size, m.num_layers
+    return (
+        96
+        * work.global_batch
+        * s
+        * n_layers
+        * h
+        * h
+        * (1 + s / (6 * h) + m.vocab_size / (16 * n_layers * h))
+    )
 
 
 def tflops(work: Workload, e: Evaluated, gpus: int) -> float:
@@ -53,16 +61,26 @@ def tflops(work: Workload, e: Evaluated, gpus: int) -> float:
 
 
 def gpt(layers: int, hidden: int, heads: int) -> ModelConfig:
-    return ModelConfig(arch="gpt", vocab_size=VOCAB, hidden_size=hidden, num_layers=layers,
-                       num_heads=heads, intermediate_size=4 * hidden, max_position_embeddings=SEQ,
-                       type_vocab_size=0, activation="gelu_tanh", pad_vocab_to=128)
+    return ModelConfig(
+        arch="gpt",
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=SEQ,
+        type_vocab_size=0,
+        activation="gelu_tanh",
+        pad_vocab_to=128,
+    )
 
 
-def cluster(name: str, gpus: int):  # noqa: ANN201 - a Cluster
+def cluster(name: str, gpus: int):
     preset_config = load_preset(name)
     nodes = max(1, gpus // preset_config.gpus_per_node)
-    return resolve_cluster(replace(preset_config, nodes=nodes, calibration="none"), "bf16",
-                           cache_dir="/nonexistent")
+    return resolve_cluster(
+        replace(preset_config, nodes=nodes, calibration="none"), "bf16", cache_dir="/nonexistent"
+    )
 
 
 def describe(e: Evaluated) -> str:
@@ -71,41 +89,59 @@ def describe(e: Evaluated) -> str:
     extra += ["SP"] if c.sequence_parallel else []
     extra += [c.recompute] if c.recompute != "none" else []
     extra += [f"offload {c.cpu_offload}"] if c.cpu_offload != "none" else []
-    return (f"{c.tp} x {c.pp} x {c.dp}, ZeRO-{c.zero_stage}, micro {c.micro_batch}"
-            + (f" ({', '.join(extra)})" if extra else ""))
+    return f"{c.tp} x {c.pp} x {c.dp}, ZeRO-{c.zero_stage}, micro {c.micro_batch}" + (
+        f" ({', '.join(extra)})" if extra else ""
+    )
 
 
 def megatron_rows() -> None:
-    print("| params | GPUs | batch | published TP x PP | published TFLOP/s | planner's pick "
-          "(TP x PP x DP) | predicted TFLOP/s | predicted at the published TP x PP, full recompute |")
+    print(
+        "| params | GPUs | batch | published TP x PP | published TFLOP/s | planner's pick "
+        "(TP x PP x DP) | predicted TFLOP/s | predicted at the published TP x PP, full recompute |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for params, heads, hidden, layers, tp, pp, gpus, batch, published in MEGATRON_TABLE_1:
         work = Workload(gpt(layers, hidden, heads), SEQ, batch, "bf16", 1.0, nsp=False)
         start = time.perf_counter()
         result = search(work, cluster("a100_node", gpus), max_micro_batch=16)
-        same = [e for e in result.ranked if (e.candidate.tp, e.candidate.pp) == (tp, pp)
-                and e.candidate.recompute == "full"]
+        same = [
+            e
+            for e in result.ranked
+            if (e.candidate.tp, e.candidate.pp) == (tp, pp) and e.candidate.recompute == "full"
+        ]
         at_published = f"{tflops(work, same[0], gpus):.0f}" if same else "does not fit"
-        print(f"| {params:g}B | {gpus} | {batch} | {tp} x {pp} | {published} | "
-              f"{describe(result.best)} | {tflops(work, result.best, gpus):.0f} | {at_published} |"
-              f"  <!-- {len(result.evaluated)} layouts, {time.perf_counter() - start:.1f} s -->")
+        print(
+            f"| {params:g}B | {gpus} | {batch} | {tp} x {pp} | {published} | "
+            f"{describe(result.best)} | {tflops(work, result.best, gpus):.0f} | {at_published} |"
+            f"  <!-- {len(result.evaluated)} layouts, {time.perf_counter() - start:.1f} s -->"
+        )
 
 
 def h100_rows() -> None:
-    print("\n| model | H100s | seq | global batch | planner's pick (TP x PP x DP) | step s | "
-          "tokens/s | MFU |")
+    print(
+        "\n| model | H100s | seq | global batch | planner's pick (TP x PP x DP) | step s | "
+        "tokens/s | MFU |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, seq, per_gpu in (("bert_large", 512, 32), ("gpt2_xl", 1024, 8)):
         model = preset(name)
         for gpus in (8, 64, 256, 1024):
-            work = Workload(model, seq, per_gpu * gpus, "bf16",
-                            0.15 if model.arch == "bert" else 1.0, nsp=model.arch == "bert")
+            work = Workload(
+                model,
+                seq,
+                per_gpu * gpus,
+                "bf16",
+                0.15 if model.arch == "bert" else 1.0,
+                nsp=model.arch == "bert",
+            )
             cl = cluster("h100_node", gpus)
             best = search(work, cl, max_micro_batch=32).best
             t = best.time
             assert t is not None
-            print(f"| {name} | {gpus} | {seq} | {work.global_batch} | {describe(best)} | "
-                  f"{t.step:.3f} | {t.tokens_per_s(work):,.0f} | {t.mfu(cl):.1%} |")
+            print(
+                f"| {name} | {gpus} | {seq} | {work.global_batch} | {describe(best)} | "
+                f"{t.step:.3f} | {t.tokens_per_s(work):,.0f} | {t.mfu(cl):.1%} |"
+            )
 
 
 def main() -> None:

@@ -29,7 +29,9 @@ DEFAULT_TASK = {"bert": "pretraining", "gpt": "causal_lm"}
 def checkpoint_model_config(directory: Path) -> ModelConfig:
     meta = store.verify(directory)
     if "config" not in meta:
-        raise ValueError(f"{directory}/meta.json has no resolved config; re-save it with this tpformer")
+        raise ValueError(
+            f"{directory}/meta.json has no resolved config; re-save it with this tpformer"
+        )
     return ModelConfig(**meta["config"]["model"])  # type: ignore[index]
 
 
@@ -74,13 +76,37 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
     engine = parallelize(model, parallel, OptimConfig(), ctx).engine
     task = task_of(model)
     extra = {"num_labels": model.num_labels} if task == "classification" else {}
-    meta = {**store.checkpoint_meta(model.config, parallel, ctx.layout, task=task,  # type: ignore[arg-type]
-                                    run_config={}, **extra), "source": str(hf_dir)}
-    tokenizer = [hf_dir / f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                                      "special_tokens_map.json", "tokenizer.model")
-                 if (hf_dir / f).is_file()]
-    return store.save(out_root / "checkpoints", 0, {"engine": engine}, ctx, meta=meta,
-                      keep_last=0, tokenizer_files=tokenizer)
+    meta = {
+        **store.checkpoint_meta(
+            model.config,
+            parallel,
+            ctx.layout,
+            task=task,  # type: ignore[arg-type]
+            run_config={},
+            **extra,
+        ),
+        "source": str(hf_dir),
+    }
+    tokenizer = [
+        hf_dir / f
+        for f in (
+            "vocab.txt",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "tokenizer.model",
+        )
+        if (hf_dir / f).is_file()
+    ]
+    return store.save(
+        out_root / "checkpoints",
+        0,
+        {"engine": engine},
+        ctx,
+        meta=meta,
+        keep_last=0,
+        tokenizer_files=tokenizer,
+    )
 
 
 def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tuple[nn.Module, Path]:
@@ -96,10 +122,13 @@ def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tup
         encoder = [(f"bert.{n}", p) for n, p in model.bert.named_parameters()]
         template = {"engine": parameter_template(encoder)}
         store.load(init, template)
-        model.bert.load_full_state_dict({n.removeprefix("bert."): template["engine"][f"param/{n}"]
-                                         for n, _ in encoder})
+        model.bert.load_full_state_dict(
+            {n.removeprefix("bert."): template["engine"][f"param/{n}"] for n, _ in encoder}
+        )
         return model, init / store.TOKENIZER_DIR
     if not (init / "config.json").is_file():
-        raise FileNotFoundError(f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
-                                f"Hugging Face directory (config.json)")
+        raise FileNotFoundError(
+            f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
+            f"Hugging Face directory (config.json)"
+        )
     return load_hf_model(init, ctx, task="classification", num_labels=num_labels), init

@@ -1,4 +1,4 @@
-"""tools/convert_checkpoint.py: tpformer checkpoint <-> Hugging Face directory."""
+"""tpformer-convert (tpformer.cli.convert): tpformer checkpoint <-> Hugging Face directory."""
 
 import subprocess
 import sys
@@ -10,12 +10,12 @@ import torch
 import transformers
 
 from tests.tolerances import assert_rel_close
-from tests.train.test_trainer import REPO, tiny_config
+from tests.train.test_trainer import tiny_config
 from tpformer.parallel.comm import gather_from_tp
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
-CONVERT = [sys.executable, str(REPO / "tools" / "convert_checkpoint.py")]
+CONVERT = [sys.executable, "-m", "tpformer.cli.convert"]
 
 
 @pytest.mark.slow

@@ -34,17 +34,35 @@ def _interrupted(ctx: ParallelContext, config: Config, straight_dir: str, run_di
     return straight, first, resumed
 
 
-@pytest.mark.parametrize(("world", "parallel"), [
-    (1, {}), (2, {"tensor": 2}), (2, {"zero_stage": 3}), (2, {"zero_stage": 1}),
-])
+@pytest.mark.parametrize(
+    ("world", "parallel"),
+    [
+        (1, {}),
+        (2, {"tensor": 2}),
+        (2, {"zero_stage": 3}),
+        (2, {"zero_stage": 1}),
+    ],
+)
 def test_stop_and_resume_is_bitwise_equal(tmp_path: Path, world: int, parallel: dict) -> None:
     config = tiny_config(steps=STEPS, **parallel)
     if world == 1:
-        results = [_interrupted(ParallelContext.single(device="cpu"), config,
-                                str(tmp_path / "a"), str(tmp_path / "b"))]
+        results = [
+            _interrupted(
+                ParallelContext.single(device="cpu"),
+                config,
+                str(tmp_path / "a"),
+                str(tmp_path / "b"),
+            )
+        ]
     else:
-        results = run_distributed(_interrupted, world, config, str(tmp_path / "a"),
-                                  str(tmp_path / "b"), tensor=parallel.get("tensor", 1))
+        results = run_distributed(
+            _interrupted,
+            world,
+            config,
+            str(tmp_path / "a"),
+            str(tmp_path / "b"),
+            tensor=parallel.get("tensor", 1),
+        )
     for straight, first, resumed in results:
         assert max(first) == EXIT and min(resumed) == EXIT + 1
         for step in range(EXIT + 1, STEPS + 1):
@@ -67,10 +85,16 @@ def _assert_each_tp_rank_wrote_its_slice(checkpoint: Path) -> None:
     key = "engine.param/bert.encoder.layers.0.attention.qkv.weight"
     chunks = metadata.state_dict_metadata[key].chunks
     assert sorted((tuple(c.offsets), tuple(c.sizes)) for c in chunks) == [
-        ((0, 0), (192, 128)), ((192, 0), (192, 128))]
-    files = {info.relative_path for index, info in metadata.storage_data.items() if index.fqn == key}
+        ((0, 0), (192, 128)),
+        ((192, 0), (192, 128)),
+    ]
+    files = {
+        info.relative_path for index, info in metadata.storage_data.items() if index.fqn == key
+    }
     assert files == {"__0_0.distcp", "__1_0.distcp"}
-    norm = [k for k in metadata.state_dict_metadata if k.startswith("engine.param/") and "norm" in k]
+    norm = [
+        k for k in metadata.state_dict_metadata if k.startswith("engine.param/") and "norm" in k
+    ]
     assert norm and all(len(metadata.state_dict_metadata[k].chunks) == 1 for k in norm)
 
 
@@ -113,8 +137,9 @@ def test_ranks_killed_mid_save_leave_the_previous_checkpoint_latest(tmp_path: Pa
     import time
 
     run_dir = tmp_path / "run"
-    procs, _ = start_ranks(_train_and_hang_in_second_save, 2, tiny_config(steps=6), str(run_dir),
-                           timeout_s=120)
+    procs, _ = start_ranks(
+        _train_and_hang_in_second_save, 2, tiny_config(steps=6), str(run_dir), timeout_s=120
+    )
     try:
         deadline = time.monotonic() + 120
         while not all((run_dir / f"written{r}").exists() for r in range(2)):
@@ -129,8 +154,13 @@ def test_ranks_killed_mid_save_leave_the_previous_checkpoint_latest(tmp_path: Pa
     assert any(partial.glob("*.distcp")) and not (partial / "meta.json").exists()
     assert (root / "latest").read_text() == "step00000002"
     assert store.find_latest(root) == root / "step00000002"
-    resumed = _run(ParallelContext.single(device="cpu"), tiny_config(steps=6), str(run_dir),
-                   save_every=2, resume="auto")
+    resumed = _run(
+        ParallelContext.single(device="cpu"),
+        tiny_config(steps=6),
+        str(run_dir),
+        save_every=2,
+        resume="auto",
+    )
     assert min(resumed) == 3 and max(resumed) == 6
     assert store.find_latest(root) == root / "step00000006" and not partial.exists()
 
@@ -161,11 +191,19 @@ def test_sigterm_saves_and_exits_cleanly_then_resume_finishes(tmp_path: Path) ->
     from tests.train.test_trainer import REPO, TINY
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "tpformer.pretrain", *TINY, "trainer.max_steps=100000",
-            "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"]
+    args = [
+        sys.executable,
+        "-m",
+        "tpformer.cli.pretrain",
+        *TINY,
+        "trainer.max_steps=100000",
+        "launcher.nproc_per_node=2",
+        f"hydra.run.dir={tmp_path}",
+    ]
     log = (tmp_path / "job.log").open("w")  # a file, not a pipe nobody drains while we wait
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.monotonic() + 120
     while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -177,9 +215,20 @@ def test_sigterm_saves_and_exits_cleanly_then_resume_finishes(tmp_path: Path) ->
     latest = store.find_latest(tmp_path / "checkpoints")
     assert latest is not None
     saved_step = json.loads((latest / "meta.json").read_text())["step"]
-    done = subprocess.run([*args[:-3], f"trainer.max_steps={saved_step + 2}", "trainer.resume=auto",
-                           "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            *args[:-3],
+            f"trainer.max_steps={saved_step + 2}",
+            "trainer.resume=auto",
+            "launcher.nproc_per_node=2",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"at step {saved_step}" in done.stderr
 
@@ -196,18 +245,22 @@ RESHARD_REL = 1e-5
 """fp32: after the reshard the same optimizer state continues with other reduction orders."""
 
 
-@pytest.mark.parametrize(("saved", "resumed"), [
-    ({"tensor": 2}, {"tensor": 1}),                       # TP 2 -> 1
-    ({"tensor": 2}, {"tensor": 4}),                       # TP 2 -> 4
-    ({"zero_stage": 3, "world": 2}, {"zero_stage": 0}),   # ZeRO-3 over DP 2 -> one process
-    ({"tensor": 1}, {"zero_stage": 2, "world": 2, "cpu_offload": "optimizer"}),
-    ({"tensor": 2, "sequence_parallel": True}, {"tensor": 1}),        # SP -> no SP
-    ({"tensor": 2}, {"tensor": 2, "sequence_parallel": True}),        # TP -> TP + SP
-    ({"tensor": 2, "optim": "novograd"}, {"zero_stage": 1, "world": 2, "optim": "novograd"}),
-    ({"zero_stage": 2, "world": 2, "optim": "lars"}, {"tensor": 2, "optim": "lars"}),
-])
-def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: dict,
-                                                        resumed: dict) -> None:
+@pytest.mark.parametrize(
+    ("saved", "resumed"),
+    [
+        ({"tensor": 2}, {"tensor": 1}),  # TP 2 -> 1
+        ({"tensor": 2}, {"tensor": 4}),  # TP 2 -> 4
+        ({"zero_stage": 3, "world": 2}, {"zero_stage": 0}),  # ZeRO-3 over DP 2 -> one process
+        ({"tensor": 1}, {"zero_stage": 2, "world": 2, "cpu_offload": "optimizer"}),
+        ({"tensor": 2, "sequence_parallel": True}, {"tensor": 1}),  # SP -> no SP
+        ({"tensor": 2}, {"tensor": 2, "sequence_parallel": True}),  # TP -> TP + SP
+        ({"tensor": 2, "optim": "novograd"}, {"zero_stage": 1, "world": 2, "optim": "novograd"}),
+        ({"zero_stage": 2, "world": 2, "optim": "lars"}, {"tensor": 2, "optim": "lars"}),
+    ],
+)
+def test_resharded_resume_matches_the_uninterrupted_run(
+    tmp_path: Path, saved: dict, resumed: dict
+) -> None:
     """Also for the layer-wise optimizers' own state (LARS's momentum buffer, NovoGrad's
     per-layer second moment kept expanded over its parameter)."""
     optim = saved.get("optim", "adamw")
@@ -216,8 +269,11 @@ def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: d
         lr = {"adamw": config.optim.lr, "novograd": 1e-2, "lars": 5.0}[optim]
         return replace(config, optim=replace(config.optim, name=optim, lr=lr))
 
-    straight = _run(ParallelContext.single(device="cpu"),
-                    with_optimizer(tiny_config(steps=STEPS, micro=8)), str(tmp_path / "a"))
+    straight = _run(
+        ParallelContext.single(device="cpu"),
+        with_optimizer(tiny_config(steps=STEPS, micro=8)),
+        str(tmp_path / "a"),
+    )
 
     def launch(fn, layout: dict, *args):  # global batch 8 in every layout
         layout = dict(layout)
@@ -227,16 +283,24 @@ def test_resharded_resume_matches_the_uninterrupted_run(tmp_path: Path, saved: d
         config = with_optimizer(tiny_config(steps=STEPS, micro=8 // dp, **layout))
         if world == 1:
             return [fn(ParallelContext.single(device="cpu"), config, *args)]
-        return run_distributed(fn, world, config, *args, tensor=layout.get("tensor", 1),
-                               sequence_parallel=layout.get("sequence_parallel", False))
+        return run_distributed(
+            fn,
+            world,
+            config,
+            *args,
+            tensor=layout.get("tensor", 1),
+            sequence_parallel=layout.get("sequence_parallel", False),
+        )
 
     launch(_save_at, saved, str(tmp_path / "b"))
     source = str(tmp_path / "b" / "checkpoints" / store.step_dir_name(EXIT))
     for losses in launch(_resume_from, resumed, str(tmp_path / "c"), source):
         assert min(losses) == EXIT + 1
         for step in range(EXIT + 1, STEPS + 1):
-            assert abs(losses[step] - straight[step]) <= RESHARD_REL * straight[step], (losses, straight)
-
+            assert abs(losses[step] - straight[step]) <= RESHARD_REL * straight[step], (
+                losses,
+                straight,
+            )
 
 
 @pytest.mark.slow
@@ -253,16 +317,29 @@ def test_killed_rank_restarts_from_the_latest_checkpoint(tmp_path: Path) -> None
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     steps, every = 160, 20
-    args = [sys.executable, "-m", "tpformer.pretrain", *TINY, f"trainer.max_steps={steps}",
-            f"trainer.save_every={every}", "trainer.resume=auto", "trainer.log_every=10",
-            "launcher.nproc_per_node=2", "launcher.max_restarts=1", f"hydra.run.dir={tmp_path}"]
+    args = [
+        sys.executable,
+        "-m",
+        "tpformer.cli.pretrain",
+        *TINY,
+        f"trainer.max_steps={steps}",
+        f"trainer.save_every={every}",
+        "trainer.resume=auto",
+        "trainer.log_every=10",
+        "launcher.nproc_per_node=2",
+        "launcher.max_restarts=1",
+        f"hydra.run.dir={tmp_path}",
+    ]
     log = (tmp_path / "job.log").open("w")
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         root = tmp_path / "checkpoints"
         deadline = time.monotonic() + 120
-        while store.find_latest(root) is None and time.monotonic() < deadline and proc.poll() is None:
+        while (
+            store.find_latest(root) is None and time.monotonic() < deadline and proc.poll() is None
+        ):
             time.sleep(0.05)
         ranks = children(proc.pid)
         assert len(ranks) == 2 and proc.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
@@ -274,8 +351,11 @@ def test_killed_rank_restarts_from_the_latest_checkpoint(tmp_path: Path) -> None
             os.killpg(proc.pid, signal.SIGKILL)
     output = (tmp_path / "job.log").read_text()
     assert proc.returncode == 0, output[-3000:]
-    resumed = [int(line.rsplit("at step ", 1)[1].split(",")[0].split()[0])
-               for line in output.splitlines() if "resumed from" in line]
+    resumed = [
+        int(line.rsplit("at step ", 1)[1].split(",")[0].split()[0])
+        for line in output.splitlines()
+        if "resumed from" in line
+    ]
     assert resumed and killed_after <= resumed[0] < steps, output[-3000:]
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in records) == steps

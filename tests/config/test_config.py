@@ -2,7 +2,6 @@
 
 import dataclasses
 import re
-
 from pathlib import Path
 
 import pytest
@@ -10,39 +9,126 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from tpformer.cli.shell import resolve
 from tpformer.config.presets import PRESETS
 from tpformer.config.schema import Config, FinetuneConfig
 from tpformer.config.store import register_configs, to_config
 from tpformer.config.validate import validate, validate_finetune
-from tpformer.run import resolve
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
+CONF = str(Path(__file__).resolve().parents[2] / "tpformer" / "conf")
 
 PUBLIC_KEYS = {
-    "model": ["activation", "arch", "attention_dropout", "dropout", "hidden_size", "init_std",
-              "intermediate_size", "layer_norm_eps", "max_position_embeddings", "num_heads",
-              "num_layers", "pad_vocab_to", "type_vocab_size", "vocab_size"],
-    "parallel": ["activation_checkpointing", "checkpoint_every", "checkpoint_num_layers",
-                 "checkpoint_offload", "cpu_offload", "data", "grad_compression", "pipeline",
-                 "pipeline_schedule", "pipeline_split", "powersgd_rank", "powersgd_start_step",
-                 "precision", "seed", "sequence_parallel", "tensor", "virtual_stages",
-                 "zero_stage"],
-    "optim": ["base_batch_size", "beta1", "beta2", "clip_grad", "decay", "eps",
-              "initial_loss_scale", "loss_scale_window", "lr", "lr_scaling",
-              "max_nonfinite_steps", "min_lr", "momentum", "name", "trust_coefficient",
-              "warmup_ratio", "warmup_steps", "weight_decay"],
-    "data": ["cache_dir", "config", "eval_fraction", "mask_prob", "name", "paths",
-             "sentence_pairs", "seq_length", "source", "split", "text_field", "tokenizer",
-             "tokenizer_type", "whole_word_mask", "workers"],
-    "trainer": ["eval_every", "eval_steps", "exit_at_step", "grad_accum", "keep_last",
-                "log_every", "max_steps", "max_time_minutes", "micro_batch_size", "peak_tflops",
-                "progress", "resume", "save_every", "verify_checkpoint"],
+    "model": [
+        "activation",
+        "arch",
+        "attention_dropout",
+        "dropout",
+        "hidden_size",
+        "init_std",
+        "intermediate_size",
+        "layer_norm_eps",
+        "max_position_embeddings",
+        "num_heads",
+        "num_layers",
+        "pad_vocab_to",
+        "type_vocab_size",
+        "vocab_size",
+    ],
+    "parallel": [
+        "activation_checkpointing",
+        "checkpoint_every",
+        "checkpoint_num_layers",
+        "checkpoint_offload",
+        "cpu_offload",
+        "data",
+        "grad_compression",
+        "pipeline",
+        "pipeline_schedule",
+        "pipeline_split",
+        "powersgd_rank",
+        "powersgd_start_step",
+        "precision",
+        "seed",
+        "sequence_parallel",
+        "tensor",
+        "virtual_stages",
+        "zero_stage",
+    ],
+    "optim": [
+        "base_batch_size",
+        "beta1",
+        "beta2",
+        "clip_grad",
+        "decay",
+        "eps",
+        "initial_loss_scale",
+        "loss_scale_window",
+        "lr",
+        "lr_scaling",
+        "max_nonfinite_steps",
+        "min_lr",
+        "momentum",
+        "name",
+        "trust_coefficient",
+        "warmup_ratio",
+        "warmup_steps",
+        "weight_decay",
+    ],
+    "data": [
+        "cache_dir",
+        "config",
+        "eval_fraction",
+        "mask_prob",
+        "name",
+        "paths",
+        "sentence_pairs",
+        "seq_length",
+        "source",
+        "split",
+        "text_field",
+        "tokenizer",
+        "tokenizer_type",
+        "whole_word_mask",
+        "workers",
+    ],
+    "trainer": [
+        "eval_every",
+        "eval_steps",
+        "exit_at_step",
+        "grad_accum",
+        "keep_last",
+        "log_every",
+        "max_steps",
+        "max_time_minutes",
+        "micro_batch_size",
+        "peak_tflops",
+        "progress",
+        "resume",
+        "save_every",
+        "verify_checkpoint",
+    ],
     "launcher": ["max_restarts", "nproc_per_node", "timeout_s"],
-    "cluster": ["calibration", "comm_overlap", "device_memory_gb", "dropout_ns", "elementwise_passes",
-                "gpus_per_node", "host_gbps", "inter_node_gbps", "inter_node_latency_us",
-                "intra_node_gbps", "intra_node_latency_us", "layer_overhead_us",
-                "matmul_efficiency", "memory_gbps", "name", "nodes", "overhead_gb",
-                "peak_tflops_16bit", "peak_tflops_fp32"],
+    "cluster": [
+        "calibration",
+        "comm_overlap",
+        "device_memory_gb",
+        "dropout_ns",
+        "elementwise_passes",
+        "gpus_per_node",
+        "host_gbps",
+        "inter_node_gbps",
+        "inter_node_latency_us",
+        "intra_node_gbps",
+        "intra_node_latency_us",
+        "layer_overhead_us",
+        "matmul_efficiency",
+        "memory_gbps",
+        "name",
+        "nodes",
+        "overhead_gb",
+        "peak_tflops_16bit",
+        "peak_tflops_fp32",
+    ],
 }
 
 
@@ -65,39 +151,55 @@ def test_public_key_set_is_deliberate() -> None:
 
 
 def test_overrides_reach_the_typed_config() -> None:
-    config = compose_config("model=bert_base", "parallel.tensor=4", "parallel.zero_stage=2",
-                            "trainer.micro_batch_size=2", "optim.lr=3e-4")
+    config = compose_config(
+        "model=bert_base",
+        "parallel.tensor=4",
+        "parallel.zero_stage=2",
+        "trainer.micro_batch_size=2",
+        "optim.lr=3e-4",
+    )
     assert config.model == PRESETS["bert_base"]
     assert (config.parallel.tensor, config.parallel.zero_stage) == (4, 2)
     assert config.trainer.micro_batch_size == 2 and config.optim.lr == 3e-4
     assert isinstance(config, Config)
 
 
-@pytest.mark.parametrize(("override", "error"), [
-    ("parallel.tensr=2", ConfigCompositionException),
-    ("parallel.tensor=two", ConfigCompositionException),
-    ("model=bert_huge", ConfigCompositionException),
-    ("data=wiki", ConfigCompositionException),
-])
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ("parallel.tensr=2", ConfigCompositionException),
+        ("parallel.tensor=two", ConfigCompositionException),
+        ("model=bert_huge", ConfigCompositionException),
+        ("data=wiki", ConfigCompositionException),
+    ],
+)
 def test_typos_and_wrong_types_fail_in_hydra(override: str, error: type) -> None:
     with pytest.raises(error) as info:
         compose_config(override)
     cause = info.value.__cause__ or info.value
-    assert isinstance(cause, (ConfigKeyError, ValidationError, ConfigCompositionException, Exception))
+    assert isinstance(
+        cause, (ConfigKeyError, ValidationError, ConfigCompositionException, Exception)
+    )
     if override.startswith("model="):
         assert "bert_huge" in str(info.value) and "bert_base" in str(info.value)
 
 
-CHOICES = {"parallel.zero_stage": "0, 1, 2, 3", "parallel.precision": "fp32, bf16, fp16",
-           "parallel.cpu_offload": "none, optimizer, optimizer+params",
-           "parallel.activation_checkpointing": "none, selective, full",
-           "parallel.grad_compression": "none, bf16, powersgd",
-           "parallel.pipeline_schedule": "gpipe, 1f1b, interleaved_1f1b",
-           "optim.name": "adamw, lamb, lars, novograd", "optim.decay": "linear, cosine",
-           "optim.lr_scaling": "none, linear, sqrt", "model.arch": "bert, gpt",
-           "model.activation": "gelu, gelu_tanh",
-           "data.source": "shakespeare, text, jsonl, hf, synthetic",
-           "data.tokenizer_type": "bpe, unigram", "data.sentence_pairs": "nsp, sop"}
+CHOICES = {
+    "parallel.zero_stage": "0, 1, 2, 3",
+    "parallel.precision": "fp32, bf16, fp16",
+    "parallel.cpu_offload": "none, optimizer, optimizer+params",
+    "parallel.activation_checkpointing": "none, selective, full",
+    "parallel.grad_compression": "none, bf16, powersgd",
+    "parallel.pipeline_schedule": "gpipe, 1f1b, interleaved_1f1b",
+    "optim.name": "adamw, lamb, lars, novograd",
+    "optim.decay": "linear, cosine",
+    "optim.lr_scaling": "none, linear, sqrt",
+    "model.arch": "bert, gpt",
+    "model.activation": "gelu, gelu_tanh",
+    "data.source": "shakespeare, text, jsonl, hf, synthetic",
+    "data.tokenizer_type": "bpe, unigram",
+    "data.sentence_pairs": "nsp, sop",
+}
 
 
 @pytest.mark.parametrize("key", sorted(CHOICES))
@@ -137,18 +239,28 @@ def test_every_numeric_pretraining_key_has_a_checked_range(key: str) -> None:
     bounds = dict(_ranged_keys(config))[key]
     group, name = key.rsplit(".", 1)
     setattr(getattr(config, group), name, _outside(bounds))
-    with pytest.raises(ValueError, match=rf"^{re.escape(key)}=\S+ must be {re.escape(str(bounds))}"):
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(key)}=\S+ must be {re.escape(str(bounds))}"
+    ):
         validate(config, resolve(config, 1))
 
 
-@pytest.mark.parametrize("key", [k for k, _ in _ranged_keys(FinetuneConfig(task="rte", init="x"))
-                                 if k.startswith(("trainer.", "data."))])
+@pytest.mark.parametrize(
+    "key",
+    [
+        k
+        for k, _ in _ranged_keys(FinetuneConfig(task="rte", init="x"))
+        if k.startswith(("trainer.", "data."))
+    ],
+)
 def test_every_numeric_finetuning_key_has_a_checked_range(key: str) -> None:
     config = FinetuneConfig(task="rte", init="x")
     bounds = dict(_ranged_keys(config))[key]
     group, name = key.rsplit(".", 1)
     setattr(getattr(config, group), name, _outside(bounds))
-    with pytest.raises(ValueError, match=rf"^{re.escape(key)}=\S+ must be {re.escape(str(bounds))}"):
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(key)}=\S+ must be {re.escape(str(bounds))}"
+    ):
         validate_finetune(config, resolve(config, 1))
 
 
@@ -158,40 +270,69 @@ def test_corpus_groups_need_their_files_or_name() -> None:
     with pytest.raises(ValueError, match=r"data.source=hf needs data.name"):
         validate(compose_config("data=hf"), resolve(compose_config(), 1))
     config = compose_config("data=jsonl", "data.paths=[a.jsonl]", "data.text_field=body")
-    assert (config.data.source, config.data.paths, config.data.text_field) == ("jsonl", ["a.jsonl"], "body")
+    assert (config.data.source, config.data.paths, config.data.text_field) == (
+        "jsonl",
+        ["a.jsonl"],
+        "body",
+    )
     validate(config, resolve(config, 1))
 
 
-@pytest.mark.parametrize(("overrides", "world", "message"), [
-    (["model=bert_base", "parallel.tensor=5"], 5, r"parallel.tensor=5 must divide model.num_heads=12"),
-    (["parallel.tensor=3"], 4, r"parallel.tensor=3 does not divide world_size=4"),
-    (["parallel.data=3"], 4, r"parallel.data=3 x parallel.tensor=1 = 3 must equal world_size=4"),
-    (["trainer.micro_batch_size=0"], 1, r"trainer.micro_batch_size=0 must be >= 1"),
-    (["trainer.grad_accum=0"], 1, r"trainer.grad_accum=0 must be >= 1"),
-    (["trainer.log_every=0"], 1, r"trainer.log_every=0 must be >= 1"),
-    (["trainer.eval_steps=0"], 1, r"trainer.eval_steps=0 must be >= 1"),
-    (["optim.min_lr=1e-3", "optim.lr=1e-4"], 1, r"optim.min_lr=0.001 must not exceed optim.lr"),
-    (["parallel.precision=fp16"], 1, r"parallel.precision=fp16 needs a GPU"),
-    (["data.seq_length=1024"], 1, r"data.seq_length=1024 exceeds model.max_position_embeddings=512"),
-    (["data.mask_prob=1.5"], 1, r"data.mask_prob=1.5 must be in \(0, 1\)"),
-])
-def test_invalid_values_are_rejected_with_the_value(overrides: list[str], world: int, message: str) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "world", "message"),
+    [
+        (
+            ["model=bert_base", "parallel.tensor=5"],
+            5,
+            r"parallel.tensor=5 must divide model.num_heads=12",
+        ),
+        (["parallel.tensor=3"], 4, r"parallel.tensor=3 does not divide world_size=4"),
+        (
+            ["parallel.data=3"],
+            4,
+            r"parallel.data=3 x parallel.tensor=1 = 3 must equal world_size=4",
+        ),
+        (["trainer.micro_batch_size=0"], 1, r"trainer.micro_batch_size=0 must be >= 1"),
+        (["trainer.grad_accum=0"], 1, r"trainer.grad_accum=0 must be >= 1"),
+        (["trainer.log_every=0"], 1, r"trainer.log_every=0 must be >= 1"),
+        (["trainer.eval_steps=0"], 1, r"trainer.eval_steps=0 must be >= 1"),
+        (["optim.min_lr=1e-3", "optim.lr=1e-4"], 1, r"optim.min_lr=0.001 must not exceed optim.lr"),
+        (["parallel.precision=fp16"], 1, r"parallel.precision=fp16 needs a GPU"),
+        (
+            ["data.seq_length=1024"],
+            1,
+            r"data.seq_length=1024 exceeds model.max_position_embeddings=512",
+        ),
+        (["data.mask_prob=1.5"], 1, r"data.mask_prob=1.5 must be in \(0, 1\)"),
+    ],
+)
+def test_invalid_values_are_rejected_with_the_value(
+    overrides: list[str], world: int, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         config = compose_config(*overrides)
         validate(config, resolve(config, world), device_type="cpu")
 
 
-@pytest.mark.parametrize(("module", "override", "message"), [
-    ("tpformer.pretrain", "parallel.precision=fp8", "expected one of [fp32, bf16, fp16]"),
-    ("tpformer.pretrain", "parallel.tensr=2", "Key 'tensr' not in 'ParallelConfig'"),
-    ("tpformer.pretrain", "trainer.log_every=0", "trainer.log_every=0 must be >= 1"),
-    ("tpformer.finetune", "trainer.epochs=0", "trainer.epochs=0.0 must be > 0"),
-    ("tpformer.finetune", "trainer.max_steps=10", "Key 'max_steps' not in 'FinetuneTrainerConfig'"),
-    ("tpformer.finetune", "data.seq_length=64", "Key 'seq_length' not in 'GlueDataConfig'"),
-])
+@pytest.mark.parametrize(
+    ("module", "override", "message"),
+    [
+        ("tpformer.cli.pretrain", "parallel.precision=fp8", "expected one of [fp32, bf16, fp16]"),
+        ("tpformer.cli.pretrain", "parallel.tensr=2", "Key 'tensr' not in 'ParallelConfig'"),
+        ("tpformer.cli.pretrain", "trainer.log_every=0", "trainer.log_every=0 must be >= 1"),
+        ("tpformer.cli.finetune", "trainer.epochs=0", "trainer.epochs=0.0 must be > 0"),
+        (
+            "tpformer.cli.finetune",
+            "trainer.max_steps=10",
+            "Key 'max_steps' not in 'FinetuneTrainerConfig'",
+        ),
+        ("tpformer.cli.finetune", "data.seq_length=64", "Key 'seq_length' not in 'GlueDataConfig'"),
+    ],
+)
 @pytest.mark.slow
-def test_config_errors_exit_2_before_any_process(tmp_path: Path, module: str, override: str,
-                                                 message: str) -> None:
+def test_config_errors_exit_2_before_any_process(
+    tmp_path: Path, module: str, override: str, message: str
+) -> None:
     """A pretraining-only key has no meaning in fine-tuning and is rejected there, like a typo
     or a value outside a key's choices: exit code 2 and Hydra's one-line message."""
     import os
@@ -199,7 +340,7 @@ def test_config_errors_exit_2_before_any_process(tmp_path: Path, module: str, ov
     import sys
 
     args = [sys.executable, "-m", module, override, f"hydra.run.dir={tmp_path}"]
-    if module == "tpformer.finetune":
+    if module == "tpformer.cli.finetune":
         args += ["task=sst2", f"init={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": str(Path(CONF).parent)}
     result = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)

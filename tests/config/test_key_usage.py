@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import tpformer.run
+import tpformer.cli.shell
 from tests.data.common import write_corpus
 from tests.data.test_glue import write_glue_file
 from tests.train.test_finetune import sentiment_rows, write_hf_bert
@@ -47,17 +47,21 @@ def _all_keys(obj: object, prefix: str = "") -> set[str]:
     keys = set()
     for f in dataclasses.fields(obj):  # type: ignore[arg-type]
         value = getattr(obj, f.name)
-        keys |= (_all_keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value)
-                 else {prefix + f.name})
+        keys |= (
+            _all_keys(value, f"{prefix}{f.name}.")
+            if dataclasses.is_dataclass(value)
+            else {prefix + f.name}
+        )
     return keys
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, module: str, overrides: list[str],
-         launch: bool = False) -> tuple[set[str], set[str]]:
+def _run(
+    monkeypatch: pytest.MonkeyPatch, module: str, overrides: list[str], launch: bool = False
+) -> tuple[set[str], set[str]]:
     """(keys read, all keys) of one in-process run of `module`'s Hydra main."""
     reads: set[str] = set()
     keys: set[str] = set()
-    to_config = tpformer.run.to_config
+    to_config = tpformer.cli.shell.to_config
 
     def recording(cfg: object) -> object:
         config = to_config(cfg)
@@ -65,19 +69,24 @@ def _run(monkeypatch: pytest.MonkeyPatch, module: str, overrides: list[str],
         _record_reads(config, "", reads)
         return config
 
-    monkeypatch.setattr(tpformer.run, "to_config", recording)
+    monkeypatch.setattr(tpformer.cli.shell, "to_config", recording)
     if launch:  # the relaunch path reads the launcher keys, then hands over to torchrun
-        monkeypatch.setattr(tpformer.run, "launch_local", lambda *a, **k: 0)
+        monkeypatch.setattr(tpformer.cli.shell, "launch_local", lambda *a, **k: 0)
     monkeypatch.setattr(sys, "argv", [module, *overrides])
     entry = __import__(module, fromlist=["main"])
     entry.main()
     return reads, keys
 
 
-READ_BY_RANKS_ONLY = {"launcher.timeout_s", "parallel.sequence_parallel",
-                      "parallel.virtual_stages", "parallel.pipeline_schedule"}
+READ_BY_RANKS_ONLY = {
+    "launcher.timeout_s",
+    "parallel.sequence_parallel",
+    "parallel.virtual_stages",
+    "parallel.pipeline_schedule",
+}
 """Read where a process group exists: in-process runs have none, and the relaunch path is cut
-before the ranks start. tests/faults/test_processes.py::test_stopped_rank_fails_the_job_within_the_timeout,
+before the ranks start.
+tests/faults/test_processes.py::test_stopped_rank_fails_the_job_within_the_timeout,
 tests/train/test_trainer.py::test_cli_sequence_parallel_run_gives_the_tp1_losses and
 tests/pipeline/test_pipeline_training.py (interleaved_1f1b) show them acting."""
 
@@ -86,16 +95,22 @@ OPTION_RUNS = [["optim.name=lars"]]
 """Keys only an option reads (LARS's momentum and trust coefficient): one more run with it."""
 
 
-def _assert_every_key_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str,
-                           overrides: list[str]) -> set[str]:
+def _assert_every_key_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str, overrides: list[str]
+) -> set[str]:
     """One run on this rank, one through the relaunch path and one per OPTION_RUNS; every key
     read by one of them."""
     reads, keys = _run(monkeypatch, module, [*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
-    launched, _ = _run(monkeypatch, module, [*overrides, "launcher.nproc_per_node=2",
-                                             f"hydra.run.dir={tmp_path / 'launched'}"], launch=True)
+    launched, _ = _run(
+        monkeypatch,
+        module,
+        [*overrides, "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'launched'}"],
+        launch=True,
+    )
     for i, option in enumerate(OPTION_RUNS):
-        reads |= _run(monkeypatch, module, [*overrides, *option,
-                                            f"hydra.run.dir={tmp_path / f'option{i}'}"])[0]
+        reads |= _run(
+            monkeypatch, module, [*overrides, *option, f"hydra.run.dir={tmp_path / f'option{i}'}"]
+        )[0]
     assert sorted(keys - reads - launched - READ_BY_RANKS_ONLY) == []
     return keys
 
@@ -103,12 +118,27 @@ def _assert_every_key_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, modu
 @pytest.mark.slow
 def test_every_pretraining_key_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", documents=20)
-    keys = _assert_every_key_read(monkeypatch, tmp_path, "tpformer.pretrain", [
-        "model=bert_tiny", "model.vocab_size=160", "data=text", f"data.paths=[{corpus}]",
-        f"data.cache_dir={tmp_path / 'cache'}", "data.seq_length=32", "data.workers=1",
-        "trainer.micro_batch_size=4", "trainer.max_steps=2", "trainer.save_every=1",
-        "trainer.resume=auto", "trainer.progress=false", "trainer.eval_steps=1",
-        "parallel.activation_checkpointing=full"])
+    keys = _assert_every_key_read(
+        monkeypatch,
+        tmp_path,
+        "tpformer.cli.pretrain",
+        [
+            "model=bert_tiny",
+            "model.vocab_size=160",
+            "data=text",
+            f"data.paths=[{corpus}]",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.seq_length=32",
+            "data.workers=1",
+            "trainer.micro_batch_size=4",
+            "trainer.max_steps=2",
+            "trainer.save_every=1",
+            "trainer.resume=auto",
+            "trainer.progress=false",
+            "trainer.eval_steps=1",
+            "parallel.activation_checkpointing=full",
+        ],
+    )
     assert len(keys) > 60
 
 
@@ -117,9 +147,21 @@ def test_every_finetuning_key_is_read(tmp_path: Path, monkeypatch: pytest.Monkey
     hf = write_hf_bert(tmp_path / "hf")
     write_glue_file(tmp_path / "glue", "SST-2", "train", sentiment_rows(16, 1))
     write_glue_file(tmp_path / "glue", "SST-2", "dev", sentiment_rows(8, 2))
-    keys = _assert_every_key_read(monkeypatch, tmp_path, "tpformer.finetune", [
-        "task=sst2", f"init={hf}", f"data.glue_dir={tmp_path / 'glue'}",
-        f"data.cache_dir={tmp_path / 'cache'}", "trainer.epochs=1", "trainer.batch_size=8",
-        "trainer.save_every=1", "trainer.resume=auto", "trainer.progress=false",
-        "parallel.activation_checkpointing=full"])
+    keys = _assert_every_key_read(
+        monkeypatch,
+        tmp_path,
+        "tpformer.cli.finetune",
+        [
+            "task=sst2",
+            f"init={hf}",
+            f"data.glue_dir={tmp_path / 'glue'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "trainer.epochs=1",
+            "trainer.batch_size=8",
+            "trainer.save_every=1",
+            "trainer.resume=auto",
+            "trainer.progress=false",
+            "parallel.activation_checkpointing=full",
+        ],
+    )
     assert len(keys) > 40

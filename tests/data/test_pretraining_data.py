@@ -26,8 +26,15 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[IndexedCorpus, T
 
 def dataset(prepared, **overrides) -> BertPretrainingDataset:
     corpus, tok = prepared
-    options = {"seq_length": 64, "mask_prob": 0.15, "whole_word": False, "sentence_pairs": "nsp",
-               "seed": 7, "eval_fraction": 0.1, **overrides}
+    options = {
+        "seq_length": 64,
+        "mask_prob": 0.15,
+        "whole_word": False,
+        "sentence_pairs": "nsp",
+        "seed": 7,
+        "eval_fraction": 0.1,
+        **overrides,
+    }
     return BertPretrainingDataset(corpus, tok, **options)
 
 
@@ -71,7 +78,7 @@ def test_sop_swaps_segments(prepared) -> None:
         sample = data.sample(i)
         ids = torch.where(sample["mlm_labels"] != IGNORE, sample["mlm_labels"], sample["input_ids"])
         sep = (ids == prepared[1].sep_id).nonzero().flatten().tolist()
-        a, b = ids[1:sep[0]].tolist(), ids[sep[0] + 1:sep[1]].tolist()
+        a, b = ids[1 : sep[0]].tolist(), ids[sep[0] + 1 : sep[1]].tolist()
         original = prepared[0].tokens.tolist()
         text = ",".join(map(str, original))
         order = (a, b) if sample["nsp_labels"] == 0 else (b, a)
@@ -89,7 +96,10 @@ def test_whole_word_masking_masks_every_piece_of_a_word(prepared) -> None:
     split_words = 0
     for row in range(truth.shape[0]):
         for pos in continuation[row].nonzero().flatten().tolist():
-            if int(truth[row, pos]) in tok.special_ids or int(truth[row, pos - 1]) in tok.special_ids:
+            if (
+                int(truth[row, pos]) in tok.special_ids
+                or int(truth[row, pos - 1]) in tok.special_ids
+            ):
                 continue
             split_words += 1
             assert chosen[row, pos] == chosen[row, pos - 1], "a word was partly masked"
@@ -102,10 +112,13 @@ def test_global_batch_of_a_step_does_not_depend_on_the_layout(prepared) -> None:
     data = dataset(prepared)
 
     def step_samples(step: int, micro: int, accum: int, dp: int) -> torch.Tensor:
-        parts = [data.batch(r)["input_ids"]
-                 for rank in range(dp)
-                 for r in micro_batch_ranges(step, micro_batch_size=micro, grad_accum=accum,
-                                             dp_size=dp, dp_rank=rank)]
+        parts = [
+            data.batch(r)["input_ids"]
+            for rank in range(dp)
+            for r in micro_batch_ranges(
+                step, micro_batch_size=micro, grad_accum=accum, dp_size=dp, dp_rank=rank
+            )
+        ]
         return torch.cat(parts)
 
     for step in (0, 3, len(data) // 8 + 1):  # the last one is in the second epoch
@@ -125,10 +138,21 @@ def test_eval_documents_are_held_out_and_short_corpora_fail(prepared, tmp_path: 
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("The king loves the crown.\n")
     small = preprocess(text_spec(tiny), tok, cache=tmp_path, workers=1, progress=False)
-    with pytest.raises(ValueError, match=r"has \d+ tokens, fewer than one sequence of "
-                                         r"data.seq_length=64"):
-        BertPretrainingDataset(small, tok, seq_length=64, mask_prob=0.15, whole_word=False,
-                               sentence_pairs="nsp", seed=1, eval_fraction=0.0)
+    with pytest.raises(
+        ValueError,
+        match=r"has \d+ tokens, fewer than one sequence of "
+        r"data.seq_length=64",
+    ):
+        BertPretrainingDataset(
+            small,
+            tok,
+            seq_length=64,
+            mask_prob=0.15,
+            whole_word=False,
+            sentence_pairs="nsp",
+            seed=1,
+            eval_fraction=0.0,
+        )
     gpt = CausalLMDataset(corpus, seq_length=32, seed=1, eval_fraction=0.1)
     window = gpt.batch(range(3))["input_ids"]
     assert window.shape == (3, 32) and window.dtype == torch.long

@@ -27,14 +27,20 @@ def _losses(tmp_path: Path, tp: int, **parallel: object) -> list[float]:
     return [loss for loss, _, _ in results[0]]
 
 
-@pytest.mark.parametrize(("compression", "stage"), [("bf16", 1), ("bf16", 2), ("powersgd", 0),
-                                                    ("powersgd", 1)])
-def test_compressed_losses_are_the_same_at_every_tp_layout(tmp_path: Path, compression: str,
-                                                           stage: int) -> None:
+@pytest.mark.parametrize(
+    ("compression", "stage"), [("bf16", 1), ("bf16", 2), ("powersgd", 0), ("powersgd", 1)]
+)
+def test_compressed_losses_are_the_same_at_every_tp_layout(
+    tmp_path: Path, compression: str, stage: int
+) -> None:
     """DP=2 at TP=1 and TP=2 (dropout 0.1), compression from the second step on: it acts on DP
     only, on the logical parameters, so TP does not change the run; and it does change it."""
-    extra = {"grad_compression": compression, "zero_stage": stage, "powersgd_start_step": 1,
-             "powersgd_rank": 2}
+    extra = {
+        "grad_compression": compression,
+        "zero_stage": stage,
+        "powersgd_start_step": 1,
+        "powersgd_rank": 2,
+    }
     plain = _losses(tmp_path / "plain", 1, zero_stage=stage)
     one = _losses(tmp_path / "one", 1, **extra)
     two = _losses(tmp_path / "two", 2, **extra)
@@ -50,8 +56,9 @@ def _quadratic(ctx: ParallelContext, lr: float, feedback: bool) -> tuple[float, 
     the accumulated uncompressed one, relative distance of W to the minimizer, the mean target)."""
     weight = nn.Parameter(torch.zeros(24, 16))
     bucket = FlatBucket([("w", weight)], ctx.dp.size, ctx.dp.rank)
-    powersgd = PowerSGD([bucket], ctx.dp, ctx.tp, rank=1, start_step=0, seed=0,
-                        device=torch.device("cpu"))
+    powersgd = PowerSGD(
+        [bucket], ctx.dp, ctx.tp, rank=1, start_step=0, seed=0, device=torch.device("cpu")
+    )
     targets = [torch.randn(24, 16, generator=seeded(d)) for d in range(ctx.dp.size)]
     goal = sum(targets) / len(targets)
     w = torch.zeros(24, 16)
@@ -66,29 +73,40 @@ def _quadratic(ctx: ParallelContext, lr: float, feedback: bool) -> tuple[float, 
         compressed += update
         exact += w - goal  # the uncompressed mean gradient at the same point
         w -= lr * update
-    return (float((compressed - exact).norm() / exact.norm()),
-            float((w - goal).norm() / goal.norm()))
+    return (
+        float((compressed - exact).norm() / exact.norm()),
+        float((w - goal).norm() / goal.norm()),
+    )
 
 
 def test_error_feedback_makes_the_accumulated_update_the_uncompressed_one() -> None:
     """At a fixed point (lr 0) the accumulated rank-1 updates differ from the uncompressed ones
     by the current error only, so their relative error vanishes; without feedback they keep
     only the top direction. Descending (lr 0.2) reaches the uncompressed minimizer."""
-    (accumulated, _), = run_distributed(_quadratic, 2, 0.0, True)[:1]
-    (lost, _), = run_distributed(_quadratic, 2, 0.0, False)[:1]
+    ((accumulated, _),) = run_distributed(_quadratic, 2, 0.0, True)[:1]
+    ((lost, _),) = run_distributed(_quadratic, 2, 0.0, False)[:1]
     assert accumulated < 0.02 and lost > 0.3, (accumulated, lost)
-    (_, distance), = run_distributed(_quadratic, 2, 0.2, True)[:1]
+    ((_, distance),) = run_distributed(_quadratic, 2, 0.2, True)[:1]
     assert distance < 1e-3, distance
 
 
-@pytest.mark.parametrize(("parallel", "message"), [
-    (ParallelConfig(grad_compression="powersgd", zero_stage=2),
-     r"parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 \(got 2\)"),
-    (ParallelConfig(grad_compression="topk"),
-     r"parallel.grad_compression='topk' is not one of \['none', 'bf16', 'powersgd'\]"),
-    (ParallelConfig(grad_compression="powersgd", powersgd_rank=0),
-     r"parallel.powersgd_rank=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("parallel", "message"),
+    [
+        (
+            ParallelConfig(grad_compression="powersgd", zero_stage=2),
+            r"parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 \(got 2\)",
+        ),
+        (
+            ParallelConfig(grad_compression="topk"),
+            r"parallel.grad_compression='topk' is not one of \['none', 'bf16', 'powersgd'\]",
+        ),
+        (
+            ParallelConfig(grad_compression="powersgd", powersgd_rank=0),
+            r"parallel.powersgd_rank=0 must be >= 1",
+        ),
+    ],
+)
 def test_bad_compression_settings_raise(parallel: ParallelConfig, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         validate_engine(parallel, OptimConfig(), "cpu")

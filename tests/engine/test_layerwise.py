@@ -42,8 +42,11 @@ def _reference(optim: OptimConfig) -> dict[str, torch.Tensor]:
                     p.sub_(buffers[p])
                 else:  # novograd
                     square = float(p.grad.double().norm()) ** 2
-                    v = square if p not in second else (
-                        optim.beta2 * float(second[p]) + (1 - optim.beta2) * square)
+                    v = (
+                        square
+                        if p not in second
+                        else (optim.beta2 * float(second[p]) + (1 - optim.beta2) * square)
+                    )
                     second[p] = torch.tensor(v, dtype=torch.float32)
                     scaled = p.grad / (float(second[p]) ** 0.5 + optim.eps) + wd * p
                     buffers[p].mul_(optim.beta1).add_(scaled)
@@ -58,12 +61,14 @@ def _cases(ctx: ParallelContext, optim: OptimConfig) -> list[dict[str, torch.Ten
 
 @pytest.mark.parametrize("optim", [LARS, NOVOGRAD], ids=["lars", "novograd"])
 @pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 2), (1, 4)])
-def test_layerwise_optimizer_matches_per_parameter_reference(optim: OptimConfig, tp: int,
-                                                             dp: int) -> None:
+def test_layerwise_optimizer_matches_per_parameter_reference(
+    optim: OptimConfig, tp: int, dp: int
+) -> None:
     """Whole-parameter norms (||w||, ||g||) over views, DP shards and TP ranks."""
     reference = _reference(optim)
-    initial = full_state_dict(_model(ParallelContext.single(device="cpu")),
-                              ParallelContext.single().tp)
+    initial = full_state_dict(
+        _model(ParallelContext.single(device="cpu")), ParallelContext.single().tp
+    )
     assert max((initial[k] - v).abs().max().item() for k, v in reference.items()) > 1e-3
     if tp * dp == 1:
         results = [_cases(ParallelContext.single(device="cpu"), optim)]
@@ -72,5 +77,9 @@ def test_layerwise_optimizer_matches_per_parameter_reference(optim: OptimConfig,
     for rank_result in results:
         for (stage, offload), params in zip(CASES, rank_result):
             for name, expected in reference.items():
-                assert_rel_close(params[name], expected, ADAMW_REL,
-                                 f"{optim.name} stage {stage} {offload} {name}")
+                assert_rel_close(
+                    params[name],
+                    expected,
+                    ADAMW_REL,
+                    f"{optim.name} stage {stage} {offload} {name}",
+                )

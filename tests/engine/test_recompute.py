@@ -16,10 +16,12 @@ from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict
 
-MODES = [ParallelConfig(activation_checkpointing="selective"),
-         ParallelConfig(activation_checkpointing="full"),
-         ParallelConfig(activation_checkpointing="full", checkpoint_offload=True),
-         ParallelConfig(activation_checkpointing="full", checkpoint_num_layers=1)]
+MODES = [
+    ParallelConfig(activation_checkpointing="selective"),
+    ParallelConfig(activation_checkpointing="full"),
+    ParallelConfig(activation_checkpointing="full", checkpoint_offload=True),
+    ParallelConfig(activation_checkpointing="full", checkpoint_num_layers=1),
+]
 
 
 def _grads(ctx: ParallelContext, parallel: ParallelConfig) -> dict[str, torch.Tensor]:
@@ -53,7 +55,7 @@ def _zero3(ctx: ParallelContext, mode: str) -> dict[str, torch.Tensor]:
     per = batch["input_ids"].shape[0] // ctx.dp.size
     for step in range(3):
         ctx.rng.set_position(step, ctx.dp.rank * per)
-        part = {k: v[ctx.dp.rank * per:(ctx.dp.rank + 1) * per] for k, v in batch.items()}
+        part = {k: v[ctx.dp.rank * per : (ctx.dp.rank + 1) * per] for k, v in batch.items()}
         engine.backward(model(**part).loss)
         engine.step()
     with engine.gathered():
@@ -79,7 +81,9 @@ SEQ_LONG, LAYERS = 512, 12
 def saved_bytes(mode: str) -> tuple[int, list[int], int]:
     """(bytes saved for backward, per-layer part, one layer input's bytes) of one forward."""
     ctx = ParallelContext.single(device="cpu")
-    config = tiny_bert(dropout=0.1, hidden_size=64, num_layers=LAYERS, max_position_embeddings=SEQ_LONG)
+    config = tiny_bert(
+        dropout=0.1, hidden_size=64, num_layers=LAYERS, max_position_embeddings=SEQ_LONG
+    )
     model = build_model(config, ctx, task="pretraining")
     apply_recompute(model, ParallelConfig(activation_checkpointing=mode), ctx.rng)
     g = torch.Generator().manual_seed(0)
@@ -111,8 +115,11 @@ def test_bad_checkpointing_settings_raise() -> None:
     with pytest.raises(ValueError, match="activation_checkpointing='some' is not one of"):
         validate_engine(ParallelConfig(activation_checkpointing="some"), OptimConfig(), "cpu")
     too_many = ParallelConfig(activation_checkpointing="full", checkpoint_num_layers=3)
-    with pytest.raises(ValueError, match="checkpoint_num_layers=3 must be between 0 .* num_layers=2"):
+    with pytest.raises(
+        ValueError, match=r"checkpoint_num_layers=3 must be between 0 .* num_layers=2"
+    ):
         validate_recompute_granularity(too_many, tiny_bert().num_layers)
     with pytest.raises(ValueError, match="checkpoint_every=5"):
-        validate_recompute_granularity(replace(too_many, checkpoint_num_layers=0,
-                                               checkpoint_every=5), tiny_bert().num_layers)
+        validate_recompute_granularity(
+            replace(too_many, checkpoint_num_layers=0, checkpoint_every=5), tiny_bert().num_layers
+        )

@@ -23,8 +23,12 @@ GLOBAL_BATCH, SEQ, STEPS, LABELS = 8, 10, 5, 3
 # turns reduction-order noise in gradients that are truly zero (the key bias: softmax ignores it)
 # into full-size updates when eps is tiny; 1e-6 keeps that noise below the tolerance.
 OPTIM = OptimConfig(lr=3e-3, weight_decay=0.1, clip_grad=0.5, eps=1e-6)
-CASES = [(stage, offload, accum) for stage in (0, 1, 2, 3) for offload in ("none", "optimizer")
-         for accum in (1, 2)] + [(3, "optimizer+params", 2)]
+CASES = [
+    (stage, offload, accum)
+    for stage in (0, 1, 2, 3)
+    for offload in ("none", "optimizer")
+    for accum in (1, 2)
+] + [(3, "optimizer+params", 2)]
 
 
 def _batch(step: int) -> dict[str, torch.Tensor]:
@@ -32,8 +36,11 @@ def _batch(step: int) -> dict[str, torch.Tensor]:
     ids = torch.randint(5, 99, (GLOBAL_BATCH, SEQ), generator=g)
     mask = torch.ones_like(ids)
     mask[::3, 7:] = 0
-    return {"input_ids": ids, "attention_mask": mask,
-            "labels": torch.randint(0, LABELS, (GLOBAL_BATCH,), generator=g)}
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": torch.randint(0, LABELS, (GLOBAL_BATCH,), generator=g),
+    }
 
 
 def _model(ctx: ParallelContext):
@@ -46,9 +53,15 @@ def reference_params() -> dict[str, torch.Tensor]:
     model = _model(ctx)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPTIM.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=OPTIM.lr,
-                            betas=(OPTIM.beta1, OPTIM.beta2), eps=OPTIM.eps)
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": OPTIM.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=OPTIM.lr,
+        betas=(OPTIM.beta1, OPTIM.beta2),
+        eps=OPTIM.eps,
+    )
     for step in range(STEPS):
         ctx.rng.set_position(step, 0)
         model(**_batch(step)).loss.backward()
@@ -68,7 +81,7 @@ def _train(ctx: ParallelContext, stage: int, offload: str, accum: int) -> dict[s
         for m in range(accum):
             first = ctx.dp.rank * per_rank + m * micro
             ctx.rng.set_position(step, first)
-            loss = model(**{k: v[first:first + micro] for k, v in batch.items()}).loss
+            loss = model(**{k: v[first : first + micro] for k, v in batch.items()}).loss
             engine.backward(loss / accum, sync=m == accum - 1)
         engine.step()
     with engine.gathered():
@@ -92,7 +105,9 @@ def test_zero_matches_single_process_adamw(reference, tp: int, dp: int) -> None:
             for name, expected in reference.items():
                 assert_rel_close(params[name], expected, ADAMW_REL, f"{case} {name}")
     # the training moved the parameters well beyond the tolerance
-    initial = full_state_dict(_model(ParallelContext.single(device="cpu")), ParallelContext.single().tp)
+    initial = full_state_dict(
+        _model(ParallelContext.single(device="cpu")), ParallelContext.single().tp
+    )
     moved = max((initial[k] - v).abs().max().item() for k, v in reference.items())
     assert moved > 100 * ADAMW_REL
 
@@ -108,8 +123,14 @@ def _memory(ctx: ParallelContext) -> list[tuple]:
         engine.backward(model(**batch).loss)
         engine.step()
         padding = sum(b.padded_numel - b.numel for b in engine.buckets)
-        reports.append((stage, engine.memory_report(), zero_memory_bytes(stage, n_params, ctx.dp.size),
-                        padding))
+        reports.append(
+            (
+                stage,
+                engine.memory_report(),
+                zero_memory_bytes(stage, n_params, ctx.dp.size),
+                padding,
+            )
+        )
     return reports
 
 
@@ -128,10 +149,11 @@ def test_bad_engine_settings_raise() -> None:
     """The one validator (run at the entry point) rejects them; the engine takes typed values."""
     with pytest.raises(ValueError, match=r"parallel.zero_stage=4 is not one of \[0, 1, 2, 3\]"):
         validate_engine(ParallelConfig(zero_stage=4), OPTIM, "cpu")
-    with pytest.raises(ValueError, match="optimizer\\+params needs parallel.zero_stage=3"):
+    with pytest.raises(ValueError, match=r"optimizer\+params needs parallel.zero_stage=3"):
         validate_engine(ParallelConfig(zero_stage=2, cpu_offload="optimizer+params"), OPTIM, "cpu")
-    with pytest.raises(ValueError,
-                       match=r"optim.name='sgd' is not one of \['adamw', 'lamb', 'lars', 'novograd'\]"):
+    with pytest.raises(
+        ValueError, match=r"optim.name='sgd' is not one of \['adamw', 'lamb', 'lars', 'novograd'\]"
+    ):
         validate_engine(ParallelConfig(cpu_offload="optimizer"), replace(OPTIM, name="sgd"), "cpu")
     with pytest.raises(ValueError, match="precision=fp16 needs a GPU"):
         validate_engine(ParallelConfig(precision="fp16"), OPTIM, "cpu")
@@ -143,8 +165,9 @@ def test_nonfinite_loss_stops_with_the_step_count(precision: str) -> None:
     stops the run, in every precision (fp16 with its loss scaler runs on a GPU only)."""
     ctx = ParallelContext.single(device="cpu")
     model = _model(ctx)
-    engine = build_engine(model, replace(OPTIM, max_nonfinite_steps=3),
-                          ParallelConfig(precision=precision), ctx)
+    engine = build_engine(
+        model, replace(OPTIM, max_nonfinite_steps=3), ParallelConfig(precision=precision), ctx
+    )
     batch = _batch(0)
     before = {k: v.clone() for k, v in full_state_dict(model, ctx.tp).items()}
     for _ in range(2):
@@ -195,8 +218,11 @@ def _overlap(ctx: ParallelContext) -> dict[str, int]:
     with count_collectives() as during_backward:
         engine.backward(model(**batch).loss, sync=True)
     engine.step()
-    return {"no_sync": no_sync["all_reduce"], "backward": during_backward["all_reduce"],
-            "buckets": len(engine.buckets)}
+    return {
+        "no_sync": no_sync["all_reduce"],
+        "backward": during_backward["all_reduce"],
+        "buckets": len(engine.buckets),
+    }
 
 
 def test_gradients_are_reduced_during_backward_once_per_bucket() -> None:
@@ -209,13 +235,13 @@ def _whole_gradients_at_once(ctx: ParallelContext) -> dict[int, int]:
     """The most buckets holding a whole (unreduced) gradient buffer at any point of backward."""
     most = {}
     for stage in (2, 3):
-        model = build_model(tiny_bert(num_layers=6), ctx, task="classification",
-                            num_labels=LABELS)
+        model = build_model(tiny_bert(num_layers=6), ctx, task="classification", num_labels=LABELS)
         engine = build_engine(model, OPTIM, ParallelConfig(zero_stage=stage), ctx)
         seen = [0]
 
         def count(param: torch.Tensor, engine=engine, seen=seen) -> None:
             seen[0] = max(seen[0], engine.grads.whole_buffers_held())
+
         for p in model.parameters():  # runs after the engine's own hook on the same parameter
             p.register_post_accumulate_grad_hook(count)
         batch = {k: v[:2] for k, v in _batch(0).items()}
@@ -255,7 +281,7 @@ def lamb_reference() -> dict[str, torch.Tensor]:
                 m, v = state[p]
                 m.mul_(b1).add_(p.grad, alpha=1 - b1)
                 v.mul_(b2).add_(p.grad * p.grad, alpha=1 - b2)
-                u = (m / (1 - b1 ** step)) / ((v / (1 - b2 ** step)).sqrt() + LAMB.eps)
+                u = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + LAMB.eps)
                 if p.dim() >= 2:
                     u = u + LAMB.weight_decay * p
                 w_norm, u_norm = p.norm(), u.norm()
@@ -265,19 +291,21 @@ def lamb_reference() -> dict[str, torch.Tensor]:
     return full_state_dict(model, ctx.tp)
 
 
-def engine_cases(ctx: ParallelContext, optim: OptimConfig,
-                 cases: list[tuple[int, str]]) -> list[dict[str, torch.Tensor]]:
+def engine_cases(
+    ctx: ParallelContext, optim: OptimConfig, cases: list[tuple[int, str]]
+) -> list[dict[str, torch.Tensor]]:
     """STEPS steps of the engine with `optim` per (zero stage, offload): the full parameters."""
     results = []
     for stage, offload in cases:
         model = _model(ctx)
-        engine = build_engine(model, optim, ParallelConfig(zero_stage=stage, cpu_offload=offload),
-                              ctx)
+        engine = build_engine(
+            model, optim, ParallelConfig(zero_stage=stage, cpu_offload=offload), ctx
+        )
         per_rank = GLOBAL_BATCH // ctx.dp.size
         for step in range(STEPS):
             first = ctx.dp.rank * per_rank
             ctx.rng.set_position(step, first)
-            batch = {k: v[first:first + per_rank] for k, v in _batch(step).items()}
+            batch = {k: v[first : first + per_rank] for k, v in _batch(step).items()}
             engine.backward(model(**batch).loss)
             engine.step()
         with engine.gathered():
@@ -311,8 +339,9 @@ def _two_steps_second_without_b(ctx: ParallelContext, stage: int) -> list[float]
     """Step 1 backpropagates through layers a and b, step 2 through a only (lr 0: the weights
     stay put). Returns the gradient norm of each step as the engine computed it."""
     model, x = _layers_a_b()
-    engine = build_engine(model, replace(OPTIM, lr=0.0, clip_grad=0.0),
-                          ParallelConfig(zero_stage=stage), ctx)
+    engine = build_engine(
+        model, replace(OPTIM, lr=0.0, clip_grad=0.0), ParallelConfig(zero_stage=stage), ctx
+    )
     norms = []
     for through_b in (True, False):
         y = model["a"](x)
@@ -333,6 +362,9 @@ def test_a_parameter_without_gradient_this_step_counts_as_zero(world: int, stage
         (model["b"](y) if through_b else y).square().mean().backward()
         grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
         want.append(float(torch.cat(grads).norm()))
-    got = (_two_steps_second_without_b(ParallelContext.single(device="cpu"), stage) if world == 1
-           else run_distributed(_two_steps_second_without_b, world, stage)[0])
+    got = (
+        _two_steps_second_without_b(ParallelContext.single(device="cpu"), stage)
+        if world == 1
+        else run_distributed(_two_steps_second_without_b, world, stage)[0]
+    )
     assert got == pytest.approx(want, rel=1e-6)

@@ -14,7 +14,6 @@ from pathlib import Path
 from tests.train.test_trainer import REPO, TINY
 
 
-
 def children(pid: int) -> list[int]:
     """Direct children of `pid` (the ranks under a launcher), from /proc."""
     kids = []
@@ -37,7 +36,7 @@ def alive(pid: int) -> bool:
 
 
 class Job:
-    """`python -m tpformer.pretrain <overrides>` on N local ranks, writing into run_dir."""
+    """`python -m tpformer.cli.pretrain <overrides>` on N local ranks, writing into run_dir."""
 
     def __init__(self, run_dir: Path, *overrides: str, nproc: int = 2) -> None:
         self.run_dir = run_dir
@@ -46,10 +45,21 @@ class Job:
         self.log = run_dir / "job.log"
         with self.log.open("w") as out:  # a file, not a pipe nobody drains while we wait
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tpformer.pretrain", *TINY, *overrides,
-                 f"launcher.nproc_per_node={nproc}", f"hydra.run.dir={run_dir}"],
-                cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "tpformer.cli.pretrain",
+                    *TINY,
+                    *overrides,
+                    f"launcher.nproc_per_node={nproc}",
+                    f"hydra.run.dir={run_dir}",
+                ],
+                cwd=run_dir,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.started = time.monotonic()
         self._seen: set[int] = set()
 
@@ -58,13 +68,16 @@ class Job:
         self._seen.update(kids)
         return kids
 
-    def wait_for(self, condition: Callable[[], bool], timeout: float = 180.0,
-                 poll: float = 0.1) -> None:
+    def wait_for(
+        self, condition: Callable[[], bool], timeout: float = 180.0, poll: float = 0.1
+    ) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"waited {timeout:.0f} s in vain; job exit code "
-                                     f"{self.proc.poll()}:\n{self.output()[-3000:]}")
+                raise AssertionError(
+                    f"waited {timeout:.0f} s in vain; job exit code "
+                    f"{self.proc.poll()}:\n{self.output()[-3000:]}"
+                )
             time.sleep(poll)
 
     def wait_ranks(self, count: int = 2) -> list[int]:

@@ -54,17 +54,24 @@ def _flip(path: Path) -> None:
 DAMAGE = {
     "truncated shard": (_shard, _truncate, "bytes but .* were written"),
     "flipped bytes in a shard": (_shard, _flip, "does not match the checksum"),
-    "empty meta.json": (lambda c: c / "meta.json", lambda p: p.write_text(""),
-                        "meta.json is unreadable"),
-    "garbled meta.json": (lambda c: c / "meta.json", lambda p: p.write_text('{"step": 4,'),
-                          "meta.json is unreadable"),
+    "empty meta.json": (
+        lambda c: c / "meta.json",
+        lambda p: p.write_text(""),
+        "meta.json is unreadable",
+    ),
+    "garbled meta.json": (
+        lambda c: c / "meta.json",
+        lambda p: p.write_text('{"step": 4,'),
+        "meta.json is unreadable",
+    ),
     "lost .metadata": (lambda c: c / ".metadata", lambda p: p.unlink(), ".metadata is missing"),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
-def test_damaged_latest_checkpoint_falls_back_or_stops(tmp_path: Path, kind: str,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_damaged_latest_checkpoint_falls_back_or_stops(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """resume=auto skips the damaged newest checkpoint with a warning naming the file and
     resumes from the previous one (the losses of the uninterrupted run); an explicit resume of
     the damaged one stops with the file named."""
@@ -87,8 +94,12 @@ def test_unverified_truncated_shard_names_the_checkpoint(tmp_path: Path) -> None
     checkpoint = tmp_path / "run" / "checkpoints" / "step00000002"
     _truncate(_shard(checkpoint))
     with pytest.raises(store.CheckpointError, match=rf"reading the checkpoint {checkpoint} failed"):
-        _train(tiny_config(steps=4), tmp_path / "again", resume=str(checkpoint),
-               verify_checkpoint=False)
+        _train(
+            tiny_config(steps=4),
+            tmp_path / "again",
+            resume=str(checkpoint),
+            verify_checkpoint=False,
+        )
 
 
 def test_damaged_checkpoint_at_the_cli_is_one_line(tmp_path: Path) -> None:
@@ -97,10 +108,21 @@ def test_damaged_checkpoint_at_the_cli_is_one_line(tmp_path: Path) -> None:
     checkpoint = tmp_path / "run" / "checkpoints" / "step00000002"
     _flip(_shard(checkpoint))
     result = subprocess.run(
-        [sys.executable, "-m", "tpformer.pretrain", *TINY, "trainer.max_steps=4",
-         f"trainer.resume={checkpoint}", "launcher.nproc_per_node=2",
-         f"hydra.run.dir={tmp_path / 'cli'}"], capture_output=True, text=True, timeout=300,
-        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        [
+            sys.executable,
+            "-m",
+            "tpformer.cli.pretrain",
+            *TINY,
+            "trainer.max_steps=4",
+            f"trainer.resume={checkpoint}",
+            "launcher.nproc_per_node=2",
+            f"hydra.run.dir={tmp_path / 'cli'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 1
     assert "does not match the checksum" in result.stderr and "__0_0.distcp" in result.stderr
     assert "Traceback" not in result.stderr.split("a rank failed")[0]
@@ -113,8 +135,13 @@ def _write_fails_past(ctx: ParallelContext, config: Config, run_dir: str, limit:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     try:
-        _train_ranked(ctx, replace(config, trainer=replace(config.trainer, max_steps=4)),
-                      run_dir, save_every=2, resume="auto")
+        _train_ranked(
+            ctx,
+            replace(config, trainer=replace(config.trainer, max_steps=4)),
+            run_dir,
+            save_every=2,
+            resume="auto",
+        )
     except OSError as err:
         return str(err)
     finally:
@@ -142,15 +169,24 @@ def test_real_write_failure_keeps_the_previous_checkpoint(tmp_path: Path) -> Non
 
 @pytest.fixture()
 def corpus(tmp_path: Path) -> tuple[DataConfig, Path]:
-    data = DataConfig(source="text", paths=[str(write_corpus(tmp_path / "c.txt", documents=12))],
-                      cache_dir=str(tmp_path / "cache"), workers=1, seq_length=32)
+    data = DataConfig(
+        source="text",
+        paths=[str(write_corpus(tmp_path / "c.txt", documents=12))],
+        cache_dir=str(tmp_path / "cache"),
+        workers=1,
+        seq_length=32,
+    )
     _, prefix = prepare_data(data, 160, progress=False)
     return data, prefix
 
 
 CORPUS_DAMAGE = {
     "truncated token file": (".bin", _truncate, "has .* bytes, its index expects"),
-    "garbled corpus json": (".json", lambda p: p.write_text("{"), "is unreadable .*JSONDecodeError"),
+    "garbled corpus json": (
+        ".json",
+        lambda p: p.write_text("{"),
+        "is unreadable .*JSONDecodeError",
+    ),
     "corrupt index": (".idx.npz", _flip, "is unreadable"),
 }
 
@@ -169,15 +205,18 @@ def test_token_ids_outside_the_vocabulary_are_named(corpus: tuple[DataConfig, Pa
     tokens = np.memmap(f"{prefix}.bin", dtype=IndexedCorpus(prefix).tokens.dtype, mode="r+")
     tokens[17] = 999
     tokens.flush()
-    with pytest.raises(ValueError, match=r"token id 999 at position 17, outside model.vocab_size=160"):
+    with pytest.raises(
+        ValueError, match=r"token id 999 at position 17, outside model.vocab_size=160"
+    ):
         IndexedCorpus(prefix).check_token_ids(160)
 
 
 def _stop_for_time(ctx: ParallelContext, run_dir: str) -> tuple[int, int | None]:
     """A run far longer than its time limit, checkpointing on (save_every past the stop)."""
     config = tiny_config(steps=100_000)
-    config.trainer = replace(config.trainer, max_time_minutes=0.02, save_every=50_000,
-                             log_every=1_000)
+    config.trainer = replace(
+        config.trainer, max_time_minutes=0.02, save_every=50_000, log_every=1_000
+    )
     records = pretraining_trainer(config, ctx, Path(run_dir)).train()
     latest = store.find_latest(Path(run_dir) / "checkpoints")
     return records[-1]["step"], (store.read_meta(latest)["step"] if latest else None)

@@ -62,8 +62,14 @@ def test_sigterm_during_startup_ends_promptly_and_says_nothing_was_saved(tmp_pat
 def test_sigterm_during_a_save_completes_it_and_saves_the_stop(tmp_path: Path) -> None:
     """SIGTERM while a checkpoint is being written (a .tmp-step directory exists): the save
     completes, the ranks save the step they stop at, and the launcher exits 0."""
-    with Job(tmp_path, "model=bert_mini", "model.vocab_size=2048", "trainer.max_steps=100000",
-             "trainer.save_every=1", "trainer.keep_last=2") as job:
+    with Job(
+        tmp_path,
+        "model=bert_mini",
+        "model.vocab_size=2048",
+        "trainer.max_steps=100000",
+        "trainer.save_every=1",
+        "trainer.keep_last=2",
+    ) as job:
         root = tmp_path / "checkpoints"
         job.wait_for(lambda: any(root.glob(".tmp-step*")), poll=0.005)
         os.killpg(job.proc.pid, signal.SIGTERM)

@@ -43,5 +43,7 @@ def test_padding_rounds_to_multiple_times_tp() -> None:
     assert padded_vocab_size(30522, 1, 128) == 30592
     assert padded_vocab_size(30522, 4, 128) == 30720
     assert padded_vocab_size(32, 4, 0) == 32
-    with pytest.raises(ValueError, match="vocab_size=30522 is not divisible by tp=4; set model.pad_vocab_to"):
+    with pytest.raises(
+        ValueError, match=r"vocab_size=30522 is not divisible by tp=4; set model.pad_vocab_to"
+    ):
         padded_vocab_size(30522, 4, 0)

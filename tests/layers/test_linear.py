@@ -87,20 +87,31 @@ def _mlp_block(ctx: ParallelContext) -> dict[str, int]:
     fc2(F.gelu(fc1(x_ref))).sum().backward()
     assert_rel_close(out, fc2(F.gelu(fc1(x))), FP32_LAYER_REL, "block output")
     assert_rel_close(x_tp.grad, x_ref.grad, FP32_LAYER_REL, "block input grad")
-    return {"forward": sum(forward.values()), "backward": sum(backward.values()),
-            "forward_all_reduce": forward["all_reduce"], "backward_all_reduce": backward["all_reduce"]}
+    return {
+        "forward": sum(forward.values()),
+        "backward": sum(backward.values()),
+        "forward_all_reduce": forward["all_reduce"],
+        "backward_all_reduce": backward["all_reduce"],
+    }
 
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_column_row_block_issues_one_all_reduce_each_way(tp: int) -> None:
     for counts in run_distributed(_mlp_block, tp, tensor=tp):
-        assert counts == {"forward": 1, "backward": 1, "forward_all_reduce": 1,
-                          "backward_all_reduce": 1}
+        assert counts == {
+            "forward": 1,
+            "backward": 1,
+            "forward_all_reduce": 1,
+            "backward_all_reduce": 1,
+        }
 
 
 def _bad_sizes(ctx: ParallelContext) -> list[str]:
     messages = []
-    for build in (lambda: ColumnParallelLinear(16, 6, ctx.tp), lambda: RowParallelLinear(6, 16, ctx.tp)):
+    for build in (
+        lambda: ColumnParallelLinear(16, 6, ctx.tp),
+        lambda: RowParallelLinear(6, 16, ctx.tp),
+    ):
         with pytest.raises(ValueError) as info:
             build()
         messages.append(str(info.value))
@@ -109,5 +120,7 @@ def _bad_sizes(ctx: ParallelContext) -> list[str]:
 
 def test_indivisible_features_raise_before_any_collective() -> None:
     (col, row), _, _, _ = run_distributed(_bad_sizes, 4, tensor=4)
-    assert col.startswith("out_features=6 is not divisible by tp=4; valid tp degrees for it are [1, 2, 3, 6]")
+    assert col.startswith(
+        "out_features=6 is not divisible by tp=4; valid tp degrees for it are [1, 2, 3, 6]"
+    )
     assert row.startswith("in_features=6 is not divisible by tp=4")

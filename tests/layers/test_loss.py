@@ -23,8 +23,9 @@ def _loss(ctx: ParallelContext, vocab: int, padded: int, smoothing: float) -> di
     chunk = padded // tp.size
     local = logits[:, tp.rank * chunk : (tp.rank + 1) * chunk].clone().requires_grad_()
     with count_collectives() as forward:
-        loss = vocab_parallel_cross_entropy(local, target, tp, vocab_size=vocab,
-                                            label_smoothing=smoothing)
+        loss = vocab_parallel_cross_entropy(
+            local, target, tp, vocab_size=vocab, label_smoothing=smoothing
+        )
     weights = torch.rand(N, generator=seeded(2))
     with count_collectives() as backward:
         (loss * weights).sum().backward()
@@ -33,17 +34,23 @@ def _loss(ctx: ParallelContext, vocab: int, padded: int, smoothing: float) -> di
     (ref * weights).sum().backward()
     assert_rel_close(loss, ref, FP32_LAYER_REL, "loss")
     ref_grad = torch.cat([ref_logits.grad, torch.zeros(N, padded - vocab)], dim=1)
-    assert_rel_close(local.grad, ref_grad[:, tp.rank * chunk : (tp.rank + 1) * chunk],
-                     FP32_LAYER_REL, "logit grad")
+    assert_rel_close(
+        local.grad,
+        ref_grad[:, tp.rank * chunk : (tp.rank + 1) * chunk],
+        FP32_LAYER_REL,
+        "logit grad",
+    )
     assert torch.count_nonzero(local.grad[2]) == 0, "ignored row got gradient"
     return {"forward": forward["all_reduce"], "backward": sum(backward.values())}
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
-@pytest.mark.parametrize(("vocab", "padded", "smoothing"),
-                         [(32, 32, 0.0), (29, 32, 0.0), (29, 32, 0.1), (20, 32, 0.0)])
-def test_vocab_parallel_cross_entropy_matches_reference(tp: int, vocab: int, padded: int,
-                                                        smoothing: float) -> None:
+@pytest.mark.parametrize(
+    ("vocab", "padded", "smoothing"), [(32, 32, 0.0), (29, 32, 0.0), (29, 32, 0.1), (20, 32, 0.0)]
+)
+def test_vocab_parallel_cross_entropy_matches_reference(
+    tp: int, vocab: int, padded: int, smoothing: float
+) -> None:
     for counts in run_distributed(_loss, tp, vocab, padded, smoothing, tensor=tp):
         assert counts == {"forward": 3 if tp > 1 else 0, "backward": 0}
 
@@ -52,8 +59,13 @@ def test_bad_shapes_raise() -> None:
     from tpformer.parallel.context import GroupHandle
 
     with pytest.raises(ValueError, match="expected logits"):
-        vocab_parallel_cross_entropy(torch.zeros(3, 4, 5), torch.zeros(3, dtype=torch.long),
-                                     GroupHandle.single(), vocab_size=5)
+        vocab_parallel_cross_entropy(
+            torch.zeros(3, 4, 5),
+            torch.zeros(3, dtype=torch.long),
+            GroupHandle.single(),
+            vocab_size=5,
+        )
     with pytest.raises(ValueError, match="fewer than vocab_size=9"):
-        vocab_parallel_cross_entropy(torch.zeros(3, 8), torch.zeros(3, dtype=torch.long),
-                                     GroupHandle.single(), vocab_size=9)
+        vocab_parallel_cross_entropy(
+            torch.zeros(3, 8), torch.zeros(3, dtype=torch.long), GroupHandle.single(), vocab_size=9
+        )

@@ -16,16 +16,32 @@ BATCH, SEQ = 4, 12
 
 def tiny_bert(dropout: float = 0.0, **overrides: object) -> ModelConfig:
     """4 heads so tp=4 still has one whole head per rank; vocab 99 exercises padding."""
-    fields = {"vocab_size": 99, "hidden_size": 32, "num_heads": 4, "intermediate_size": 64,
-              "max_position_embeddings": 32, "dropout": dropout, "attention_dropout": dropout,
-              "pad_vocab_to": 8}
+    fields = {
+        "vocab_size": 99,
+        "hidden_size": 32,
+        "num_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 32,
+        "dropout": dropout,
+        "attention_dropout": dropout,
+        "pad_vocab_to": 8,
+    }
     return preset("bert_tiny", **{**fields, **overrides})
 
 
 def tiny_gpt(dropout: float = 0.0) -> ModelConfig:
-    return preset("gpt2_small", vocab_size=99, hidden_size=32, num_heads=4, num_layers=2,
-                  intermediate_size=64, max_position_embeddings=32, dropout=dropout,
-                  attention_dropout=dropout, pad_vocab_to=8)
+    return preset(
+        "gpt2_small",
+        vocab_size=99,
+        hidden_size=32,
+        num_heads=4,
+        num_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        dropout=dropout,
+        attention_dropout=dropout,
+        pad_vocab_to=8,
+    )
 
 
 def bert_batch(vocab: int = 99) -> dict[str, torch.Tensor]:
@@ -38,8 +54,13 @@ def bert_batch(vocab: int = 99) -> dict[str, torch.Tensor]:
     chosen = torch.rand(BATCH, SEQ, generator=seeded(11)) < 0.3
     chosen[:, 0] = True
     mlm_labels[chosen] = ids[chosen]
-    return {"input_ids": ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
-            "mlm_labels": mlm_labels, "nsp_labels": torch.tensor([0, 1, 1, 0])}
+    return {
+        "input_ids": ids,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask,
+        "mlm_labels": mlm_labels,
+        "nsp_labels": torch.tensor([0, 1, 1, 0]),
+    }
 
 
 def full_grads(model: nn.Module, ctx: ParallelContext) -> dict[str, torch.Tensor]:

@@ -22,8 +22,9 @@ def _bert_step(ctx: ParallelContext, dropout: float) -> dict:
 def _gpt_step(ctx: ParallelContext, dropout: float) -> dict:
     model = build_model(tiny_gpt(dropout), ctx, task="causal_lm")
     batch = bert_batch()
-    out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                labels=batch["input_ids"])
+    out = model(
+        batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["input_ids"]
+    )
     out.loss.backward()
     return {"loss": out.loss.item(), "grads": full_grads(model, ctx)}
 
@@ -38,7 +39,9 @@ def test_tp_matches_single_process(arch: str, dropout: float, tp: int) -> None:
     step = STEPS[arch]
     reference = step(ParallelContext.single(device="cpu"), dropout)
     for result in run_distributed(step, tp, dropout, tensor=tp):
-        assert rel_err(torch.tensor(result["loss"]), torch.tensor(reference["loss"])) <= FP32_MODEL_REL
+        assert (
+            rel_err(torch.tensor(result["loss"]), torch.tensor(reference["loss"])) <= FP32_MODEL_REL
+        )
         for name, grad in reference["grads"].items():
             assert_rel_close(result["grads"][name], grad, FP32_MODEL_REL, name)
 
@@ -60,9 +63,15 @@ def _count(ctx: ParallelContext) -> dict[str, int]:
         out = model(**bert_batch())
     with count_collectives() as backward:
         out.loss.backward()
-    return {"forward": forward["all_reduce"], "backward": backward["all_reduce"],
-            "other": sum(forward.values()) + sum(backward.values()) - forward["all_reduce"]
-            - backward["all_reduce"], "layers": config.num_layers}
+    return {
+        "forward": forward["all_reduce"],
+        "backward": backward["all_reduce"],
+        "other": sum(forward.values())
+        + sum(backward.values())
+        - forward["all_reduce"]
+        - backward["all_reduce"],
+        "layers": config.num_layers,
+    }
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -82,15 +91,19 @@ def test_masked_only_head_equals_full_sequence_head() -> None:
     batch = bert_batch()
     masked = model(**batch)
     logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).mlm_logits
-    full = torch.nn.functional.cross_entropy(logits[..., :99].reshape(-1, 99),
-                                             batch["mlm_labels"].reshape(-1))
+    full = torch.nn.functional.cross_entropy(
+        logits[..., :99].reshape(-1, 99), batch["mlm_labels"].reshape(-1)
+    )
     assert_rel_close(masked.mlm_loss, full, 1e-6, "masked-only MLM loss")
 
 
-@pytest.mark.parametrize(("overrides", "tp", "message"), [
-    ({"hidden_size": 30}, 1, r"model.hidden_size=30 is not divisible by model.num_heads=4"),
-    ({}, 3, r"parallel.tensor=3 must divide model.num_heads=4 \(valid: \[1, 2, 4\]\)"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "tp", "message"),
+    [
+        ({"hidden_size": 30}, 1, r"model.hidden_size=30 is not divisible by model.num_heads=4"),
+        ({}, 3, r"parallel.tensor=3 must divide model.num_heads=4 \(valid: \[1, 2, 4\]\)"),
+    ],
+)
 def test_bad_model_config_raises(overrides: dict, tp: int, message: str) -> None:
     from tpformer.config.validate import validate_model
 
@@ -100,5 +113,7 @@ def test_bad_model_config_raises(overrides: dict, tp: int, message: str) -> None
 
 def test_sequence_longer_than_positions_raises() -> None:
     model = build_model(tiny_bert(), ParallelContext.single(device="cpu"), task="base")
-    with pytest.raises(ValueError, match="sequence length 40 exceeds model.max_position_embeddings=32"):
+    with pytest.raises(
+        ValueError, match=r"sequence length 40 exceeds model.max_position_embeddings=32"
+    ):
         model(torch.zeros(1, 40, dtype=torch.long))

@@ -7,8 +7,14 @@ import torch
 
 from tests.dist import run_distributed
 from tests.models.common import BATCH, SEQ, bert_batch, full_grads, tiny_bert, tiny_gpt
-from tests.tolerances import (FP32_LAYER_REL, FP32_MODEL_REL, assert_rel_close, rel_err, seeded,
-                              shard)
+from tests.tolerances import (
+    FP32_LAYER_REL,
+    FP32_MODEL_REL,
+    assert_rel_close,
+    rel_err,
+    seeded,
+    shard,
+)
 from tpformer.layers.block import TransformerLayer
 from tpformer.layers.dropout import assign_dropout_sites
 from tpformer.layers.sequence import labeled_rows
@@ -43,17 +49,23 @@ def _layer(ctx: ParallelContext, dropout: float, pre_norm: bool) -> dict:
     with count_collectives() as backward:
         (y * weights).sum().backward()
     sum_sequence_parallel_grads(layer, ctx)
-    return {"y": y.detach(), "x_grad": x.grad, "grads": full_grads(layer, ctx),
-            "forward": dict(forward), "backward": dict(backward),
-            "forward_bytes": sum(forward.bytes.values()),
-            "backward_bytes": sum(backward.bytes.values())}
+    return {
+        "y": y.detach(),
+        "x_grad": x.grad,
+        "grads": full_grads(layer, ctx),
+        "forward": dict(forward),
+        "backward": dict(backward),
+        "forward_bytes": sum(forward.bytes.values()),
+        "backward_bytes": sum(backward.bytes.values()),
+    }
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tp", [2, 4])
-def test_layer_matches_single_process_and_moves_tp_bytes(tp: int, dropout: float,
-                                                          pre_norm: bool) -> None:
+def test_layer_matches_single_process_and_moves_tp_bytes(
+    tp: int, dropout: float, pre_norm: bool
+) -> None:
     """Each rank's output and input gradient are its sequence chunk of the one-process layer's;
     parameter gradients (LayerNorms and row biases summed over TP) equal. Per layer: 2
     all-gathers + 2 reduce-scatters forward, as many bytes as plain TP's two all-reduces; in
@@ -63,11 +75,13 @@ def test_layer_matches_single_process_and_moves_tp_bytes(tp: int, dropout: float
     reference = _layer(ParallelContext.single(device="cpu"), dropout, pre_norm)
     plain = run_distributed(_layer, tp, dropout, pre_norm, tensor=tp)[0]
     assert plain["forward"] == plain["backward"] == {"all_reduce": 2}
-    for rank, result in enumerate(run_distributed(_layer, tp, dropout, pre_norm, tensor=tp,
-                                                  sequence_parallel=True)):
+    for rank, result in enumerate(
+        run_distributed(_layer, tp, dropout, pre_norm, tensor=tp, sequence_parallel=True)
+    ):
         assert_rel_close(result["y"], shard(reference["y"], 1, rank, tp), FP32_LAYER_REL, "y")
-        assert_rel_close(result["x_grad"], shard(reference["x_grad"], 1, rank, tp),
-                         FP32_LAYER_REL, "x grad")
+        assert_rel_close(
+            result["x_grad"], shard(reference["x_grad"], 1, rank, tp), FP32_LAYER_REL, "x grad"
+        )
         for name, grad in reference["grads"].items():
             assert_rel_close(result["grads"][name], grad, FP32_LAYER_REL, name)
         assert result["forward"] == {"all_gather": 2, "reduce_scatter": 2}
@@ -82,12 +96,23 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     ctx.rng.set_position(step=3, sample_offset=0)
     if task == "causal_lm":
         model = build_model(tiny_gpt(dropout), ctx, task=task)
-        run = lambda: model(batch["input_ids"],  # noqa: E731
-                            attention_mask=batch["attention_mask"], labels=batch["input_ids"])
+
+        def run():
+            return model(
+                batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                labels=batch["input_ids"],
+            )
     elif task == "classification":
         model = build_model(tiny_bert(dropout), ctx, task=task, num_labels=3)
-        run = lambda: model(batch["input_ids"], batch["token_type_ids"],  # noqa: E731
-                            batch["attention_mask"], labels=torch.tensor([0, 2, 1, 2]))
+
+        def run():
+            return model(
+                batch["input_ids"],
+                batch["token_type_ids"],
+                batch["attention_mask"],
+                labels=torch.tensor([0, 2, 1, 2]),
+            )
     else:
         model = build_model(tiny_bert(dropout), ctx, task=task)
         run = lambda: model(**batch)  # noqa: E731
@@ -96,8 +121,12 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     with count_collectives() as backward:
         out.loss.backward()
     sum_sequence_parallel_grads(model, ctx)
-    return {"loss": out.loss.item(), "grads": full_grads(model, ctx),
-            "forward": dict(forward), "backward": dict(backward)}
+    return {
+        "loss": out.loss.item(),
+        "grads": full_grads(model, ctx),
+        "forward": dict(forward),
+        "backward": dict(backward),
+    }
 
 
 @pytest.mark.parametrize("task", ["pretraining", "causal_lm", "classification"])
@@ -105,10 +134,12 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
 @pytest.mark.parametrize("tp", [2, 4])
 def test_model_matches_single_process(task: str, dropout: float, tp: int) -> None:
     reference = _model_step(ParallelContext.single(device="cpu"), task, dropout)
-    for result in run_distributed(_model_step, tp, task, dropout, tensor=tp,
-                                  sequence_parallel=True):
-        assert rel_err(torch.tensor(result["loss"]), torch.tensor(reference["loss"])) \
-            <= FP32_MODEL_REL
+    for result in run_distributed(
+        _model_step, tp, task, dropout, tensor=tp, sequence_parallel=True
+    ):
+        assert (
+            rel_err(torch.tensor(result["loss"]), torch.tensor(reference["loss"])) <= FP32_MODEL_REL
+        )
         for name, grad in reference["grads"].items():
             assert_rel_close(result["grads"][name], grad, FP32_MODEL_REL, name)
 
@@ -118,12 +149,16 @@ def test_pretraining_communication_has_no_all_reduce_outside_the_heads() -> None
     reduce-scatter, one broadcast of the first token to the pooler, one all-gather of the
     masked rows, the loss's 3 all-reduces; backward the layers' mirror and re-gathers, the
     embedding's all-gather, and the MLM head's copy_to_tp (its projection is vocab-parallel)."""
-    result = run_distributed(_model_step, 2, "pretraining", 0.1, tensor=2,
-                             sequence_parallel=True)[0]
-    assert result["forward"] == {"all_gather": 2 * 2 + 1, "reduce_scatter": 2 * 2 + 1,
-                                 "broadcast": 1, "all_reduce": 3}
-    assert result["backward"] == {"all_gather": 2 * 4 + 1, "reduce_scatter": 2 * 2,
-                                  "all_reduce": 1}
+    result = run_distributed(_model_step, 2, "pretraining", 0.1, tensor=2, sequence_parallel=True)[
+        0
+    ]
+    assert result["forward"] == {
+        "all_gather": 2 * 2 + 1,
+        "reduce_scatter": 2 * 2 + 1,
+        "broadcast": 1,
+        "all_reduce": 3,
+    }
+    assert result["backward"] == {"all_gather": 2 * 4 + 1, "reduce_scatter": 2 * 2, "all_reduce": 1}
 
 
 def _rows(ctx: ParallelContext) -> dict:
@@ -135,8 +170,13 @@ def _rows(ctx: ParallelContext) -> dict:
     (rows * torch.arange(rows.numel(), dtype=rows.dtype).view_as(rows)).sum().backward()
     with count_collectives() as none_labeled:
         empty = gather_rows(local[:0, 0], [0] * ctx.tp.size, ctx.tp)
-    return {"rows": rows.detach(), "labels": picked, "grad": local.grad,
-            "empty": empty.shape[0], "calls": sum(none_labeled.values())}
+    return {
+        "rows": rows.detach(),
+        "labels": picked,
+        "grad": local.grad,
+        "empty": empty.shape[0],
+        "calls": sum(none_labeled.values()),
+    }
 
 
 @pytest.mark.parametrize("tp", [2, 4])

@@ -7,9 +7,16 @@ import torch
 
 from tests.dist import run_distributed
 from tests.tolerances import seeded, shard
-from tpformer.parallel.comm import (all_gather_async, copy_to_tp, count_collectives,
-                                    gather_from_tp, reduce_from_tp, reduce_scatter_async,
-                                    scatter_to_tp, wait)
+from tpformer.parallel.comm import (
+    all_gather_async,
+    copy_to_tp,
+    count_collectives,
+    gather_from_tp,
+    reduce_from_tp,
+    reduce_scatter_async,
+    scatter_to_tp,
+    wait,
+)
 from tpformer.parallel.context import ParallelContext
 
 
@@ -41,8 +48,9 @@ def _collectives(ctx: ParallelContext) -> None:
     y = gather_from_tp(x, tp)
     assert torch.equal(y, full)
     y.backward(torch.arange(y.numel(), dtype=torch.float32).view_as(y))
-    assert torch.equal(x.grad, shard(torch.arange(full.numel(), dtype=torch.float32).view_as(full),
-                                     -1, tp.rank, n))
+    assert torch.equal(
+        x.grad, shard(torch.arange(full.numel(), dtype=torch.float32).view_as(full), -1, tp.rank, n)
+    )
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])

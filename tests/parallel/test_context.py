@@ -16,10 +16,18 @@ def _membership(ctx: ParallelContext) -> dict:
     dp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.dp).item()
     pp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.pp).item()
     ends_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.pipeline_ends).item()
-    return {"rank": ctx.rank, "tp": (ctx.tp.rank, ctx.tp.size), "dp": (ctx.dp.rank, ctx.dp.size),
-            "pp": (ctx.pp.rank, ctx.pp.size), "pp_sum": pp_sum, "ends_sum": ends_sum,
-            "tp_sum": tp_sum, "dp_sum": dp_sum, "mesh": ctx.mesh.mesh_dim_names,
-            "shape": tuple(ctx.mesh.shape)}
+    return {
+        "rank": ctx.rank,
+        "tp": (ctx.tp.rank, ctx.tp.size),
+        "dp": (ctx.dp.rank, ctx.dp.size),
+        "pp": (ctx.pp.rank, ctx.pp.size),
+        "pp_sum": pp_sum,
+        "ends_sum": ends_sum,
+        "tp_sum": tp_sum,
+        "dp_sum": dp_sum,
+        "mesh": ctx.mesh.mesh_dim_names,
+        "shape": tuple(ctx.mesh.shape),
+    }
 
 
 @pytest.mark.parametrize(("world", "tp"), [(1, 1), (2, 2), (2, 1), (4, 2), (4, 4), (4, 1)])
@@ -87,7 +95,7 @@ def test_group_of_wrong_size_is_rejected() -> None:
 def test_uninitialized_distributed_names_the_missing_variables(monkeypatch) -> None:
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
-    with pytest.raises(ValueError, match="torch.distributed is not initialized and RANK"):
+    with pytest.raises(ValueError, match=r"torch.distributed is not initialized and RANK"):
         ParallelContext.create(tensor=1)
 
 

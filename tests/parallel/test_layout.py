@@ -9,7 +9,9 @@ def test_divide_and_shard_range() -> None:
     assert divide(12, 4, what="num_heads") == 3
     assert shard_range(12, 4, 2) == (6, 9)
     assert pad_to_multiple(30522, 256) == 30720
-    with pytest.raises(ValueError, match=r"num_heads=12 is not divisible by tp=5.*\[1, 2, 3, 4, 6, 12\]"):
+    with pytest.raises(
+        ValueError, match=r"num_heads=12 is not divisible by tp=5.*\[1, 2, 3, 4, 6, 12\]"
+    ):
         divide(12, 5, what="num_heads")
 
 
@@ -29,7 +31,12 @@ def test_rank_grids_keep_tp_adjacent() -> None:
 @pytest.mark.parametrize(
     ("tensor", "data", "world", "message"),
     [
-        (3, "auto", 4, r"parallel.tensor=3 does not divide world_size=4; valid values are \[1, 2, 4\]"),
+        (
+            3,
+            "auto",
+            4,
+            r"parallel.tensor=3 does not divide world_size=4; valid values are \[1, 2, 4\]",
+        ),
         (2, "3", 4, r"parallel.data=3 x parallel.tensor=2 = 6 must equal world_size=4"),
         (0, "auto", 4, r"parallel.tensor=0 must be >= 1"),
         (1, "two", 2, r"parallel.data='two' must be a positive integer or 'auto'"),

@@ -35,8 +35,9 @@ def _masks(ctx: ParallelContext) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _assemble(results: list, tp: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = torch.cat([torch.cat([results[d * tp + t][0] for t in range(tp)], dim=1)
-                       for d in range(dp)], dim=0)
+    probs = torch.cat(
+        [torch.cat([results[d * tp + t][0] for t in range(tp)], dim=1) for d in range(dp)], dim=0
+    )
     hidden = torch.cat([results[d * tp][1] for d in range(dp)], dim=0)
     for d in range(dp):  # replicated regions agree across the TP group
         assert all(torch.equal(results[d * tp + t][1], results[d * tp][1]) for t in range(tp))
@@ -63,8 +64,9 @@ def test_masks_do_not_depend_on_the_micro_batch_padding() -> None:
     wide = module.attention(torch.ones(2, HEADS, 9, 9))
     assert torch.equal(module.attention(torch.ones(2, HEADS, 6, 6)), wide[:, :, :6, :6])
     half = HEADS // 2
-    assert torch.equal(module.attention(torch.ones(2, half, 6, 6), head_offset=half),
-                       wide[:, half:, :6, :6])
+    assert torch.equal(
+        module.attention(torch.ones(2, half, 6, 6), head_offset=half), wide[:, half:, :6, :6]
+    )
     hidden = module.hidden(torch.ones(2, 9, HIDDEN))
     assert torch.equal(module.hidden(torch.ones(2, 6, HIDDEN)), hidden[:, :6])
 

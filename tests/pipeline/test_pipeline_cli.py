@@ -9,9 +9,17 @@ import pytest
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import _cli
 
-MINI = ["model=bert_mini", "data=synthetic", "model.vocab_size=512", "data.seq_length=32",
-        "trainer.micro_batch_size=2", "trainer.max_steps=3", "trainer.log_every=1",
-        "trainer.progress=false", "trainer.eval_steps=1"]
+MINI = [
+    "model=bert_mini",
+    "data=synthetic",
+    "model.vocab_size=512",
+    "data.seq_length=32",
+    "trainer.micro_batch_size=2",
+    "trainer.max_steps=3",
+    "trainer.log_every=1",
+    "trainer.progress=false",
+    "trainer.eval_steps=1",
+]
 
 
 def _losses(run: Path) -> list[float]:
@@ -24,13 +32,15 @@ def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
     """model=bert_mini (dropout 0.1), grad_accum 4: one process, pipeline=2 on 2 processes and
     pipeline=2 x tensor=2 on 4."""
     losses = {}
-    for name, layout in (("one", []),
-                         ("pp2", ["parallel.pipeline=2", "launcher.nproc_per_node=2"]),
-                         ("pp2tp2", ["parallel.pipeline=2", "parallel.tensor=2",
-                                     "launcher.nproc_per_node=4"])):
+    for name, layout in (
+        ("one", []),
+        ("pp2", ["parallel.pipeline=2", "launcher.nproc_per_node=2"]),
+        ("pp2tp2", ["parallel.pipeline=2", "parallel.tensor=2", "launcher.nproc_per_node=4"]),
+    ):
         run = tmp_path / name
-        result = _cli([*MINI, "trainer.grad_accum=4", *layout, f"hydra.run.dir={run}"], tmp_path,
-                      timeout=600)
+        result = _cli(
+            [*MINI, "trainer.grad_accum=4", *layout, f"hydra.run.dir={run}"], tmp_path, timeout=600
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         losses[name] = _losses(run)
         if name == "pp2":
@@ -42,27 +52,57 @@ def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
             assert abs(got - want) <= FP32_MODEL_REL * want, losses
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("parallel.pipeline=3", "error: parallel.tensor=1 x parallel.pipeline=3 = 3 does not divide "
-                            "world_size=2; valid products are [1, 2]"),
-    ("parallel.pipeline=2 model.num_layers=1",
-     "error: parallel.pipeline=2 exceeds the model's num_layers=1"),
-    ("parallel.pipeline=2 parallel.pipeline_split=[3,2]",
-     "error: parallel.pipeline_split=[3, 2] sums to 5 layers; the model has model.num_layers=2"),
-    ("parallel.pipeline=2 parallel.pipeline_split=fastest",
-     "error: parallel.pipeline_split='fastest' is not one of ['balanced', 'profile']"),
-    ("parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b trainer.grad_accum=2",
-     "error: parallel.pipeline_schedule=interleaved_1f1b splits the num_layers=2 layers into "
-     "parallel.pipeline=2 x parallel.virtual_stages=2 equal chunks: it must be a multiple of 4"),
-    ("parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b model.num_layers=4",
-     "error: parallel.pipeline_schedule=interleaved_1f1b needs the micro-batches per step (1) to "
-     "be a multiple of parallel.pipeline=2"),
-    ("parallel.pipeline=2 parallel.zero_stage=2",
-     "error: parallel.zero_stage=2 is not supported with parallel.pipeline=2"),
-])
-def test_bad_pipeline_settings_exit_2_with_one_line(tmp_path: Path, override: str,
-                                                    message: str) -> None:
-    result = _cli(["model=bert_tiny", "data=synthetic", "trainer.progress=false",
-                   *override.split(), "launcher.nproc_per_node=2"], tmp_path)
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "parallel.pipeline=3",
+            "error: parallel.tensor=1 x parallel.pipeline=3 = 3 does not divide "
+            "world_size=2; valid products are [1, 2]",
+        ),
+        (
+            "parallel.pipeline=2 model.num_layers=1",
+            "error: parallel.pipeline=2 exceeds the model's num_layers=1",
+        ),
+        (
+            "parallel.pipeline=2 parallel.pipeline_split=[3,2]",
+            "error: parallel.pipeline_split=[3, 2] sums to 5 layers; the model has "
+            "model.num_layers=2",
+        ),
+        (
+            "parallel.pipeline=2 parallel.pipeline_split=fastest",
+            "error: parallel.pipeline_split='fastest' is not one of ['balanced', 'profile']",
+        ),
+        (
+            "parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b trainer.grad_accum=2",
+            "error: parallel.pipeline_schedule=interleaved_1f1b splits the num_layers=2 layers "
+            "into parallel.pipeline=2 x parallel.virtual_stages=2 equal chunks: it must be a "
+            "multiple of 4",
+        ),
+        (
+            "parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b model.num_layers=4",
+            "error: parallel.pipeline_schedule=interleaved_1f1b needs the micro-batches per step "
+            "(1) to "
+            "be a multiple of parallel.pipeline=2",
+        ),
+        (
+            "parallel.pipeline=2 parallel.zero_stage=2",
+            "error: parallel.zero_stage=2 is not supported with parallel.pipeline=2",
+        ),
+    ],
+)
+def test_bad_pipeline_settings_exit_2_with_one_line(
+    tmp_path: Path, override: str, message: str
+) -> None:
+    result = _cli(
+        [
+            "model=bert_tiny",
+            "data=synthetic",
+            "trainer.progress=false",
+            *override.split(),
+            "launcher.nproc_per_node=2",
+        ],
+        tmp_path,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr

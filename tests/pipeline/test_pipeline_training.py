@@ -17,14 +17,26 @@ from tpformer.train.pretraining import pretraining_trainer
 GLOBAL_BATCH = 8
 
 
-def pipeline_config(arch: str = "bert", steps: int = 3, micro: int = 8, accum: int = 1,
-                    **parallel) -> Config:
+def pipeline_config(
+    arch: str = "bert", steps: int = 3, micro: int = 8, accum: int = 1, **parallel
+) -> Config:
     """tiny_config's run on a 4-layer model (so 4 stages fit), dropout 0.1, global batch 8."""
     config = tiny_config(steps=steps, micro=micro, accum=accum, **parallel)
-    model = (replace(config.model, num_layers=4) if arch == "bert" else
-             preset("gpt2_small", vocab_size=128, hidden_size=64, num_heads=4,
-                    intermediate_size=256, num_layers=4, max_position_embeddings=64,
-                    dropout=0.1, attention_dropout=0.1))
+    model = (
+        replace(config.model, num_layers=4)
+        if arch == "bert"
+        else preset(
+            "gpt2_small",
+            vocab_size=128,
+            hidden_size=64,
+            num_heads=4,
+            intermediate_size=256,
+            num_layers=4,
+            max_position_embeddings=64,
+            dropout=0.1,
+            attention_dropout=0.1,
+        )
+    )
     return replace(config, model=model)
 
 
@@ -35,8 +47,9 @@ def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[fl
 
 
 def _reference(tmp_path: Path, arch: str = "bert") -> list[tuple[float, ...]]:
-    return _curves(ParallelContext.single(device="cpu"), pipeline_config(arch),
-                   str(tmp_path / "reference"))
+    return _curves(
+        ParallelContext.single(device="cpu"), pipeline_config(arch), str(tmp_path / "reference")
+    )
 
 
 def _assert_same_curves(curves: list, reference: list) -> None:
@@ -59,29 +72,42 @@ CASES = [  # (pp, tp, dp, schedule, extra)
 
 
 @pytest.mark.parametrize(("pp", "tp", "dp", "schedule", "extra"), CASES)
-def test_pipeline_loss_curve_equals_one_process(tmp_path: Path, pp: int, tp: int, dp: int,
-                                                schedule: str, extra: dict) -> None:
+def test_pipeline_loss_curve_equals_one_process(
+    tmp_path: Path, pp: int, tp: int, dp: int, schedule: str, extra: dict
+) -> None:
     """4 micro-batches per step (grad_accum) at the global batch of the 1-process run."""
     reference = _reference(tmp_path)
     accum = 4
-    config = pipeline_config(micro=GLOBAL_BATCH // (dp * accum), accum=accum, tensor=tp,
-                             pipeline=pp, pipeline_schedule=schedule, **extra)
-    for curves in run_distributed(_curves, pp * tp * dp, config, str(tmp_path / "run"),
-                                  tensor=tp, pipeline=pp):
+    config = pipeline_config(
+        micro=GLOBAL_BATCH // (dp * accum),
+        accum=accum,
+        tensor=tp,
+        pipeline=pp,
+        pipeline_schedule=schedule,
+        **extra,
+    )
+    for curves in run_distributed(
+        _curves, pp * tp * dp, config, str(tmp_path / "run"), tensor=tp, pipeline=pp
+    ):
         _assert_same_curves(curves, reference)
 
 
 @pytest.mark.parametrize("extra", [{"sequence_parallel": True}, {"pipeline_split": [1, 3]}])
-def test_pipeline_with_tp_sequence_parallel_and_explicit_split(tmp_path: Path,
-                                                               extra: dict) -> None:
+def test_pipeline_with_tp_sequence_parallel_and_explicit_split(tmp_path: Path, extra: dict) -> None:
     """pipeline=2 x tensor=2 with sequence parallelism (the sequence-sharded activations
     travel between stages), and an uneven explicit split."""
     reference = _reference(tmp_path)
     tp = 2 if extra.get("sequence_parallel") else 1
     config = pipeline_config(micro=2, accum=4, tensor=tp, pipeline=2, **extra)
-    for curves in run_distributed(_curves, 2 * tp, config, str(tmp_path / "run"), tensor=tp,
-                                  pipeline=2, sequence_parallel=extra.get("sequence_parallel",
-                                                                          False)):
+    for curves in run_distributed(
+        _curves,
+        2 * tp,
+        config,
+        str(tmp_path / "run"),
+        tensor=tp,
+        pipeline=2,
+        sequence_parallel=extra.get("sequence_parallel", False),
+    ):
         _assert_same_curves(curves, reference)
 
 
@@ -119,8 +145,9 @@ def _save_then_resume(ctx: ParallelContext, config: Config, straight: str, run: 
 
 
 def test_pipeline_stop_and_resume_is_bitwise_equal(tmp_path: Path) -> None:
-    for whole, resumed in _launch(_save_then_resume, {"pipeline": 2}, str(tmp_path / "a"),
-                                  str(tmp_path / "b")):
+    for whole, resumed in _launch(
+        _save_then_resume, {"pipeline": 2}, str(tmp_path / "a"), str(tmp_path / "b")
+    ):
         assert min(resumed) == EXIT + 1
         for step in range(EXIT + 1, STEPS + 1):
             assert resumed[step] == whole[step], (resumed, whole)
@@ -134,11 +161,14 @@ def _resume(ctx: ParallelContext, config: Config, run_dir: str, source: str) -> 
     return _run(ctx, config, run_dir, resume=source)
 
 
-@pytest.mark.parametrize(("saved", "resumed"), [
-    ({"pipeline": 2}, {}),                                  # PP 2 -> one process
-    ({}, {"pipeline": 2}),                                  # one process -> PP 2
-    ({"pipeline": 2, "tensor": 2}, {"pipeline": 4}),        # PP 2 x TP 2 -> PP 4
-])
+@pytest.mark.parametrize(
+    ("saved", "resumed"),
+    [
+        ({"pipeline": 2}, {}),  # PP 2 -> one process
+        ({}, {"pipeline": 2}),  # one process -> PP 2
+        ({"pipeline": 2, "tensor": 2}, {"pipeline": 4}),  # PP 2 x TP 2 -> PP 4
+    ],
+)
 def test_pipeline_checkpoints_are_layout_free(tmp_path: Path, saved: dict, resumed: dict) -> None:
     """The stages write their own parameters (the tied word embedding once); any layout
     resumes within 1e-5 of the uninterrupted 1-process run."""
@@ -149,4 +179,6 @@ def test_pipeline_checkpoints_are_layout_free(tmp_path: Path, saved: dict, resum
         assert min(losses) == EXIT + 1
         for step in range(EXIT + 1, STEPS + 1):
             assert abs(losses[step] - straight[step]) <= FP32_MODEL_REL * straight[step], (
-                losses, straight)
+                losses,
+                straight,
+            )

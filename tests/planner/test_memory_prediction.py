@@ -28,12 +28,23 @@ GLOBAL_BATCH, MAX_MICRO = 4, 2
 
 
 def base_config() -> Config:
-    model = preset("bert_tiny", vocab_size=256, hidden_size=64, num_heads=4, num_layers=4,
-                   intermediate_size=256, max_position_embeddings=64, dropout=0.1,
-                   attention_dropout=0.1)
-    return Config(model=model, optim=OptimConfig(lr=1e-3, warmup_steps=1),
-                  data=DataConfig(source="synthetic", seq_length=64),
-                  trainer=TrainerConfig(max_steps=2, log_every=1, eval_steps=1, progress=False))
+    model = preset(
+        "bert_tiny",
+        vocab_size=256,
+        hidden_size=64,
+        num_heads=4,
+        num_layers=4,
+        intermediate_size=256,
+        max_position_embeddings=64,
+        dropout=0.1,
+        attention_dropout=0.1,
+    )
+    return Config(
+        model=model,
+        optim=OptimConfig(lr=1e-3, warmup_steps=1),
+        data=DataConfig(source="synthetic", seq_length=64),
+        trainer=TrainerConfig(max_steps=2, log_every=1, eval_steps=1, progress=False),
+    )
 
 
 def _work() -> Workload:
@@ -45,9 +56,17 @@ def _measure(ctx: ParallelContext, layouts: list[Candidate], run_dir: str) -> li
     logging.disable(logging.INFO)
     out = []
     for i, c in enumerate(layouts):
-        mesh = (ParallelContext.single(device="cpu") if ctx.layout.world_size == 1 else
-                ParallelContext.create(c.tp, c.dp, pipeline=c.pp, device=torch.device("cpu"),
-                                       sequence_parallel=c.sequence_parallel))
+        mesh = (
+            ParallelContext.single(device="cpu")
+            if ctx.layout.world_size == 1
+            else ParallelContext.create(
+                c.tp,
+                c.dp,
+                pipeline=c.pp,
+                device=torch.device("cpu"),
+                sequence_parallel=c.sequence_parallel,
+            )
+        )
         directory = Path(run_dir) / str(i)
         directory.mkdir(parents=True, exist_ok=True)
         trainer = pretraining_trainer(c.apply(base_config()), mesh, directory)
@@ -62,8 +81,9 @@ def _measure(ctx: ParallelContext, layouts: list[Candidate], run_dir: str) -> li
 def _check(world: int, layouts: list[Candidate], tmp_path: Path) -> None:
     cluster = resolve_cluster(load_preset("cpu"), "fp32", cache_dir=str(tmp_path))
     if world == 1:
-        measured = [[m] for m in _measure(ParallelContext.single(device="cpu"), layouts,
-                                          str(tmp_path))]
+        measured = [
+            [m] for m in _measure(ParallelContext.single(device="cpu"), layouts, str(tmp_path))
+        ]
     else:
         per_rank = run_distributed(_measure, world, layouts, str(tmp_path), timeout_s=600)
         measured = [list(ms) for ms in zip(*per_rank)]
@@ -73,14 +93,17 @@ def _check(world: int, layouts: list[Candidate], tmp_path: Path) -> None:
         got = max(ranks)  # the prediction is the most loaded stage's
         errors.append((abs(got - predicted) / got, c.label(), got, predicted))
     worst = max(errors)
-    print(f"world {world}: {len(errors)} layouts, worst error {worst[0]:.2%} ({worst[1]}: "
-          f"measured {worst[2]:,.0f} B, predicted {worst[3]:,.0f} B)")
+    print(
+        f"world {world}: {len(errors)} layouts, worst error {worst[0]:.2%} ({worst[1]}: "
+        f"measured {worst[2]:,.0f} B, predicted {worst[3]:,.0f} B)"
+    )
     assert worst[0] <= MEMORY_REL, f"worst of {len(errors)}: {worst}"
 
 
 def _layouts(world: int) -> list[Candidate]:
-    return list(enumerate_candidates(_work(), world, world, max_micro_batch=MAX_MICRO,
-                                     device_type="cpu"))
+    return list(
+        enumerate_candidates(_work(), world, world, max_micro_batch=MAX_MICRO, device_type="cpu")
+    )
 
 
 @pytest.mark.parametrize("world", [1, 2])

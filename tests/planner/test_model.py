@@ -20,15 +20,16 @@ from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Link, load_preset, resolve_cluster
 from tpformer.planner.memory import in_flight, stage_params
 from tpformer.planner.step_time import pipeline_makespan
-from tpformer.train.plan import predict_memory_of, prediction_lines
+from tpformer.train.startup_report import predict_memory_of, prediction_lines
 
 
 def _count(ctx: ParallelContext, model: ModelConfig, task: str) -> int:
     return sum(p.numel() for p in build_model(model, ctx, task=task).parameters())
 
 
-@pytest.mark.parametrize(("model", "task"), [(tiny_bert(), "pretraining"),
-                                             (tiny_gpt(), "causal_lm")])
+@pytest.mark.parametrize(
+    ("model", "task"), [(tiny_bert(), "pretraining"), (tiny_gpt(), "causal_lm")]
+)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_parameters_per_rank_match_the_built_model(model: ModelConfig, task: str, tp: int) -> None:
     work = Workload(model, 16, 8, "fp32", 0.15, nsp=model.arch == "bert")
@@ -55,8 +56,9 @@ def _lines(**trainer: int) -> tuple[list[str], list[str]]:
     config = base_config()
     config = replace(config, trainer=replace(config.trainer, **trainer))
     cluster = resolve_cluster(load_preset("cpu"), "fp32", cache_dir="/nonexistent")
-    return prediction_lines(config, Layout(1, 1), cluster, "cpu",
-                            predict_memory_of(config, Layout(1, 1), cluster))
+    return prediction_lines(
+        config, Layout(1, 1), cluster, "cpu", predict_memory_of(config, Layout(1, 1), cluster)
+    )
 
 
 def test_startup_plan_warns_about_a_much_slower_layout() -> None:
@@ -71,10 +73,12 @@ def test_startup_plan_warns_about_a_much_slower_layout() -> None:
 def test_startup_plan_warns_when_the_layout_does_not_fit() -> None:
     config = base_config()
     config = replace(config, trainer=replace(config.trainer, micro_batch_size=16, grad_accum=1))
-    cluster = resolve_cluster(replace(load_preset("cpu"), device_memory_gb=0.01), "fp32",
-                              cache_dir="/nonexistent")
-    _, warnings = prediction_lines(config, Layout(1, 1), cluster, "cpu",
-                                   predict_memory_of(config, Layout(1, 1), cluster))
+    cluster = resolve_cluster(
+        replace(load_preset("cpu"), device_memory_gb=0.01), "fp32", cache_dir="/nonexistent"
+    )
+    _, warnings = prediction_lines(
+        config, Layout(1, 1), cluster, "cpu", predict_memory_of(config, Layout(1, 1), cluster)
+    )
     assert any("predicted to run out of memory" in w and "> 10 MB" in w for w in warnings), warnings
 
 

@@ -16,8 +16,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def plan(*args: str, cwd: Path | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "tpformer.plan", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tpformer.cli.plan", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bert_large_on_an_h100_node_prints_ranked_layouts() -> None:
@@ -34,8 +40,15 @@ def test_bert_large_on_an_h100_node_prints_ranked_layouts() -> None:
 
 
 def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
-    result = plan("--json", "model=bert_base", "cluster=a100_node", "cluster.nodes=2",
-                  "plan.global_batch=256", "plan.top=8", "parallel.precision=bf16")
+    result = plan(
+        "--json",
+        "model=bert_base",
+        "cluster=a100_node",
+        "cluster.nodes=2",
+        "plan.global_batch=256",
+        "plan.top=8",
+        "parallel.precision=bf16",
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["cluster"]["nodes"] == 2 and data["workload"]["global_batch"] == 256
@@ -46,24 +59,34 @@ def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
         assert entry["fits"] and entry["memory_bytes"]["total"] <= 80e9
         assert layout["tp"] * layout["pp"] * layout["dp"] == 16
         assert layout["micro_batch"] * layout["grad_accum"] * layout["dp"] == 256
-    assert data["launch"].startswith("torchrun --nnodes 2 --nproc_per_node 8") or \
-        "launcher.nproc_per_node" in data["launch"]
+    assert (
+        data["launch"].startswith("torchrun --nnodes 2 --nproc_per_node 8")
+        or "launcher.nproc_per_node" in data["launch"]
+    )
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["cluster=h100_node", "cluster.gpus_per_node=-1"],
-     "cluster.gpus_per_node=-1 must be > 0"),
-    (["cluster=h100_node", "cluster.matmul_efficiency=1.5"],
-     "cluster.matmul_efficiency=1.5 must be a fraction in [0, 1]"),
-    (["model=bert_tiny", "cluster=h100_node", "plan.global_batch=3"],
-     "no layout can form the global batch of 3 on 8 devices: it must be divisible by a "
-     "data-parallel degree in [2, 4, 8]"),
-    (["model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1"],
-     "needs "),
-    (["cluster=dgx9000"], "Could not find 'cluster/dgx9000' Available options in 'cluster': "
-     "a100_node auto cpu h100_node"),
-    (["cluster.gpus_per_nod=8"], "gpus_per_nod"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cluster=h100_node", "cluster.gpus_per_node=-1"], "cluster.gpus_per_node=-1 must be > 0"),
+        (
+            ["cluster=h100_node", "cluster.matmul_efficiency=1.5"],
+            "cluster.matmul_efficiency=1.5 must be a fraction in [0, 1]",
+        ),
+        (
+            ["model=bert_tiny", "cluster=h100_node", "plan.global_batch=3"],
+            "no layout can form the global batch of 3 on 8 devices: it must be divisible by a "
+            "data-parallel degree in [2, 4, 8]",
+        ),
+        (["model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1"], "needs "),
+        (
+            ["cluster=dgx9000"],
+            "Could not find 'cluster/dgx9000' Available options in 'cluster': "
+            "a100_node auto cpu h100_node",
+        ),
+        (["cluster.gpus_per_nod=8"], "gpus_per_nod"),
+    ],
+)
 def test_bad_input_is_one_line_with_exit_code_2(args: list[str], message: str) -> None:
     result = plan(*args)
     assert result.returncode == 2, (result.stdout, result.stderr)
@@ -85,12 +108,21 @@ def test_calibrating_other_hardware_is_refused() -> None:
 
 @pytest.mark.slow
 def test_calibration_is_stored_and_used(tmp_path: Path) -> None:
-    result = plan("--calibrate", "cluster=cpu", f"data.cache_dir={tmp_path}", "model=bert_mini",
-                  timeout=300)
+    result = plan(
+        "--calibrate", "cluster=cpu", f"data.cache_dir={tmp_path}", "model=bert_mini", timeout=300
+    )
     assert result.returncode == 0, result.stderr
     stored = json.loads((tmp_path / "calibration" / "cpu.json").read_text())
-    assert {"matmul", "memory_gbps", "elementwise_passes", "activation_scale", "dropout_ns",
-            "layer_overhead_us", "intra_node_gbps", "intra_node_latency_us"} <= set(stored)
+    assert {
+        "matmul",
+        "memory_gbps",
+        "elementwise_passes",
+        "activation_scale",
+        "dropout_ns",
+        "layer_overhead_us",
+        "intra_node_gbps",
+        "intra_node_latency_us",
+    } <= set(stored)
     assert set(stored["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter", "send"}
     assert all(gbps > 0 and us >= 0 for gbps, us in stored["collectives"].values())
     assert 0.9 < stored["activation_scale"] < 1.1  # one real layer vs the formula

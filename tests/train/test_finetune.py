@@ -17,16 +17,41 @@ import torch
 
 from tests.data.test_glue import write_glue_file
 from tests.dist import run_distributed
-from tests.train.test_trainer import REPO
 from tests.tolerances import FP32_MODEL_REL, assert_rel_close
-from tpformer.config.schema import (FinetuneConfig, FinetuneTrainerConfig, GlueDataConfig,
-                                    OptimConfig, ParallelConfig)
+from tests.train.test_trainer import REPO
+from tpformer.config.schema import (
+    FinetuneConfig,
+    FinetuneTrainerConfig,
+    GlueDataConfig,
+    OptimConfig,
+    ParallelConfig,
+)
 from tpformer.data.tokenizer import SPECIAL_TOKENS
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.finetuning import finetuning_trainer, write_results
 
-WORDS = ["good", "bad", "the", "movie", "plot", "was", "acting", "very", "quite", "and", "a", "film",
-         "story", "music", "is", "really", "not", "so", "cast", "ending"]
+WORDS = [
+    "good",
+    "bad",
+    "the",
+    "movie",
+    "plot",
+    "was",
+    "acting",
+    "very",
+    "quite",
+    "and",
+    "a",
+    "film",
+    "story",
+    "music",
+    "is",
+    "really",
+    "not",
+    "so",
+    "cast",
+    "ending",
+]
 FILLER = WORDS[2:]
 
 
@@ -36,9 +61,16 @@ def write_hf_bert(directory: Path, dropout: float = 0.1) -> Path:
 
     torch.manual_seed(0)
     vocab = [*SPECIAL_TOKENS, *WORDS]
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
-                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     BertModel(config).save_pretrained(directory)
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
     return directory
@@ -60,15 +92,23 @@ def write_sst2(root: Path, train: int = 256, dev: int = 64) -> Path:
     write_glue_file(root, "SST-2", "train", sentiment_rows(train, 1))
     write_glue_file(root, "SST-2", "dev", sentiment_rows(dev, 2))
     test = root / "SST-2" / "test.tsv"
-    test.write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, (s, _, _) in
-                                                 enumerate(sentiment_rows(10, 3))))
+    test.write_text(
+        "index\tsentence\n"
+        + "".join(f"{i}\t{s}\n" for i, (s, _, _) in enumerate(sentiment_rows(10, 3)))
+    )
     return root
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "tpformer.finetune", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tpformer.cli.finetune", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -76,10 +116,23 @@ def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     hf = write_hf_bert(tmp_path / "hf")
     glue = write_sst2(tmp_path / "glue")
     run = tmp_path / "run"
-    result = _cli(["task=sst2", f"init={hf}", f"data.glue_dir={glue}", f"data.cache_dir={tmp_path}",
-                   "parallel.tensor=2", "launcher.nproc_per_node=2", "optim.lr=2e-3",
-                   "trainer.epochs=4", "trainer.batch_size=16", "trainer.progress=false",
-                   "data.group_by_length=true", f"hydra.run.dir={run}"], tmp_path)
+    result = _cli(
+        [
+            "task=sst2",
+            f"init={hf}",
+            f"data.glue_dir={glue}",
+            f"data.cache_dir={tmp_path}",
+            "parallel.tensor=2",
+            "launcher.nproc_per_node=2",
+            "optim.lr=2e-3",
+            "trainer.epochs=4",
+            "trainer.batch_size=16",
+            "trainer.progress=false",
+            "data.group_by_length=true",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((run / "results.json").read_text())
     assert len(results["evaluations"]) == 4
@@ -100,16 +153,27 @@ def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     from transformers import AutoTokenizer, BertForSequenceClassification
 
     hf_out = tmp_path / "exported"
-    exported = subprocess.run([sys.executable, str(REPO / "tools" / "convert_checkpoint.py"),
-                               "to-hf", str(best), str(hf_out)], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    exported = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "convert_checkpoint.py"),
+            "to-hf",
+            str(best),
+            str(hf_out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
     assert exported.returncode == 0, exported.stderr[-2000:]
     model, info = BertForSequenceClassification.from_pretrained(hf_out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert model.config.id2label == {0: "0", 1: "1"}
     tokenizer = AutoTokenizer.from_pretrained(hf_out)
-    test_rows = [line.split("\t")[1] for line in
-                 (glue / "SST-2" / "test.tsv").read_text().splitlines()[1:]]
+    test_rows = [
+        line.split("\t")[1] for line in (glue / "SST-2" / "test.tsv").read_text().splitlines()[1:]
+    ]
     with torch.no_grad():
         logits = model.eval()(**tokenizer(test_rows, padding=True, return_tensors="pt")).logits
     ours = [line.split("\t")[1] for line in lines_of(run / "predictions" / "SST-2.tsv")[1:]]
@@ -129,49 +193,71 @@ def _predictions(ctx: ParallelContext, config: FinetuneConfig, run_dir: str) -> 
     return pred, [r["loss"] for r in records]
 
 
-@pytest.mark.parametrize(("tp", "dp", "sp", "pp"), [(2, 1, False, 1), (1, 2, False, 1),
-                                                    (2, 1, True, 1), (1, 1, False, 2)])
-def test_same_dev_predictions_at_every_layout(tmp_path: Path, tp: int, dp: int, sp: bool,
-                                              pp: int) -> None:
+@pytest.mark.parametrize(
+    ("tp", "dp", "sp", "pp"),
+    [(2, 1, False, 1), (1, 2, False, 1), (2, 1, True, 1), (1, 1, False, 2)],
+)
+def test_same_dev_predictions_at_every_layout(
+    tmp_path: Path, tp: int, dp: int, sp: bool, pp: int
+) -> None:
     """RTE-style sentence pairs, dropout 0.1 (layout-independent masks), 2 epochs. Sequence
     parallelism pads each batch to a multiple of tensor by itself; the TP=1 reference is told
     to pad the same way (data.pad_to_multiple_of), so the attention dropout masks match. The
     pipeline (2 stages, 4 micro-batches of variable width per step) predicts from its last
     stage."""
     hf = write_hf_bert(tmp_path / "hf")
-    rows = [(a, b, "entailment" if label == "1" else "not_entailment")
-            for (a, _, label), (b, _, _) in zip(sentiment_rows(48, 4), sentiment_rows(48, 5))]
+    rows = [
+        (a, b, "entailment" if label == "1" else "not_entailment")
+        for (a, _, label), (b, _, _) in zip(sentiment_rows(48, 4), sentiment_rows(48, 5))
+    ]
     write_glue_file(tmp_path / "glue", "RTE", "train", rows[:32])
     write_glue_file(tmp_path / "glue", "RTE", "dev", rows[32:])
-    config = FinetuneConfig(task="rte", init=str(hf),
-                            data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
-                                                cache_dir=str(tmp_path / "cache")),
-                            optim=OptimConfig(lr=1e-3, warmup_steps=2),
-                            trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False))
+    config = FinetuneConfig(
+        task="rte",
+        init=str(hf),
+        data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
+        optim=OptimConfig(lr=1e-3, warmup_steps=2),
+        trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False),
+    )
     reference = replace(config, data=replace(config.data, pad_to_multiple_of=2)) if sp else config
-    want_pred, want_loss = _predictions(ParallelContext.single(device="cpu"), reference,
-                                        str(tmp_path / "one"))
+    want_pred, want_loss = _predictions(
+        ParallelContext.single(device="cpu"), reference, str(tmp_path / "one")
+    )
     if pp > 1:
-        config = replace(config, parallel=replace(config.parallel, pipeline=pp),
-                         trainer=replace(config.trainer, micro_batch_size=2))
-    for pred, loss in run_distributed(_predictions, tp * dp * pp, config, str(tmp_path / "many"),
-                                      tensor=tp, sequence_parallel=sp, pipeline=pp):
+        config = replace(
+            config,
+            parallel=replace(config.parallel, pipeline=pp),
+            trainer=replace(config.trainer, micro_batch_size=2),
+        )
+    for pred, loss in run_distributed(
+        _predictions,
+        tp * dp * pp,
+        config,
+        str(tmp_path / "many"),
+        tensor=tp,
+        sequence_parallel=sp,
+        pipeline=pp,
+    ):
         assert torch.equal(pred, want_pred)
         assert loss == pytest.approx(want_loss, rel=1e-5)
 
 
 def _rte_config(tmp_path: Path, **parallel: object) -> FinetuneConfig:
     """RTE-style sentence pairs from the sentiment rows: 32 train, 16 dev, dropout 0.1."""
-    rows = [(a, b, "entailment" if label == "1" else "not_entailment")
-            for (a, _, label), (b, _, _) in zip(sentiment_rows(48, 4), sentiment_rows(48, 5))]
+    rows = [
+        (a, b, "entailment" if label == "1" else "not_entailment")
+        for (a, _, label), (b, _, _) in zip(sentiment_rows(48, 4), sentiment_rows(48, 5))
+    ]
     write_glue_file(tmp_path / "glue", "RTE", "train", rows[:32])
     write_glue_file(tmp_path / "glue", "RTE", "dev", rows[32:])
-    return FinetuneConfig(task="rte", init=str(write_hf_bert(tmp_path / "hf")),
-                          data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
-                                              cache_dir=str(tmp_path / "cache")),
-                          parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
-                          optim=OptimConfig(lr=1e-3, warmup_steps=2),
-                          trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False))
+    return FinetuneConfig(
+        task="rte",
+        init=str(write_hf_bert(tmp_path / "hf")),
+        data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
+        parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
+        optim=OptimConfig(lr=1e-3, warmup_steps=2),
+        trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False),
+    )
 
 
 def _dev_after_training(config: FinetuneConfig, run_dir: Path) -> tuple[torch.Tensor, list]:
@@ -188,7 +274,8 @@ def test_recomputation_gives_the_same_dev_predictions(tmp_path: Path, mode: str)
     """Fine-tuning reaches activation checkpointing through the one loop (dropout 0.1)."""
     pred, evaluations = _dev_after_training(_rte_config(tmp_path), tmp_path / "none")
     recomputed, recomputed_evals = _dev_after_training(
-        _rte_config(tmp_path, activation_checkpointing=mode), tmp_path / mode)
+        _rte_config(tmp_path, activation_checkpointing=mode), tmp_path / mode
+    )
     assert torch.equal(recomputed, pred)
     assert recomputed_evals == evaluations
 
@@ -201,10 +288,10 @@ def test_stopped_and_resumed_finetuning_gives_the_uninterrupted_metrics(tmp_path
         config = _rte_config(tmp_path)
         config.trainer.exit_at_step, config.trainer.save_every = exit_at, 0
         run = tmp_path / f"stopped{exit_at}"
-        first, first_evals = _dev_after_training(config, run)
-        assert first_evals == want[:exit_at // 4]
+        _first, first_evals = _dev_after_training(config, run)
+        assert first_evals == want[: exit_at // 4]
         config.trainer.exit_at_step, config.trainer.resume = 0, "auto"
-        pred, evaluations = _dev_after_training(config, run)
+        _pred, evaluations = _dev_after_training(config, run)
         assert evaluations == want, (exit_at, evaluations, want)
     best_steps = sorted(p.name for p in (tmp_path / "whole" / "best").glob("step*"))
     assert sorted(p.name for p in (run / "best").glob("step*")) == best_steps
@@ -233,16 +320,19 @@ def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None
     write_glue_file(tmp_path / "glue", "STS-B", "train", rows[:32])
     write_glue_file(tmp_path / "glue", "STS-B", "dev", rows[32:])
     write_glue_file(tmp_path / "glue", "STS-B", "test", rows[32:])  # its scores are not read
-    config = FinetuneConfig(task="stsb", init=str(write_hf_bert(tmp_path / "hf")),
-                            data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
-                                                cache_dir=str(tmp_path / "cache")),
-                            optim=OptimConfig(lr=1e-3, warmup_steps=2),
-                            trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False))
+    config = FinetuneConfig(
+        task="stsb",
+        init=str(write_hf_bert(tmp_path / "hf")),
+        data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
+        optim=OptimConfig(lr=1e-3, warmup_steps=2),
+        trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False),
+    )
     ours = run_distributed(_export_regression, 2, config, str(tmp_path / "run"), tensor=2)[0]
     best = sorted((tmp_path / "run" / "best").glob("step*"))[-1]
     to_hf(best, tmp_path / "hf_out")
-    model, info = BertForSequenceClassification.from_pretrained(tmp_path / "hf_out",
-                                                                output_loading_info=True)
+    model, info = BertForSequenceClassification.from_pretrained(
+        tmp_path / "hf_out", output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert (model.config.problem_type, model.config.num_labels) == ("regression", 1)
     from transformers import AutoTokenizer
@@ -250,12 +340,15 @@ def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf_out")
     dev = [line.split("\t") for line in lines_of(tmp_path / "glue" / "STS-B" / "dev.tsv")[1:]]
     with torch.no_grad():
-        batch = tokenizer([r[7] for r in dev], [r[8] for r in dev], padding=True,
-                          return_tensors="pt")
+        batch = tokenizer(
+            [r[7] for r in dev], [r[8] for r in dev], padding=True, return_tensors="pt"
+        )
         scores = model.eval()(**batch).logits.squeeze(-1)
     assert_rel_close(scores, torch.tensor(ours), FP32_MODEL_REL, "exported STS-B scores")
-    written = [float(line.split("\t")[1]) for line in
-               lines_of(tmp_path / "run" / "predictions" / "STS-B.tsv")[1:]]
+    written = [
+        float(line.split("\t")[1])
+        for line in lines_of(tmp_path / "run" / "predictions" / "STS-B.tsv")[1:]
+    ]
     assert torch.allclose(torch.tensor(written), scores.clamp(0, 5), rtol=0, atol=1e-3)
 
 
@@ -266,13 +359,15 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     result = _cli(["task=sst5", f"init={hf}", f"data.glue_dir={glue}"], tmp_path)
     assert result.returncode == 2
     assert "Invalid value 'sst5', expected one of [cola, sst2, mrpc" in result.stderr
-    result = _cli(["task=sst2", f"init={hf}", f"data.glue_dir={glue}",
-                   f"data.cache_dir={tmp_path}"], tmp_path)
+    result = _cli(
+        ["task=sst2", f"init={hf}", f"data.glue_dir={glue}", f"data.cache_dir={tmp_path}"], tmp_path
+    )
     assert result.returncode != 0 and "SST-2/train.tsv is missing" in result.stderr
     (hf / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, "extra"]) + "\n")
     write_sst2(glue, train=8, dev=8)
-    result = _cli(["task=sst2", f"init={hf}", f"data.glue_dir={glue}",
-                   f"data.cache_dir={tmp_path}"], tmp_path)
+    result = _cli(
+        ["task=sst2", f"init={hf}", f"data.glue_dir={glue}", f"data.cache_dir={tmp_path}"], tmp_path
+    )
     assert result.returncode != 0
     assert f"has 6 tokens but model.vocab_size={len(SPECIAL_TOKENS) + len(WORDS)}" in result.stderr
 
@@ -295,14 +390,18 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
     for name, param in model.bert.named_parameters():
         assert torch.equal(param, pretrained[name]), name
     assert tokenizer_dir == checkpoint / "tokenizer"
-    rows = [(f"The king loves the crown {'tonight' if i % 2 else 'at dawn'}.", "", str(i % 2))
-            for i in range(16)]
+    rows = [
+        (f"The king loves the crown {'tonight' if i % 2 else 'at dawn'}.", "", str(i % 2))
+        for i in range(16)
+    ]
     write_glue_file(tmp_path / "glue", "SST-2", "train", rows)
     write_glue_file(tmp_path / "glue", "SST-2", "dev", rows[:8])
-    tune = FinetuneConfig(task="sst2", init=str(checkpoint),
-                          data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
-                                              cache_dir=str(tmp_path / "cache")),
-                          trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False))
+    tune = FinetuneConfig(
+        task="sst2",
+        init=str(checkpoint),
+        data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
+        trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False),
+    )
     trainer = finetuning_trainer(tune, ctx, tmp_path / "tune")
     trainer.train()
     results = write_results(trainer, tune, 0.0)
@@ -311,7 +410,8 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
 
 
 def test_nan_dev_metric_is_reported_and_still_checkpointed(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """STS-B dev scores that are all equal make Pearson and Spearman NaN: the run warns, counts
     NaN as the worst value, and still keeps the first evaluation's checkpoint and results."""
     import logging
@@ -320,10 +420,12 @@ def test_nan_dev_metric_is_reported_and_still_checkpointed(
     rows = [(a, b, f"{(la == lb) * 4 + 0.5:.2f}") for (a, _, la), (b, _, lb) in pairs]
     write_glue_file(tmp_path / "glue", "STS-B", "train", rows[:16])
     write_glue_file(tmp_path / "glue", "STS-B", "dev", [(a, b, "2.50") for a, b, _ in rows[16:]])
-    config = FinetuneConfig(task="stsb", init=str(write_hf_bert(tmp_path / "hf")),
-                            data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
-                                                cache_dir=str(tmp_path / "cache")),
-                            trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False))
+    config = FinetuneConfig(
+        task="stsb",
+        init=str(write_hf_bert(tmp_path / "hf")),
+        data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
+        trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False),
+    )
     trainer = finetuning_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "run")
     with caplog.at_level(logging.WARNING):
         trainer.train()
@@ -341,10 +443,12 @@ def test_best_checkpoint_holds_the_weights_only(tmp_path: Path) -> None:
     from tpformer.config.schema import FinetuneTrainerConfig as T
 
     write_sst2(tmp_path / "glue", train=16, dev=8)
-    config = FinetuneConfig(task="sst2", init=str(write_hf_bert(tmp_path / "hf")),
-                            data=GlueDataConfig(glue_dir=str(tmp_path / "glue"),
-                                                cache_dir=str(tmp_path / "cache")),
-                            trainer=T(epochs=1, batch_size=8, progress=False, save_every=2))
+    config = FinetuneConfig(
+        task="sst2",
+        init=str(write_hf_bert(tmp_path / "hf")),
+        data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
+        trainer=T(epochs=1, batch_size=8, progress=False, save_every=2),
+    )
     ctx = ParallelContext.single(device="cpu")
     trainer = finetuning_trainer(config, ctx, tmp_path / "run")
     start = time.perf_counter()
@@ -362,7 +466,8 @@ def test_best_checkpoint_holds_the_weights_only(tmp_path: Path) -> None:
 
     keys = set(FileSystemReader(str(best)).read_metadata().state_dict_metadata)
     assert keys and all(k.startswith("engine.param/") for k in keys), sorted(keys)[:5]
-    resumed = finetuning_trainer(replace(config, trainer=replace(config.trainer, resume=str(best))),
-                                 ctx, tmp_path / "again")
-    with pytest.raises(store.CheckpointError, match="weights only.*trainer.save_every"):
+    resumed = finetuning_trainer(
+        replace(config, trainer=replace(config.trainer, resume=str(best))), ctx, tmp_path / "again"
+    )
+    with pytest.raises(store.CheckpointError, match=r"weights only.*trainer.save_every"):
         resumed.train()

@@ -1,4 +1,5 @@
-"""The planner's per-layer activation estimate (which the startup plan prints) against activations measured with saved-tensor hooks,
+"""The planner's per-layer activation estimate (which the startup plan prints) against
+activations measured with saved-tensor hooks,
 at every TP / sequence-parallel / recomputation combination it models."""
 
 import pytest
@@ -22,10 +23,14 @@ PLAN_REL = 0.10
 
 def _config(tp: int, sp: bool, recompute: str) -> Config:
     model = tiny_bert(dropout=0.1, hidden_size=64, num_layers=2, max_position_embeddings=SEQ)
-    return Config(model=model, data=DataConfig(seq_length=SEQ),
-                  parallel=ParallelConfig(tensor=tp, sequence_parallel=sp,
-                                          activation_checkpointing=recompute),
-                  trainer=TrainerConfig(micro_batch_size=BATCH))
+    return Config(
+        model=model,
+        data=DataConfig(seq_length=SEQ),
+        parallel=ParallelConfig(
+            tensor=tp, sequence_parallel=sp, activation_checkpointing=recompute
+        ),
+        trainer=TrainerConfig(micro_batch_size=BATCH),
+    )
 
 
 def _measured(ctx: ParallelContext, config: Config) -> int:
@@ -38,19 +43,25 @@ def _measured(ctx: ParallelContext, config: Config) -> int:
     return sum(saved.per_layer)
 
 
-@pytest.mark.parametrize(("tp", "sp", "recompute"), [
-    (1, False, "none"),
-    (2, False, "none"),
-    (2, True, "none"),
-    (4, True, "none"),
-    (2, True, "selective"),
-    (4, False, "selective"),
-    (2, True, "full"),
-])
+@pytest.mark.parametrize(
+    ("tp", "sp", "recompute"),
+    [
+        (1, False, "none"),
+        (2, False, "none"),
+        (2, True, "none"),
+        (4, True, "none"),
+        (2, True, "selective"),
+        (4, False, "selective"),
+        (2, True, "full"),
+    ],
+)
 def test_activation_estimate_matches_saved_tensors(tp: int, sp: bool, recompute: str) -> None:
     config = _config(tp, sp, recompute)
-    layer, _, _ = activation_parts(Workload.of(config, BATCH), candidate_of(config, 1),
-                                   mask_bytes=dropout_mask_bytes("cpu", torch.float32))
+    layer, _, _ = activation_parts(
+        Workload.of(config, BATCH),
+        candidate_of(config, 1),
+        mask_bytes=dropout_mask_bytes("cpu", torch.float32),
+    )
     estimate = config.model.num_layers * layer
     if tp == 1:
         measured = [_measured(ParallelContext.single(device="cpu"), config)]

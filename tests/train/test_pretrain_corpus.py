@@ -13,8 +13,8 @@ from tests.data.common import write_corpus
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import _cli, tiny_config
-from tpformer.convert import to_hf
 from tpformer.config.schema import Config, DataConfig
+from tpformer.convert import to_hf
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
@@ -22,15 +22,15 @@ from tpformer.train.pretraining import pretraining_trainer
 VOCAB = 160
 
 
-def corpus_config(root: Path, steps: int = 4, micro: int = 4, accum: int = 1,
-                  **parallel) -> Config:
+def corpus_config(root: Path, steps: int = 4, micro: int = 4, accum: int = 1, **parallel) -> Config:
     config = tiny_config(steps=steps, micro=micro, accum=accum, **parallel)
     corpus = root / "corpus.txt"
     if not corpus.exists():
         write_corpus(corpus, documents=40)
     config.model.vocab_size = VOCAB
-    config.data = DataConfig(source="text", paths=[str(corpus)], seq_length=32,
-                             cache_dir=str(root / "cache"), workers=1)
+    config.data = DataConfig(
+        source="text", paths=[str(corpus)], seq_length=32, cache_dir=str(root / "cache"), workers=1
+    )
     return config
 
 
@@ -39,11 +39,15 @@ def _losses(ctx: ParallelContext, config: Config, run_dir: str) -> list[float]:
 
 
 @pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
-def test_corpus_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int,
-                                                        accum: int) -> None:
+def test_corpus_loss_curve_is_the_same_in_every_layout(
+    tmp_path: Path, tp: int, dp: int, accum: int
+) -> None:
     """Global batch 8: 8 x 1 x 1 vs 8 at tp 2, 4 x 2 ranks, 4 x 2 micro-batches (dropout 0.1)."""
-    reference = _losses(ParallelContext.single(device="cpu"), corpus_config(tmp_path, micro=8),
-                        str(tmp_path / "ref"))
+    reference = _losses(
+        ParallelContext.single(device="cpu"),
+        corpus_config(tmp_path, micro=8),
+        str(tmp_path / "ref"),
+    )
     config = corpus_config(tmp_path, micro=8 // (dp * accum), accum=accum, tensor=tp)
     for losses in run_distributed(_losses, tp * dp, config, str(tmp_path / "run"), tensor=tp):
         assert len(losses) == len(reference)
@@ -59,7 +63,9 @@ def test_mlm_loss_halves_on_a_tiny_corpus(tmp_path: Path) -> None:
     config.optim.warmup_steps, config.optim.lr = 20, 2e-3
     config.trainer.log_every = 20
     config.trainer.save_every = 300
-    records = pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "run").train()
+    records = pretraining_trainer(
+        config, ParallelContext.single(device="cpu"), tmp_path / "run"
+    ).train()
     mlm = [r["mlm_loss"] for r in records]
     assert mlm[0] > 4.0, mlm  # starts near ln(160) = 5.08
     assert mlm[-1] < 0.5 * mlm[0], mlm
@@ -73,27 +79,44 @@ def test_mlm_loss_halves_on_a_tiny_corpus(tmp_path: Path) -> None:
 
 def test_tokenizer_vocabulary_must_match_the_model(tmp_path: Path) -> None:
     config = corpus_config(tmp_path)
-    pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "a")  # trains the tokenizer
+    pretraining_trainer(
+        config, ParallelContext.single(device="cpu"), tmp_path / "a"
+    )  # trains the tokenizer
     tokenizer = next((tmp_path / "cache").glob("tokenizer-*/tokenizer.model"))
     config.data.tokenizer = str(tokenizer)
     config.model.vocab_size = 256
-    with pytest.raises(ValueError, match=rf"has {VOCAB} tokens but model.vocab_size=256; set "
-                                         rf"model.vocab_size={VOCAB}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"has {VOCAB} tokens but model.vocab_size=256; set "
+        rf"model.vocab_size={VOCAB}",
+    ):
         pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "b")
 
 
 @pytest.mark.slow
 def test_cli_on_a_text_corpus_and_its_errors(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.txt", documents=12)
-    common = ["model=bert_tiny", "model.num_heads=4", f"model.vocab_size={VOCAB}", "data=text",
-              f"data.paths=[{corpus}]", "data.seq_length=32", f"data.cache_dir={tmp_path / 'c'}",
-              "trainer.micro_batch_size=4", "trainer.progress=false", "trainer.max_steps=2"]
+    common = [
+        "model=bert_tiny",
+        "model.num_heads=4",
+        f"model.vocab_size={VOCAB}",
+        "data=text",
+        f"data.paths=[{corpus}]",
+        "data.seq_length=32",
+        f"data.cache_dir={tmp_path / 'c'}",
+        "trainer.micro_batch_size=4",
+        "trainer.progress=false",
+        "trainer.max_steps=2",
+    ]
     result = _cli([*common, "parallel.tensor=2", "launcher.nproc_per_node=2"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "corpus: 12 documents" in result.stderr
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine\n\xff\xfe oops\n")
-    result = _cli([*common[:4], f"data.paths=[{bad}]", *common[5:], "launcher.nproc_per_node=2"],
-                  tmp_path)
+    result = _cli(
+        [*common[:4], f"data.paths=[{bad}]", *common[5:], "launcher.nproc_per_node=2"], tmp_path
+    )
     assert result.returncode != 0
-    assert "bad.txt is not UTF-8: byte 0xff at byte offset 5" in result.stderr, result.stderr[-3000:]
+    assert "bad.txt is not UTF-8: byte 0xff at byte offset 5" in result.stderr, result.stderr[
+        -3000:
+    ]

@@ -13,25 +13,38 @@ import pytest
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tpformer.config.presets import preset
-from tpformer.config.schema import (Config, DataConfig, OptimConfig, ParallelConfig,
-                                    TrainerConfig)
+from tpformer.config.schema import Config, DataConfig, OptimConfig, ParallelConfig, TrainerConfig
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["model=bert_tiny", "data=synthetic", "model.vocab_size=128", "model.num_heads=4", "data.seq_length=32",
-        "trainer.micro_batch_size=4", "trainer.progress=false"]
+TINY = [
+    "model=bert_tiny",
+    "data=synthetic",
+    "model.vocab_size=128",
+    "model.num_heads=4",
+    "data.seq_length=32",
+    "trainer.micro_batch_size=4",
+    "trainer.progress=false",
+]
 
 
 def tiny_config(steps: int = 4, micro: int = 4, accum: int = 1, **parallel) -> Config:
-    return Config(model=preset("bert_tiny", vocab_size=128, num_heads=4, dropout=0.1,
-                               attention_dropout=0.1),
-                  parallel=ParallelConfig(**parallel),
-                  optim=OptimConfig(lr=1e-3, warmup_steps=1),
-                  data=DataConfig(source="synthetic", seq_length=32),
-                  trainer=TrainerConfig(max_steps=steps, micro_batch_size=micro, grad_accum=accum,
-                                        log_every=1, eval_steps=1, progress=False))
+    return Config(
+        model=preset("bert_tiny", vocab_size=128, num_heads=4, dropout=0.1, attention_dropout=0.1),
+        parallel=ParallelConfig(**parallel),
+        optim=OptimConfig(lr=1e-3, warmup_steps=1),
+        data=DataConfig(source="synthetic", seq_length=32),
+        trainer=TrainerConfig(
+            max_steps=steps,
+            micro_batch_size=micro,
+            grad_accum=accum,
+            log_every=1,
+            eval_steps=1,
+            progress=False,
+        ),
+    )
 
 
 def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[float, ...]]:
@@ -40,7 +53,9 @@ def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[fl
 
 
 @pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2)])
-def test_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int, accum: int) -> None:
+def test_loss_curve_is_the_same_in_every_layout(
+    tmp_path: Path, tp: int, dp: int, accum: int
+) -> None:
     """Global batch 8 each time: 8 x 1 x 1, or 4 x 1 x 2 (dp), or 4 x 2 x 1 (accumulation).
     The accuracies are counts of argmax hits over global counts: equal, not just close (a hit
     is decided against the exact global row maximum, which all layouts share)."""
@@ -53,23 +68,28 @@ def test_loss_curve_is_the_same_in_every_layout(tmp_path: Path, tp: int, dp: int
             assert (mlm_acc, nsp_acc) == (want_mlm, want_nsp), (curves, reference)
 
 
-@pytest.mark.parametrize(("tp", "dp", "extra"), [
-    (2, 1, {}),
-    (4, 1, {}),
-    (2, 2, {}),
-    (2, 2, {"zero_stage": 1}),
-    (2, 2, {"zero_stage": 3}),
-    (2, 1, {"activation_checkpointing": "selective"}),
-    (2, 1, {"activation_checkpointing": "full"}),
-])
-def test_sequence_parallel_loss_curve_equals_tp1(tmp_path: Path, tp: int, dp: int,
-                                                 extra: dict) -> None:
+@pytest.mark.parametrize(
+    ("tp", "dp", "extra"),
+    [
+        (2, 1, {}),
+        (4, 1, {}),
+        (2, 2, {}),
+        (2, 2, {"zero_stage": 1}),
+        (2, 2, {"zero_stage": 3}),
+        (2, 1, {"activation_checkpointing": "selective"}),
+        (2, 1, {"activation_checkpointing": "full"}),
+    ],
+)
+def test_sequence_parallel_loss_curve_equals_tp1(
+    tmp_path: Path, tp: int, dp: int, extra: dict
+) -> None:
     """Dropout 0.1 on: the sequence-sharded regions draw their chunk of the TP=1 masks, and the
     LayerNorm/bias/position gradients summed over TP give the TP=1 update (global batch 8)."""
     reference = _curves(ParallelContext.single(device="cpu"), tiny_config(micro=8), str(tmp_path))
     config = tiny_config(micro=8 // dp, tensor=tp, sequence_parallel=True, **extra)
-    for curves in run_distributed(_curves, tp * dp, config, str(tmp_path / "run"), tensor=tp,
-                                  sequence_parallel=True):
+    for curves in run_distributed(
+        _curves, tp * dp, config, str(tmp_path / "run"), tensor=tp, sequence_parallel=True
+    ):
         assert len(curves) == len(reference)
         for (loss, mlm_acc, nsp_acc), (want, want_mlm, want_nsp) in zip(curves, reference):
             assert abs(loss - want) <= FP32_MODEL_REL * abs(want), (curves, reference)
@@ -108,15 +128,28 @@ def test_memory_model_matches_measured_accounting(stage: int, tmp_path: Path) ->
 
 def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "tpformer.pretrain", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tpformer.cli.pretrain", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
-    result = _cli([*TINY, "trainer.max_steps=3", "trainer.log_every=1", "parallel.tensor=2",
-                   "launcher.nproc_per_node=2"],
-                  tmp_path)
+    result = _cli(
+        [
+            *TINY,
+            "trainer.max_steps=3",
+            "trainer.log_every=1",
+            "parallel.tensor=2",
+            "launcher.nproc_per_node=2",
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
     assert len(runs) == 1, runs  # both ranks wrote into one directory
@@ -131,11 +164,26 @@ def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
 def test_cli_sequence_parallel_run_gives_the_tp1_losses(tmp_path: Path) -> None:
     """The issue's command: tensor=2 with sequence parallelism, dropout 0.1, against TP=1."""
     losses = {}
-    for name, layout in (("tp1", []), ("sp", ["parallel.tensor=2", "parallel.sequence_parallel=true",
-                                              "launcher.nproc_per_node=2"])):
+    for name, layout in (
+        ("tp1", []),
+        (
+            "sp",
+            ["parallel.tensor=2", "parallel.sequence_parallel=true", "launcher.nproc_per_node=2"],
+        ),
+    ):
         run = tmp_path / name
-        result = _cli([*TINY, "trainer.max_steps=3", "trainer.log_every=1", "model.dropout=0.1",
-                       "model.attention_dropout=0.1", *layout, f"hydra.run.dir={run}"], tmp_path)
+        result = _cli(
+            [
+                *TINY,
+                "trainer.max_steps=3",
+                "trainer.log_every=1",
+                "model.dropout=0.1",
+                "model.attention_dropout=0.1",
+                *layout,
+                f"hydra.run.dir={run}",
+            ],
+            tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         losses[name] = [x["loss"] for x in lines if not x.get("eval")]
@@ -147,8 +195,10 @@ def test_cli_sequence_parallel_run_gives_the_tp1_losses(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
-    result = _cli(["-m", *TINY, "trainer.max_steps=2", "parallel.tensor=1,2",
-                   "launcher.nproc_per_node=2"], tmp_path)
+    result = _cli(
+        ["-m", *TINY, "trainer.max_steps=2", "parallel.tensor=1,2", "launcher.nproc_per_node=2"],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted((tmp_path / "multirun").glob("*/*/*/metrics.jsonl"))
     assert len(jobs) == 2
@@ -156,17 +206,27 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
     assert "tensor: 1" in configs[0] and "tensor: 2" in configs[1]
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
-    ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
-    ("parallel.grad_compression=powersgd parallel.zero_stage=2",
-     "error: parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 (got 2)"),
-    ("parallel.sequence_parallel=true",
-     "error: parallel.sequence_parallel=true needs parallel.tensor > 1 (got parallel.tensor=1)"),
-    ("parallel.tensor=2 parallel.sequence_parallel=true data.seq_length=31",
-     "error: data.seq_length=31 must be divisible by parallel.tensor=2 with "
-     "parallel.sequence_parallel=true (e.g. 30 or 32)"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
+        ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
+        (
+            "parallel.grad_compression=powersgd parallel.zero_stage=2",
+            "error: parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 (got 2)",
+        ),
+        (
+            "parallel.sequence_parallel=true",
+            "error: parallel.sequence_parallel=true needs parallel.tensor > 1 "
+            "(got parallel.tensor=1)",
+        ),
+        (
+            "parallel.tensor=2 parallel.sequence_parallel=true data.seq_length=31",
+            "error: data.seq_length=31 must be divisible by parallel.tensor=2 with "
+            "parallel.sequence_parallel=true (e.g. 30 or 32)",
+        ),
+    ],
+)
 def test_bad_values_exit_2_with_one_line(tmp_path: Path, override: str, message: str) -> None:
     result = _cli([*TINY, *override.split(), "launcher.nproc_per_node=2"], tmp_path)
     assert result.returncode == 2

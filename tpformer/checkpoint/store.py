@@ -39,21 +39,38 @@ MODEL_KEYS = ("arch", "num_layers", "hidden_size", "num_heads", "intermediate_si
 """Model fields a checkpoint must agree on to load (everything else may change)."""
 
 
-def checkpoint_meta(model: ModelConfig, parallel: ParallelConfig, layout: Layout, *, task: str,
-                    run_config: dict[str, object], **extra: object) -> dict[str, object]:
+def checkpoint_meta(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    layout: Layout,
+    *,
+    task: str,
+    run_config: dict[str, object],
+    **extra: object,
+) -> dict[str, object]:
     """What meta.json records besides the step: the model's shape and task (what export
     builds), the layout it was saved at, and the run's resolved config ({"model": ..., ...})."""
-    return {**{k: getattr(model, k) for k in MODEL_KEYS}, "task": task,
-            "world_size": layout.world_size, "tensor": layout.tp, "data": layout.dp,
-            "pipeline": layout.pp, "zero_stage": parallel.zero_stage, "precision": parallel.precision,
-            "config": {"model": asdict(model), **run_config}, **extra}
+    return {
+        **{k: getattr(model, k) for k in MODEL_KEYS},
+        "task": task,
+        "world_size": layout.world_size,
+        "tensor": layout.tp,
+        "data": layout.dp,
+        "pipeline": layout.pp,
+        "zero_stage": parallel.zero_stage,
+        "precision": parallel.precision,
+        "config": {"model": asdict(model), **run_config},
+        **extra,
+    }
 
 
-def model_mismatches(meta: dict[str, object],
-                     model: ModelConfig) -> dict[str, tuple[object, object]]:
+def model_mismatches(
+    meta: dict[str, object], model: ModelConfig
+) -> dict[str, tuple[object, object]]:
     """{field: (checkpoint value, run value)} for the model fields that differ."""
-    return {k: (meta.get(k), getattr(model, k)) for k in MODEL_KEYS
-            if meta.get(k) != getattr(model, k)}
+    return {
+        k: (meta.get(k), getattr(model, k)) for k in MODEL_KEYS if meta.get(k) != getattr(model, k)
+    }
 
 
 def step_dir_name(step: int) -> str:
@@ -99,8 +116,16 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
 
 
-def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, *,
-         meta: dict[str, object], keep_last: int, tokenizer_files: Sequence[Path] = ()) -> Path:
+def save(
+    root: Path,
+    step: int,
+    state: dict[str, object],
+    ctx: ParallelContext,
+    *,
+    meta: dict[str, object],
+    keep_last: int,
+    tokenizer_files: Sequence[Path] = (),
+) -> Path:
     """Every rank writes its own part of `state` (keys must be unique per rank) and hashes the
     shard files it wrote; rank 0 adds the tokenizer files and meta.json (with every file's
     checksum) before the directory becomes complete. A failed write on any rank raises OSError
@@ -122,17 +147,21 @@ def save(root: Path, step: int, state: dict[str, object], ctx: ParallelContext, 
     if failures:
         if ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(f"saving the checkpoint of step {step} to {tmp} failed "
-                      f"({'; '.join(failures)}); the previous checkpoints in {root} are intact")
+        raise OSError(
+            f"saving the checkpoint of step {step} to {tmp} failed "
+            f"({'; '.join(failures)}); the previous checkpoints in {root} are intact"
+        )
     if ctx.is_main:
         copy_tokenizer(tokenizer_files, tmp / TOKENIZER_DIR)
         sums: dict[str, list] = {}
         for part in outcomes:
             sums.update(part)  # type: ignore[arg-type]
-        sums.update(_checksums(tmp, [".metadata", *(f"{TOKENIZER_DIR}/{f.name}"
-                                                    for f in tokenizer_files)]))
-        (tmp / META).write_text(json.dumps({"format_version": FORMAT_VERSION, "step": step,
-                                            **meta, "checksums": sums}))
+        sums.update(
+            _checksums(tmp, [".metadata", *(f"{TOKENIZER_DIR}/{f.name}" for f in tokenizer_files)])
+        )
+        (tmp / META).write_text(
+            json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta, "checksums": sums})
+        )
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         marker = root / ".latest.tmp"
@@ -176,16 +205,21 @@ def verify(directory: Path) -> dict[str, object]:
         if not path.is_file():
             raise CheckpointError(f"{path} is missing: the checkpoint {directory} is damaged")
         if path.stat().st_size != size:
-            raise CheckpointError(f"{path} has {path.stat().st_size} bytes but {size} were "
-                                  f"written: the checkpoint {directory} is damaged (truncated?)")
+            raise CheckpointError(
+                f"{path} has {path.stat().st_size} bytes but {size} were "
+                f"written: the checkpoint {directory} is damaged (truncated?)"
+            )
         if _sha256(path) != digest:
-            raise CheckpointError(f"{path} does not match the checksum recorded when it was "
-                                  f"written: the checkpoint {directory} is damaged")
+            raise CheckpointError(
+                f"{path} does not match the checksum recorded when it was "
+                f"written: the checkpoint {directory} is damaged"
+            )
     return meta
 
 
-def choose_checkpoint(root: Path, explicit: Path | None, ctx: ParallelContext, *,
-                      check: bool) -> Path | None:
+def choose_checkpoint(
+    root: Path, explicit: Path | None, ctx: ParallelContext, *, check: bool
+) -> Path | None:
     """The checkpoint to resume from, decided by rank 0 and the same on every rank: `explicit`
     (which must be intact), or else the newest intact one under root, skipping damaged ones
     with a warning naming the file. check=False trusts the files (meta.json must still parse)."""
@@ -218,18 +252,23 @@ def _choose(root: Path, explicit: Path | None, *, check: bool) -> Path | None:
 def read_meta(directory: Path) -> dict[str, object]:
     path = directory / META
     if not directory.is_dir() or not path.exists():
-        raise CheckpointError(f"{directory} is not a complete tpformer checkpoint (no {META}); "
-                              "pass a checkpoints/stepNNNNNNNN directory or trainer.resume=auto")
+        raise CheckpointError(
+            f"{directory} is not a complete tpformer checkpoint (no {META}); "
+            "pass a checkpoints/stepNNNNNNNN directory or trainer.resume=auto"
+        )
     try:
         meta = json.loads(path.read_text())
         if not isinstance(meta, dict) or "step" not in meta:
             raise ValueError("no step recorded")
     except ValueError as err:
-        raise CheckpointError(f"{path} is unreadable ({err}): the checkpoint {directory} is "
-                              f"damaged") from None
+        raise CheckpointError(
+            f"{path} is unreadable ({err}): the checkpoint {directory} is damaged"
+        ) from None
     if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"{directory} has checkpoint format {meta['format_version']}, newer "
-                              f"than this tpformer's {FORMAT_VERSION}; upgrade tpformer to load it")
+        raise CheckpointError(
+            f"{directory} has checkpoint format {meta['format_version']}, newer "
+            f"than this tpformer's {FORMAT_VERSION}; upgrade tpformer to load it"
+        )
     return meta
 
 
@@ -239,10 +278,12 @@ def load(directory: Path, template: dict[str, object]) -> dict[str, object]:
     NOTE: DCP's .metadata is a pickle: load only checkpoints you trust."""
     try:
         dcp.load(template, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
-    except (CheckpointException, Exception) as err:  # noqa: BLE001 - DCP's errors, named once
-        raise CheckpointError(f"reading the checkpoint {directory} failed ({_one_line(err)}); "
-                              f"its files may be damaged (trainer.verify_checkpoint=true names "
-                              f"the file)") from None
+    except (CheckpointException, Exception) as err:
+        raise CheckpointError(
+            f"reading the checkpoint {directory} failed ({_one_line(err)}); "
+            f"its files may be damaged (trainer.verify_checkpoint=true names "
+            f"the file)"
+        ) from None
     return template
 
 

@@ -8,14 +8,28 @@ from tpformer.config.schema import ModelConfig
 
 
 def _bert(layers: int, hidden: int, heads: int) -> ModelConfig:
-    return ModelConfig(arch="bert", num_layers=layers, hidden_size=hidden, num_heads=heads,
-                       intermediate_size=4 * hidden)
+    return ModelConfig(
+        arch="bert",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=4 * hidden,
+    )
 
 
 def _gpt2(layers: int, hidden: int, heads: int) -> ModelConfig:
-    return ModelConfig(arch="gpt", vocab_size=50257, num_layers=layers, hidden_size=hidden,
-                       num_heads=heads, intermediate_size=4 * hidden, max_position_embeddings=1024,
-                       type_vocab_size=0, activation="gelu_tanh", layer_norm_eps=1e-5)
+    return ModelConfig(
+        arch="gpt",
+        vocab_size=50257,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=1024,
+        type_vocab_size=0,
+        activation="gelu_tanh",
+        layer_norm_eps=1e-5,
+    )
 
 
 PRESETS: dict[str, ModelConfig] = {

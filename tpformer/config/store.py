@@ -10,8 +10,10 @@ from omegaconf import DictConfig, OmegaConf
 from tpformer.config.presets import PRESETS
 from tpformer.config.schema import Config, FinetuneConfig, PlanConfig
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
-"""Absolute, so console scripts and `python -m` find the same conf/ (editable install)."""
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+"""tpformer/conf, shipped inside the package (package data), so a wheel install finds it; the
+repository's top-level conf/ is a link to it. Users add their own directories with Hydra's
+--config-dir."""
 
 
 def register_configs() -> None:

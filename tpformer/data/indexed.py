@@ -28,7 +28,7 @@ class IndexedWriter:
         self.prefix, self.dtype = prefix, token_dtype(vocab_size)
         prefix.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(f"{prefix}.bin.tmp{os.getpid()}")
-        self._file = open(self._tmp, "wb")
+        self._file = open(self._tmp, "wb")  # noqa: SIM115 - open across add() calls, closed by finish()
         self._sentences = array("q", [0])
         self._docs = array("q", [0])
 
@@ -52,12 +52,20 @@ class IndexedWriter:
     def finish(self, meta: dict[str, object]) -> None:
         """Index and meta written, then the token file renamed into place: all or nothing."""
         self._file.close()
-        np.savez(f"{self.prefix}.idx.tmp.npz", sentence_offsets=np.frombuffer(self._sentences, np.int64),
-                 doc_offsets=np.frombuffer(self._docs, np.int64))
+        np.savez(
+            f"{self.prefix}.idx.tmp.npz",
+            sentence_offsets=np.frombuffer(self._sentences, np.int64),
+            doc_offsets=np.frombuffer(self._docs, np.int64),
+        )
         os.replace(f"{self.prefix}.idx.tmp.npz", f"{self.prefix}.idx.npz")
         os.replace(self._tmp, f"{self.prefix}.bin")
-        info = {**meta, "dtype": self.dtype.name, "num_tokens": self.num_tokens,
-                "num_sentences": len(self._sentences) - 1, "num_documents": self.num_documents}
+        info = {
+            **meta,
+            "dtype": self.dtype.name,
+            "num_tokens": self.num_tokens,
+            "num_sentences": len(self._sentences) - 1,
+            "num_documents": self.num_documents,
+        }
         Path(f"{self.prefix}.json.tmp").write_text(json.dumps(info, indent=1))
         os.replace(f"{self.prefix}.json.tmp", f"{self.prefix}.json")  # last: marks completion
 
@@ -73,38 +81,47 @@ class IndexedCorpus:
         self.prefix = Path(prefix)
         meta_file = Path(f"{prefix}.json")
         if not meta_file.is_file():
-            raise FileNotFoundError(f"{meta_file} is missing: {prefix} is not a complete "
-                                    f"preprocessed corpus (rerun tools/preprocess_data.py)")
+            raise FileNotFoundError(
+                f"{meta_file} is missing: {prefix} is not a complete "
+                f"preprocessed corpus (rerun tools/preprocess_data.py)"
+            )
         try:
             self.meta = json.loads(meta_file.read_text())
             index = np.load(f"{prefix}.idx.npz")
             self.sentence_offsets = index["sentence_offsets"]
             self.doc_offsets = index["doc_offsets"]
             dtype = np.dtype(self.meta["dtype"])
-        except Exception as err:  # noqa: BLE001 - JSON, zip, numpy: one message for all
-            raise ValueError(f"the preprocessed corpus {prefix} is unreadable ({type(err).__name__}: "
-                             f"{err}); delete {prefix}.* and rerun") from None
+        except Exception as err:
+            raise ValueError(
+                f"the preprocessed corpus {prefix} is unreadable ({type(err).__name__}: "
+                f"{err}); delete {prefix}.* and rerun"
+            ) from None
         bin_file = Path(f"{prefix}.bin")
         expected = int(self.sentence_offsets[-1]) * dtype.itemsize
         size = bin_file.stat().st_size if bin_file.is_file() else -1
         if size != expected:
-            raise ValueError(f"{bin_file} has {size} bytes, its index expects {expected}: the "
-                             f"preprocessed corpus is corrupt; delete {prefix}.* and rerun")
-        self.tokens = (np.memmap(bin_file, dtype=dtype, mode="r") if expected
-                       else np.zeros(0, dtype=dtype))
+            raise ValueError(
+                f"{bin_file} has {size} bytes, its index expects {expected}: the "
+                f"preprocessed corpus is corrupt; delete {prefix}.* and rerun"
+            )
+        self.tokens = (
+            np.memmap(bin_file, dtype=dtype, mode="r") if expected else np.zeros(0, dtype=dtype)
+        )
 
     def check_token_ids(self, vocab_size: int, *, chunk: int = 1 << 24) -> None:
         """Every token id is below vocab_size (a corpus tokenized with another tokenizer, or a
         damaged token file, would otherwise embed out-of-range ids)."""
         for start in range(0, len(self.tokens), chunk):
-            part = self.tokens[start:start + chunk]
+            part = self.tokens[start : start + chunk]
             top = int(part.max())
             if top >= vocab_size:
                 at = start + int(np.argmax(part >= vocab_size))
-                raise ValueError(f"{self.prefix}.bin holds token id {int(self.tokens[at])} at "
-                                 f"position {at}, outside model.vocab_size={vocab_size}: the "
-                                 f"corpus was tokenized for another vocabulary or is damaged; "
-                                 f"delete {self.prefix}.* and rerun")
+                raise ValueError(
+                    f"{self.prefix}.bin holds token id {int(self.tokens[at])} at "
+                    f"position {at}, outside model.vocab_size={vocab_size}: the "
+                    f"corpus was tokenized for another vocabulary or is damaged; "
+                    f"delete {self.prefix}.* and rerun"
+                )
 
     @property
     def num_documents(self) -> int:
@@ -118,11 +135,11 @@ class IndexedCorpus:
         return np.diff(self.sentence_offsets)
 
     def sentence(self, i: int) -> np.ndarray:
-        return self.tokens[self.sentence_offsets[i]:self.sentence_offsets[i + 1]]
+        return self.tokens[self.sentence_offsets[i] : self.sentence_offsets[i + 1]]
 
     def span(self, first: int, end: int) -> np.ndarray:
         """Tokens of sentences [first, end) as one array."""
-        return self.tokens[self.sentence_offsets[first]:self.sentence_offsets[end]]
+        return self.tokens[self.sentence_offsets[first] : self.sentence_offsets[end]]
 
     def document(self, d: int) -> list[np.ndarray]:
         return [self.sentence(i) for i in range(self.doc_offsets[d], self.doc_offsets[d + 1])]

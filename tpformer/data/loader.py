@@ -9,10 +9,13 @@ same G trains on the same samples per step.
 from __future__ import annotations
 
 
-def micro_batch_ranges(step: int, *, micro_batch_size: int, grad_accum: int, dp_size: int,
-                       dp_rank: int) -> list[range]:
+def micro_batch_ranges(
+    step: int, *, micro_batch_size: int, grad_accum: int, dp_size: int, dp_rank: int
+) -> list[range]:
     """Global sample indices of each micro-batch of this DP rank at `step`."""
     per_rank = micro_batch_size * grad_accum
     first = step * per_rank * dp_size + dp_rank * per_rank
-    return [range(first + m * micro_batch_size, first + (m + 1) * micro_batch_size)
-            for m in range(grad_accum)]
+    return [
+        range(first + m * micro_batch_size, first + (m + 1) * micro_batch_size)
+        for m in range(grad_accum)
+    ]

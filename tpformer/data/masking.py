@@ -9,15 +9,24 @@ from torch import Tensor
 IGNORE = -100
 
 
-def mask_tokens(ids: Tensor, maskable: Tensor, *, word_start: Tensor, mask_id: int,
-                random_ids: Tensor, mask_prob: float, whole_word: bool,
-                generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def mask_tokens(
+    ids: Tensor,
+    maskable: Tensor,
+    *,
+    word_start: Tensor,
+    mask_id: int,
+    random_ids: Tensor,
+    mask_prob: float,
+    whole_word: bool,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
     """(inputs, labels) for one sequence; labels are IGNORE except at chosen positions."""
     positions = maskable.nonzero().flatten()
     budget = max(1, round(mask_prob * positions.numel())) if positions.numel() else 0
     if whole_word:  # a word = a word-start token and the continuation tokens after it
-        starts = word_start[ids[positions]] | (positions != torch.cat(
-            [positions[:1] - 1, positions[:-1]]) + 1)
+        starts = word_start[ids[positions]] | (
+            positions != torch.cat([positions[:1] - 1, positions[:-1]]) + 1
+        )
         word_of = torch.cumsum(starts.long(), 0) - 1
         order = torch.randperm(int(starts.sum()), generator=generator)
         chosen = torch.zeros(positions.numel(), dtype=torch.bool)
@@ -40,6 +49,7 @@ def mask_tokens(ids: Tensor, maskable: Tensor, *, word_start: Tensor, mask_id: i
     action = torch.rand(picked.numel(), generator=generator)
     inputs[picked[action < 0.8]] = mask_id
     swap = picked[(action >= 0.8) & (action < 0.9)]
-    inputs[swap] = random_ids[torch.randint(0, random_ids.numel(), (swap.numel(),),
-                                            generator=generator)]
+    inputs[swap] = random_ids[
+        torch.randint(0, random_ids.numel(), (swap.numel(),), generator=generator)
+    ]
     return inputs, labels

@@ -40,8 +40,15 @@ def corpus_sentences(spec: CorpusSpec) -> Iterator[str]:
         yield from split_sentences(document)
 
 
-def prepare_tokenizer(spec: CorpusSpec, *, tokenizer: str, vocab_size: int, model_type: str,
-                      cache: Path, progress: bool = True) -> Tokenizer:
+def prepare_tokenizer(
+    spec: CorpusSpec,
+    *,
+    tokenizer: str,
+    vocab_size: int,
+    model_type: str,
+    cache: Path,
+    progress: bool = True,
+) -> Tokenizer:
     """data.tokenizer if given, else a sentencepiece model trained on the corpus (cached)."""
     if tokenizer:
         return Tokenizer(Path(tokenizer))
@@ -49,12 +56,19 @@ def prepare_tokenizer(spec: CorpusSpec, *, tokenizer: str, vocab_size: int, mode
     if (out / SP_FILE).is_file():
         log.info("tokenizer: reusing %s", out / SP_FILE)
         return Tokenizer(out / SP_FILE)
-    log.info("tokenizer: training a %s sentencepiece model of %d tokens on data.source=%s",
-             model_type, vocab_size, spec.source)
-    sentences = tqdm(corpus_sentences(spec), desc="tokenizer: reading", unit=" sentences",
-                     disable=not progress)
+    log.info(
+        "tokenizer: training a %s sentencepiece model of %d tokens on data.source=%s",
+        model_type,
+        vocab_size,
+        spec.source,
+    )
+    sentences = tqdm(
+        corpus_sentences(spec), desc="tokenizer: reading", unit=" sentences", disable=not progress
+    )
     counted = _nonempty(sentences, spec)
-    return Tokenizer(train_sentencepiece(counted, out, vocab_size=vocab_size, model_type=model_type))
+    return Tokenizer(
+        train_sentencepiece(counted, out, vocab_size=vocab_size, model_type=model_type)
+    )
 
 
 def _nonempty(sentences: Iterator[str], spec: CorpusSpec) -> Iterator[str]:
@@ -63,8 +77,9 @@ def _nonempty(sentences: Iterator[str], spec: CorpusSpec) -> Iterator[str]:
         any_seen = True
         yield s
     if not any_seen:
-        raise ValueError(f"the corpus (data.source={spec.source}, paths {list(spec.paths)}) "
-                         f"has no text")
+        raise ValueError(
+            f"the corpus (data.source={spec.source}, paths {list(spec.paths)}) has no text"
+        )
 
 
 def _init_worker(tokenizer_path: str) -> None:
@@ -77,8 +92,9 @@ def _tokenize(document: str) -> list[list[int]]:
     return _worker_tokenizer.encode(split_sentences(document))
 
 
-def preprocess(spec: CorpusSpec, tokenizer: Tokenizer, *, cache: Path, workers: int = 2,
-               progress: bool = True) -> IndexedCorpus:
+def preprocess(
+    spec: CorpusSpec, tokenizer: Tokenizer, *, cache: Path, workers: int = 2, progress: bool = True
+) -> IndexedCorpus:
     """Tokenize the corpus into <cache>/corpus-<hash>.*, or reuse the files of an earlier run."""
     prefix = cache / f"corpus-{_key(FORMAT, fingerprint(spec), tokenizer.fingerprint())}"
     if Path(f"{prefix}.json").is_file():
@@ -90,8 +106,9 @@ def preprocess(spec: CorpusSpec, tokenizer: Tokenizer, *, cache: Path, workers: 
     try:
         if workers > 1:
             context = multiprocessing.get_context("spawn")
-            with context.Pool(workers, initializer=_init_worker,
-                              initargs=(str(tokenizer.path),)) as pool:
+            with context.Pool(
+                workers, initializer=_init_worker, initargs=(str(tokenizer.path),)
+            ) as pool:
                 for sentences in pool.imap(_tokenize, documents, chunksize=4):
                     writer.add(sentences)
                     bar.update(1)
@@ -102,13 +119,22 @@ def preprocess(spec: CorpusSpec, tokenizer: Tokenizer, *, cache: Path, workers: 
                 bar.update(1)
         bar.close()
         if writer.num_documents == 0:
-            raise ValueError(f"the corpus (data.source={spec.source}, paths {list(spec.paths)}) "
-                             f"has no text")
-        writer.finish({"format": FORMAT, "source": spec.source, "paths": list(spec.paths),
-                       "tokenizer": str(tokenizer.path), "vocab_size": tokenizer.vocab_size})
+            raise ValueError(
+                f"the corpus (data.source={spec.source}, paths {list(spec.paths)}) has no text"
+            )
+        writer.finish(
+            {
+                "format": FORMAT,
+                "source": spec.source,
+                "paths": list(spec.paths),
+                "tokenizer": str(tokenizer.path),
+                "vocab_size": tokenizer.vocab_size,
+            }
+        )
     except BaseException:
         writer.abort()
         raise
-    log.info("corpus: %d documents, %d tokens -> %s", writer.num_documents, writer.num_tokens,
-             prefix)
+    log.info(
+        "corpus: %d documents, %d tokens -> %s", writer.num_documents, writer.num_tokens, prefix
+    )
     return IndexedCorpus(prefix)

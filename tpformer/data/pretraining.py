@@ -62,27 +62,41 @@ def pack_chunks(corpus: IndexedCorpus, documents: range, target: int) -> np.ndar
 
 
 def check_corpus_size(corpus: IndexedCorpus, documents: range, seq_length: int) -> None:
-    tokens = int(corpus.sentence_offsets[corpus.doc_offsets[documents.stop]]
-                 - corpus.sentence_offsets[corpus.doc_offsets[documents.start]])
+    tokens = int(
+        corpus.sentence_offsets[corpus.doc_offsets[documents.stop]]
+        - corpus.sentence_offsets[corpus.doc_offsets[documents.start]]
+    )
     if tokens < seq_length:
-        raise ValueError(f"the training corpus {corpus.prefix} has {tokens} tokens, fewer than one "
-                         f"sequence of data.seq_length={seq_length}; use a larger corpus or a "
-                         f"shorter data.seq_length")
+        raise ValueError(
+            f"the training corpus {corpus.prefix} has {tokens} tokens, fewer than one "
+            f"sequence of data.seq_length={seq_length}; use a larger corpus or a "
+            f"shorter data.seq_length"
+        )
 
 
 class BertPretrainingDataset:
     """[CLS] A [SEP] B [SEP] samples with MLM labels and an NSP or SOP label."""
 
-    def __init__(self, corpus: IndexedCorpus, tokenizer: Tokenizer, *, seq_length: int,
-                 mask_prob: float, whole_word: bool, sentence_pairs: str, seed: int,
-                 eval_fraction: float) -> None:
+    def __init__(
+        self,
+        corpus: IndexedCorpus,
+        tokenizer: Tokenizer,
+        *,
+        seq_length: int,
+        mask_prob: float,
+        whole_word: bool,
+        sentence_pairs: str,
+        seed: int,
+        eval_fraction: float,
+    ) -> None:
         self.corpus, self.tok, self.seq, self.seed = corpus, tokenizer, seq_length, seed
         self.mask_prob, self.whole_word, self.pairs = mask_prob, whole_word, sentence_pairs
         train_docs, eval_docs = split_documents(corpus, eval_fraction)
         check_corpus_size(corpus, train_docs, seq_length)
         self.train_chunks = pack_chunks(corpus, train_docs, seq_length - 3)
-        self.eval_chunks = (pack_chunks(corpus, eval_docs, seq_length - 3) if len(eval_docs)
-                            else self.train_chunks)
+        self.eval_chunks = (
+            pack_chunks(corpus, eval_docs, seq_length - 3) if len(eval_docs) else self.train_chunks
+        )
         self.order = EpochOrder(len(self.train_chunks), seed)
         special = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
         special[tokenizer.special_ids] = True
@@ -95,14 +109,16 @@ class BertPretrainingDataset:
     def _span(self, row: np.ndarray) -> np.ndarray:
         return self.corpus.span(int(row[1]), int(row[2]))
 
-    def _segments(self, chunks: np.ndarray, item: int, g: torch.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+    def _segments(
+        self, chunks: np.ndarray, item: int, g: torch.Generator
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         d, first, end = (int(x) for x in chunks[item])
         if end - first >= 2:
             cut = int(torch.randint(first + 1, end, (1,), generator=g))
             a, b = self.corpus.span(first, cut), self.corpus.span(cut, end)
         else:
             tokens = self.corpus.span(first, end)
-            a, b = tokens[: len(tokens) // 2], tokens[len(tokens) // 2:]
+            a, b = tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]
         flip = bool(torch.rand((), generator=g) < 0.5)
         if not flip:
             return a, b, 0
@@ -110,9 +126,11 @@ class BertPretrainingDataset:
             return b, a, 1
         for _ in range(10):  # a random segment from another document (another chunk if only one)
             other = int(torch.randint(0, len(chunks), (1,), generator=g))
-            if other != item and (chunks[other, 0] != d or chunks[:, 0].min() == chunks[:, 0].max()):
+            if other != item and (
+                chunks[other, 0] != d or chunks[:, 0].min() == chunks[:, 0].max()
+            ):
                 # as long as the true next segment, so padding does not give the label away
-                return a, self._span(chunks[other])[:len(b)], 1
+                return a, self._span(chunks[other])[: len(b)], 1
         return a, b, 0
 
     def _sample(self, chunks: np.ndarray, item: int, g: torch.Generator) -> dict[str, Tensor]:
@@ -129,17 +147,29 @@ class BertPretrainingDataset:
         ids = torch.full((self.seq,), t.pad_id, dtype=torch.long)
         ids[:length] = torch.tensor(body)
         token_type = torch.zeros(self.seq, dtype=torch.long)
-        token_type[la + 2:length] = 1
+        token_type[la + 2 : length] = 1
         maskable = torch.zeros(self.seq, dtype=torch.bool)
-        maskable[1:la + 1] = True
-        maskable[la + 2:length - 1] = True
-        inputs, labels = mask_tokens(ids, maskable, word_start=self.word_start, mask_id=t.mask_id,
-                                     random_ids=self.random_ids, mask_prob=self.mask_prob,
-                                     whole_word=self.whole_word, generator=g)
+        maskable[1 : la + 1] = True
+        maskable[la + 2 : length - 1] = True
+        inputs, labels = mask_tokens(
+            ids,
+            maskable,
+            word_start=self.word_start,
+            mask_id=t.mask_id,
+            random_ids=self.random_ids,
+            mask_prob=self.mask_prob,
+            whole_word=self.whole_word,
+            generator=g,
+        )
         attention = torch.zeros(self.seq, dtype=torch.long)
         attention[:length] = 1
-        return {"input_ids": inputs, "token_type_ids": token_type, "attention_mask": attention,
-                "mlm_labels": labels, "nsp_labels": torch.tensor(label)}
+        return {
+            "input_ids": inputs,
+            "token_type_ids": token_type,
+            "attention_mask": attention,
+            "mlm_labels": labels,
+            "nsp_labels": torch.tensor(label),
+        }
 
     def sample(self, index: int, *, split: str = "train") -> dict[str, Tensor]:
         if split == "train":
@@ -156,16 +186,19 @@ class BertPretrainingDataset:
 class CausalLMDataset:
     """GPT samples: consecutive seq_length-token windows of the concatenated documents."""
 
-    def __init__(self, corpus: IndexedCorpus, *, seq_length: int, seed: int,
-                 eval_fraction: float) -> None:
+    def __init__(
+        self, corpus: IndexedCorpus, *, seq_length: int, seed: int, eval_fraction: float
+    ) -> None:
         train_docs, eval_docs = split_documents(corpus, eval_fraction)
         check_corpus_size(corpus, train_docs, seq_length)
         offsets = corpus.sentence_offsets[corpus.doc_offsets]
         self.tokens, self.seq = corpus.tokens, seq_length
         self.train = (int(offsets[train_docs.start]), int(offsets[train_docs.stop]))
-        self.eval = ((int(offsets[eval_docs.start]), int(offsets[eval_docs.stop]))
-                     if len(eval_docs) and offsets[eval_docs.stop] - offsets[eval_docs.start] >= seq_length
-                     else self.train)
+        self.eval = (
+            (int(offsets[eval_docs.start]), int(offsets[eval_docs.stop]))
+            if len(eval_docs) and offsets[eval_docs.stop] - offsets[eval_docs.start] >= seq_length
+            else self.train
+        )
         self.order = EpochOrder(len(self), seed)
 
     def __len__(self) -> int:
@@ -173,7 +206,7 @@ class CausalLMDataset:
 
     def _window(self, bounds: tuple[int, int], k: int) -> Tensor:
         start = bounds[0] + k * self.seq
-        return torch.from_numpy(self.tokens[start:start + self.seq].astype(np.int64))
+        return torch.from_numpy(self.tokens[start : start + self.seq].astype(np.int64))
 
     def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]:
         if split == "train":
@@ -184,4 +217,4 @@ class CausalLMDataset:
         return {"input_ids": torch.stack(rows)}
 
 
-__all__ = ["BertPretrainingDataset", "CausalLMDataset", "EpochOrder", "IGNORE"]
+__all__ = ["IGNORE", "BertPretrainingDataset", "CausalLMDataset", "EpochOrder"]

@@ -38,8 +38,10 @@ class Tokenizer:
         elif path.is_dir() and (path / "vocab.txt").is_file():
             self._load_wordpiece(path)
         else:
-            raise FileNotFoundError(f"data.tokenizer={str(path)!r} is neither a sentencepiece "
-                                    f"model ({SP_FILE}) nor a directory with a WordPiece vocab.txt")
+            raise FileNotFoundError(
+                f"data.tokenizer={str(path)!r} is neither a sentencepiece "
+                f"model ({SP_FILE}) nor a directory with a WordPiece vocab.txt"
+            )
         self.path = path
 
     def _load_sentencepiece(self, path: Path) -> None:
@@ -51,8 +53,10 @@ class Tokenizer:
             raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from None
         pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
         if tuple(pieces[:5]) != SPECIAL_TOKENS:
-            raise ValueError(f"{path} has {pieces[:5]} at ids 0-4; tpformer needs {SPECIAL_TOKENS} "
-                             f"(train it with tools/train_tokenizer.py)")
+            raise ValueError(
+                f"{path} has {pieces[:5]} at ids 0-4; tpformer needs {SPECIAL_TOKENS} "
+                f"(train it with tools/train_tokenizer.py)"
+            )
         self.vocab_size = len(pieces)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = range(5)
         self.word_start = torch.tensor([p.startswith("\u2581") for p in pieces])
@@ -66,17 +70,23 @@ class Tokenizer:
         ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
         missing = [t for t, i in zip(SPECIAL_TOKENS, ids) if i is None]
         if missing:
-            raise ValueError(f"the WordPiece vocabulary in {path} lacks {missing}; a BERT "
-                             f"vocabulary holds {list(SPECIAL_TOKENS)}")
+            raise ValueError(
+                f"the WordPiece vocabulary in {path} lacks {missing}; a BERT "
+                f"vocabulary holds {list(SPECIAL_TOKENS)}"
+            )
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
         self.vocab_size = tok.get_vocab_size()
         pieces = [tok.id_to_token(i) for i in range(self.vocab_size)]
         self.word_start = torch.tensor([not p.startswith("##") for p in pieces])
-        self.files = [path / f for f in os.listdir(path)
-                      if f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                               "special_tokens_map.json")]
-        self._encode = lambda texts: [e.ids for e in tok.encode_batch(list(texts),
-                                                                      add_special_tokens=False)]
+        self.files = [
+            path / f
+            for f in os.listdir(path)
+            if f
+            in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+        ]
+        self._encode = lambda texts: [
+            e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)
+        ]
 
     @property
     def special_ids(self) -> list[int]:
@@ -95,13 +105,18 @@ class Tokenizer:
     def check_vocab(self, model_vocab_size: int) -> None:
         """The model's embedding must have exactly one row per token id."""
         if self.vocab_size != model_vocab_size:
-            raise ValueError(f"tokenizer {self.path} has {self.vocab_size} tokens but "
-                             f"model.vocab_size={model_vocab_size}; set "
-                             f"model.vocab_size={self.vocab_size} or use another tokenizer")
+            raise ValueError(
+                f"tokenizer {self.path} has {self.vocab_size} tokens but "
+                f"model.vocab_size={model_vocab_size}; set "
+                f"model.vocab_size={self.vocab_size} or use another tokenizer"
+            )
 
 
-_NORMALIZER_KEYS = {"do_lower_case": "lowercase", "strip_accents": "strip_accents",
-                    "tokenize_chinese_chars": "handle_chinese_chars"}
+_NORMALIZER_KEYS = {
+    "do_lower_case": "lowercase",
+    "strip_accents": "strip_accents",
+    "tokenize_chinese_chars": "handle_chinese_chars",
+}
 """tokenizer_config.json's options and the BertNormalizer fields of tokenizer.json they set."""
 
 
@@ -120,16 +135,24 @@ def _wordpiece_backend(path: Path) -> tokenizers.Tokenizer:
         config_file = path / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         if normalizer.get("type") == "BertNormalizer" and all(
-                normalizer.get(field) == config[key]
-                for key, field in _NORMALIZER_KEYS.items() if key in config):
+            normalizer.get(field) == config[key]
+            for key, field in _NORMALIZER_KEYS.items()
+            if key in config
+        ):
             return Backend.from_file(str(file))
     from transformers import BertTokenizerFast
 
     return BertTokenizerFast.from_pretrained(str(path)).backend_tokenizer
 
 
-def train_sentencepiece(sentences: Iterable[str], out_dir: Path, *, vocab_size: int,
-                        model_type: str = "bpe", threads: int = 2) -> Path:
+def train_sentencepiece(
+    sentences: Iterable[str],
+    out_dir: Path,
+    *,
+    vocab_size: int,
+    model_type: str = "bpe",
+    threads: int = 2,
+) -> Path:
     """Train a sentencepiece model with SPECIAL_TOKENS at ids 0-4; writes out_dir/tokenizer.model
     atomically and returns its path."""
     import sentencepiece as spm
@@ -137,14 +160,27 @@ def train_sentencepiece(sentences: Iterable[str], out_dir: Path, *, vocab_size: 
     buffer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=buffer, vocab_size=vocab_size,
-            model_type=model_type, pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]",
-            bos_id=-1, eos_id=-1, user_defined_symbols=list(SPECIAL_TOKENS[2:]),
-            input_sentence_size=MAX_TRAINING_SENTENCES, shuffle_input_sentence=True,
-            num_threads=threads, minloglevel=2)
+            sentence_iterator=iter(sentences),
+            model_writer=buffer,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            pad_id=0,
+            pad_piece="[PAD]",
+            unk_id=1,
+            unk_piece="[UNK]",
+            bos_id=-1,
+            eos_id=-1,
+            user_defined_symbols=list(SPECIAL_TOKENS[2:]),
+            input_sentence_size=MAX_TRAINING_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=threads,
+            minloglevel=2,
+        )
     except RuntimeError as err:
-        raise ValueError(f"training a {model_type} sentencepiece model of vocab_size={vocab_size} "
-                         f"failed: {str(err).strip()}") from None
+        raise ValueError(
+            f"training a {model_type} sentencepiece model of vocab_size={vocab_size} "
+            f"failed: {str(err).strip()}"
+        ) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / SP_FILE
     tmp = out_dir / f".{SP_FILE}.{os.getpid()}"

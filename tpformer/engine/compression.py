@@ -29,8 +29,13 @@ import torch
 from torch import Tensor
 
 from tpformer.engine.flat_buffer import FlatBucket, Segment
-from tpformer.parallel.comm import (all_reduce, all_reduce_async, all_reduce_coalesced,
-                                    reduce_scatter_async, wait)
+from tpformer.parallel.comm import (
+    all_reduce,
+    all_reduce_async,
+    all_reduce_coalesced,
+    reduce_scatter_async,
+    wait,
+)
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import is_sequence_parallel, logical_shape, sharded_dim
 from tpformer.parallel.random import derive_seed, name_key
@@ -40,8 +45,9 @@ class Bf16Reduction:
     """A bucket's DP sum in bfloat16: all-reduce (or reduce-scatter into `out`, this rank's
     chunk of `whole`), copied back into the fp32 buffer by `wait`."""
 
-    def __init__(self, whole: Tensor, out: Tensor | None, bucket: FlatBucket,
-                 dp: GroupHandle) -> None:
+    def __init__(
+        self, whole: Tensor, out: Tensor | None, bucket: FlatBucket, dp: GroupHandle
+    ) -> None:
         self.half = whole.to(torch.bfloat16)
         self.whole, self.out = whole, out
         if out is None:
@@ -76,8 +82,17 @@ class PowerSGD:
 
     MIN_COMPRESSION_RATE = 2.0
 
-    def __init__(self, buckets: list[FlatBucket], dp: GroupHandle, tp: GroupHandle, *,
-                 rank: int, start_step: int, seed: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        buckets: list[FlatBucket],
+        dp: GroupHandle,
+        tp: GroupHandle,
+        *,
+        rank: int,
+        start_step: int,
+        seed: int,
+        device: torch.device,
+    ) -> None:
         self.buckets, self.dp, self.tp = buckets, dp, tp
         self.rank, self.start_step = rank, start_step
         self.calls = [0] * len(buckets)
@@ -88,13 +103,17 @@ class PowerSGD:
             for seg in bucket.segments:
                 shape = logical_shape(seg.param)
                 rows, cols = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
-                if (len(shape) < 2 or is_sequence_parallel(seg.param)
-                        or (sharded_dim(seg.param) not in (None, 0) and len(shape) != 2)
-                        or rows * cols <= self.MIN_COMPRESSION_RATE * (rows + cols) * rank):
+                if (
+                    len(shape) < 2
+                    or is_sequence_parallel(seg.param)
+                    or (sharded_dim(seg.param) not in (None, 0) and len(shape) != 2)
+                    or rows * cols <= self.MIN_COMPRESSION_RATE * (rows + cols) * rank
+                ):
                     plain.append(seg)
                     continue
-                matrices.append(_Matrix(seg, sharded_dim(seg.param),
-                                        self._initial_q(seg, cols, seed, device)))
+                matrices.append(
+                    _Matrix(seg, sharded_dim(seg.param), self._initial_q(seg, cols, seed, device))
+                )
             self.matrices.append(matrices)
             self.plain.append(plain)
 
@@ -105,7 +124,7 @@ class PowerSGD:
         q = torch.randn(cols, self.rank, generator=gen)
         if sharded_dim(seg.param) == 1:  # a [rows, cols / tp] chunk: its rows of Q
             local = seg.shape[1]
-            q = q[self.tp.rank * local:(self.tp.rank + 1) * local]
+            q = q[self.tp.rank * local : (self.tp.rank + 1) * local]
         return q.to(device)
 
     def reduce(self, i: int, whole: Tensor) -> None:

@@ -29,8 +29,12 @@ from tpformer.config.schema import OptimConfig
 from tpformer.engine.compression import PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
-from tpformer.engine.grads import (PipelineTiedGrads, ReplicatedGrads, SequenceParallelGrads,
-                                   ShardedGrads)
+from tpformer.engine.grads import (
+    PipelineTiedGrads,
+    ReplicatedGrads,
+    SequenceParallelGrads,
+    ShardedGrads,
+)
 from tpformer.engine.memory import MemoryBytes
 from tpformer.engine.optimizer import build_masters, build_optimizer
 from tpformer.engine.params import PartitionedParams, ReplicatedParams
@@ -50,52 +54,109 @@ class ZeroEngine:
     between uses); do not build another optimizer over them.
     """
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, ctx: ParallelContext, *,
-                 zero_stage: int, cpu_offload: str = "none", precision: str = "fp32",
-                 grad_compression: str = "none", powersgd_rank: int = 1,
-                 powersgd_start_step: int = 0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        ctx: ParallelContext,
+        *,
+        zero_stage: int,
+        cpu_offload: str = "none",
+        precision: str = "fp32",
+        grad_compression: str = "none",
+        powersgd_rank: int = 1,
+        powersgd_start_step: int = 0,
+    ) -> None:
         self.model, self.ctx, self.stage = model, ctx, zero_stage
         self.clip_grad = optim.clip_grad
         self.dtype = compute_dtype(precision)
         device = ctx.device
         state_device = torch.device("cpu") if cpu_offload != "none" else device
-        self.scaler = LossScaler(enabled=precision == "fp16", initial=optim.initial_loss_scale,
-                                 window=optim.loss_scale_window)
+        self.scaler = LossScaler(
+            enabled=precision == "fp16",
+            initial=optim.initial_loss_scale,
+            window=optim.loss_scale_window,
+        )
         self.lr = optim.lr
         self.nonfinite_steps = 0
         self.max_nonfinite_steps = optim.max_nonfinite_steps
         self.sync = True
         self._callback_queued = False
         self.pool = BufferPool()
-        self.buckets = [FlatBucket(u.params, ctx.dp.size, ctx.dp.rank, module=u.module)
-                        for u in split_units(model)]
+        self.buckets = [
+            FlatBucket(u.params, ctx.dp.size, ctx.dp.rank, module=u.module)
+            for u in split_units(model)
+        ]
         self.whole_master = zero_stage == 0
         if zero_stage == 3:
             self.params: ReplicatedParams | PartitionedParams = PartitionedParams(
-                model, self.buckets, ctx.dp, self.pool, dtype=self.dtype, device=device,
-                offload=cpu_offload == "optimizer+params")
+                model,
+                self.buckets,
+                ctx.dp,
+                self.pool,
+                dtype=self.dtype,
+                device=device,
+                offload=cpu_offload == "optimizer+params",
+            )
         else:
-            self.params = ReplicatedParams(model, self.buckets, ctx.dp, dtype=self.dtype,
-                                           device=device, sharded_master=zero_stage >= 1)
+            self.params = ReplicatedParams(
+                model,
+                self.buckets,
+                ctx.dp,
+                dtype=self.dtype,
+                device=device,
+                sharded_master=zero_stage >= 1,
+            )
         compress = grad_compression if ctx.dp.size > 1 else "none"  # it acts on DP only
         bf16 = compress == "bf16"
-        powersgd = (PowerSGD(self.buckets, ctx.dp, ctx.tp, rank=powersgd_rank,
-                             start_step=powersgd_start_step, seed=ctx.rng.seed, device=device)
-                    if compress == "powersgd" else None)
-        self.grads = (ShardedGrads(self.buckets, ctx.dp, device, self.pool, bf16=bf16)
-                      if zero_stage >= 2
-                      else ReplicatedGrads(self.buckets, ctx.dp, device, self.pool,
-                                           sharded=zero_stage == 1, bf16=bf16, powersgd=powersgd))
+        powersgd = (
+            PowerSGD(
+                self.buckets,
+                ctx.dp,
+                ctx.tp,
+                rank=powersgd_rank,
+                start_step=powersgd_start_step,
+                seed=ctx.rng.seed,
+                device=device,
+            )
+            if compress == "powersgd"
+            else None
+        )
+        self.grads = (
+            ShardedGrads(self.buckets, ctx.dp, device, self.pool, bf16=bf16)
+            if zero_stage >= 2
+            else ReplicatedGrads(
+                self.buckets,
+                ctx.dp,
+                device,
+                self.pool,
+                sharded=zero_stage == 1,
+                bf16=bf16,
+                powersgd=powersgd,
+            )
+        )
         self.sequence_grads = SequenceParallelGrads(self.buckets, ctx.tp, whole=self.whole_master)
         self.tied_grads = PipelineTiedGrads(self.buckets, ctx.pipeline_ends)
-        self.master_aliased = (self.dtype == torch.float32 and state_device == device
-                               and self.params.aliasable)
+        self.master_aliased = (
+            self.dtype == torch.float32 and state_device == device and self.params.aliasable
+        )
         owned = [self.params.owned(i) for i in range(len(self.buckets))]
-        self.masters = build_masters(self.buckets, owned, whole=self.whole_master,
-                                     aliased=self.master_aliased, device=state_device)
-        self.optimizer = build_optimizer(optim, self.buckets, self.masters,
-                                         whole=self.whole_master, tp=ctx.tp, dp=ctx.dp,
-                                         comm_device=device)
+        self.masters = build_masters(
+            self.buckets,
+            owned,
+            whole=self.whole_master,
+            aliased=self.master_aliased,
+            device=state_device,
+        )
+        self.optimizer = build_optimizer(
+            optim,
+            self.buckets,
+            self.masters,
+            whole=self.whole_master,
+            tp=ctx.tp,
+            dp=ctx.dp,
+            comm_device=device,
+        )
         self._ready = [0] * len(self.buckets)
         for module in model.modules():  # the hooks add row-sparse gradients into the buffers
             if isinstance(getattr(module, "sparse", None), bool):
@@ -126,6 +187,7 @@ class ZeroEngine:
             self._ready[i] += 1
             if self._ready[i] == len(self.buckets[i].segments):
                 self._bucket_done(i)
+
         return hook
 
     def _bucket_done(self, i: int) -> None:
@@ -153,10 +215,12 @@ class ZeroEngine:
         grads = [self.grads.reduced(i) for i in range(len(self.buckets))]
         self.sequence_grads.sum_over_tp(grads)
         self.tied_grads.sum_over_ends(grads)
-        shard_grads = ([b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master
-                       else grads)  # each DP rank counts only its chunk in the norm
-        norm = scale * global_grad_norm(self.buckets, shard_grads, self.ctx.tp, self.ctx.dp,
-                                        self.ctx.pp)
+        shard_grads = (
+            [b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master else grads
+        )  # each DP rank counts only its chunk in the norm
+        norm = scale * global_grad_norm(
+            self.buckets, shard_grads, self.ctx.tp, self.ctx.dp, self.ctx.pp
+        )
         finite = math.isfinite(norm)
         self.scaler.update(not finite)
         if not finite:
@@ -167,7 +231,8 @@ class ZeroEngine:
                 raise FloatingPointError(
                     f"non-finite gradients for {self.nonfinite_steps} consecutive steps "
                     f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}{scale}); the loss "
-                    "diverged: lower optim.lr or check the data")
+                    "diverged: lower optim.lr or check the data"
+                )
             return {"grad_norm": norm, "skipped": 1.0}
         self.nonfinite_steps = 0
         clip = self.clip_grad
@@ -177,7 +242,7 @@ class ZeroEngine:
                 grad.mul_(coef)
             grad = grad.to(master.values.device, non_blocking=True)
             for view in master.views:
-                view.param.grad = grad[view.start:view.stop]
+                view.param.grad = grad[view.start : view.stop]
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         self.optimizer.step()
@@ -213,25 +278,37 @@ class ZeroEngine:
         (DTensors for TP-sharded ones), the optimizer step, the loss scaler and the count of
         consecutive non-finite steps. Every rank of the job must call it (it gathers over DP)."""
         self.settle()
-        state = logical_state(self.buckets, self.masters, self.optimizer, self.ctx,
-                              whole=self.whole_master)
-        state.update({"loss_scale": torch.tensor(self.scaler.scale, dtype=torch.float64),
-                      "clean_steps": torch.tensor(self.scaler.clean_steps),
-                      "nonfinite_steps": torch.tensor(self.nonfinite_steps)})
+        state = logical_state(
+            self.buckets, self.masters, self.optimizer, self.ctx, whole=self.whole_master
+        )
+        state.update(
+            {
+                "loss_scale": torch.tensor(self.scaler.scale, dtype=torch.float64),
+                "clean_steps": torch.tensor(self.scaler.clean_steps),
+                "nonfinite_steps": torch.tensor(self.nonfinite_steps),
+            }
+        )
         return state
 
     def weights_state_dict(self) -> dict[str, Tensor]:
-        """"param/<name>" of `state_dict()` only: what export and a model without an engine
+        """ "param/<name>" of `state_dict()` only: what export and a model without an engine
         load (a third of the bytes of the full state under AdamW). Every rank must call it."""
         self.settle()
-        return logical_state(self.buckets, self.masters, self.optimizer, self.ctx,
-                             whole=self.whole_master, weights_only=True)
+        return logical_state(
+            self.buckets,
+            self.masters,
+            self.optimizer,
+            self.ctx,
+            whole=self.whole_master,
+            weights_only=True,
+        )
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Load `state_dict()`'s form, saved at any layout (DCP reshards into this one's)."""
         self.settle()
-        params = load_logical_state(self.buckets, self.masters, self.optimizer, self.ctx, state,
-                                    whole=self.whole_master)
+        params = load_logical_state(
+            self.buckets, self.masters, self.optimizer, self.ctx, state, whole=self.whole_master
+        )
         for i, values in enumerate(params):
             self.params.load_whole(i, values)
         self.scaler.scale = float(state["loss_scale"])
@@ -241,8 +318,11 @@ class ZeroEngine:
     def memory_report(self) -> MemoryBytes:
         """Bytes this rank holds between steps in parameters, gradients and optimizer state,
         measured from the engine's own tensors (compare with memory.zero_memory_bytes)."""
-        optimizer = 0 if self.master_aliased else sum(
-            m.values.numel() * m.values.element_size() for m in self.masters)
+        optimizer = (
+            0
+            if self.master_aliased
+            else sum(m.values.numel() * m.values.element_size() for m in self.masters)
+        )
         for master in self.masters:
             for view in master.views:
                 for value in self.optimizer.state.get(view.param, {}).values():
@@ -251,6 +331,7 @@ class ZeroEngine:
         return MemoryBytes(self.params.nbytes(), self.grads.nbytes(), optimizer)
 
     def __repr__(self) -> str:
-        return (f"ZeroEngine(stage={self.stage}, buckets={len(self.buckets)}, "
-                f"dtype={self.dtype}, dp={self.ctx.dp.size})")
-
+        return (
+            f"ZeroEngine(stage={self.stage}, buckets={len(self.buckets)}, "
+            f"dtype={self.dtype}, dp={self.ctx.dp.size})"
+        )

@@ -34,16 +34,25 @@ class Segment:
 class FlatBucket:
     """One unit's parameters (a transformer layer, or everything else) in a flat layout."""
 
-    def __init__(self, named_params: list[tuple[str, nn.Parameter]], dp_size: int, dp_rank: int,
-                 *, module: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        named_params: list[tuple[str, nn.Parameter]],
+        dp_size: int,
+        dp_rank: int,
+        *,
+        module: nn.Module | None = None,
+    ) -> None:
         self.module = module
         self.segments: list[Segment] = []
         offset = 0
         # Decayed parameters first: the optimizer then sees at most two contiguous pieces of a
         # shard, one per weight-decay group, and decays inside its fused kernel.
         for name, p in sorted(named_params, key=lambda np: np[1].dim() < 2):
-            self.segments.append(Segment(name, p, offset, p.numel(), p.shape, p.dim() >= 2,
-                                         sharded_dim(p) is not None))
+            self.segments.append(
+                Segment(
+                    name, p, offset, p.numel(), p.shape, p.dim() >= 2, sharded_dim(p) is not None
+                )
+            )
             offset += p.numel()
         self.numel = offset
         self.decay_numel = sum(seg.numel for seg in self.segments if seg.decay)

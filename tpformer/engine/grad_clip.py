@@ -14,17 +14,25 @@ from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.pipeline.stage import counted_in_norm
 
 
-def global_grad_norm(buckets: list[FlatBucket], shard_grads: list[Tensor], tp: GroupHandle,
-                     dp: GroupHandle, pp: GroupHandle | None = None) -> float:
+def global_grad_norm(
+    buckets: list[FlatBucket],
+    shard_grads: list[Tensor],
+    tp: GroupHandle,
+    dp: GroupHandle,
+    pp: GroupHandle | None = None,
+) -> float:
     """L2 norm of the full gradient, from each rank's DP shard of each bucket.
 
     Each DP rank sums squares over its own shard (so DP ranks never double count); TP-sharded
     segments count on every TP rank, replicated ones only on TP rank 0; each stage counts its
     own parameters, the tied word embedding on the first stage only.
     """
-    counted = [grad[a:b] for bucket, grad in zip(buckets, shard_grads)
-               for seg, a, b in bucket.shard_ranges()
-               if (seg.tp_sharded or tp.rank == 0) and counted_in_norm(seg.param)]
+    counted = [
+        grad[a:b]
+        for bucket, grad in zip(buckets, shard_grads)
+        for seg, a, b in bucket.shard_ranges()
+        if (seg.tp_sharded or tp.rank == 0) and counted_in_norm(seg.param)
+    ]
     total = torch.zeros((), dtype=torch.float64, device=shard_grads[0].device)
     if counted:  # one fused call over every piece, each norm in the gradients' dtype
         total = torch.stack(torch._foreach_norm(counted)).double().square().sum()

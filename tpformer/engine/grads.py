@@ -19,8 +19,12 @@ from torch import Tensor
 
 from tpformer.engine.compression import Bf16Reduction, PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
-from tpformer.parallel.comm import (all_reduce_async, all_reduce_coalesced, reduce_scatter_async,
-                                    wait)
+from tpformer.parallel.comm import (
+    all_reduce_async,
+    all_reduce_coalesced,
+    reduce_scatter_async,
+    wait,
+)
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import is_sequence_parallel
 from tpformer.parallel.pipeline.stage import is_pipeline_tied
@@ -39,9 +43,17 @@ class ReplicatedGrads:
     reduce-scatter, whose result is this rank's chunk of the whole buffer. `bf16` sends the
     reduction in bfloat16; `powersgd` replaces it by PowerSGD's (engine/compression.py)."""
 
-    def __init__(self, buckets: list[FlatBucket], dp: GroupHandle, device: torch.device,
-                 pool: BufferPool, *, sharded: bool, bf16: bool = False,
-                 powersgd: PowerSGD | None = None) -> None:
+    def __init__(
+        self,
+        buckets: list[FlatBucket],
+        dp: GroupHandle,
+        device: torch.device,
+        pool: BufferPool,
+        *,
+        sharded: bool,
+        bf16: bool = False,
+        powersgd: PowerSGD | None = None,
+    ) -> None:
         self.buckets, self.dp, self.device, self.pool = buckets, dp, device, pool
         self.sharded, self.bf16, self.powersgd = sharded, bf16, powersgd
         self.whole: list[Tensor | None] = [None] * len(buckets)
@@ -53,8 +65,9 @@ class ReplicatedGrads:
 
     def accumulate(self, i: int, seg: Segment, grad: Tensor) -> None:
         if self.whole[i] is None:
-            self.whole[i] = self.pool.take(self.buckets[i].padded_numel, torch.float32,
-                                           self.device, zero=True)
+            self.whole[i] = self.pool.take(
+                self.buckets[i].padded_numel, torch.float32, self.device, zero=True
+            )
         view = self.buckets[i].view(self.whole[i], seg)
         if seg.offset not in self.stale[i]:
             view.add_(grad)
@@ -86,8 +99,12 @@ class ReplicatedGrads:
             self.powersgd.reduce(i, whole)
             return None
         if self.bf16:
-            return Bf16Reduction(whole, self.buckets[i].shard_of(whole) if self.sharded else None,
-                                 self.buckets[i], self.dp)
+            return Bf16Reduction(
+                whole,
+                self.buckets[i].shard_of(whole) if self.sharded else None,
+                self.buckets[i],
+                self.dp,
+            )
         if self.sharded:  # only this rank's part is stepped: reduce it in place
             return reduce_scatter_async(self.buckets[i].shard_of(whole), whole, self.dp)
         return all_reduce_async(whole, self.dp)
@@ -99,8 +116,9 @@ class ReplicatedGrads:
         had sync=False) is reduced now, as zeros if it never got a gradient."""
         if not self.pending[i].launched:
             if self.whole[i] is None:
-                self.whole[i] = torch.zeros(self.buckets[i].padded_numel, dtype=torch.float32,
-                                            device=self.device)
+                self.whole[i] = torch.zeros(
+                    self.buckets[i].padded_numel, dtype=torch.float32, device=self.device
+                )
             self.launch(i)
         wait(self.pending[i].work)
         self.pending[i] = PendingReduction()
@@ -114,7 +132,7 @@ class ReplicatedGrads:
         segment's next gradient overwrites it, the padding is zeroed now."""
         for i, (bucket, whole) in enumerate(zip(self.buckets, self.whole)):
             if whole is not None:
-                whole[bucket.numel:].zero_()
+                whole[bucket.numel :].zero_()
                 self.stale[i] = {seg.offset for seg in bucket.segments}
 
     def whole_buffers_held(self) -> int:
@@ -129,11 +147,19 @@ class ReplicatedGrads:
 class ShardedGrads(ReplicatedGrads):
     """Stages 2-3 (see the module docstring): whole buffers are transient, shards persistent."""
 
-    def __init__(self, buckets: list[FlatBucket], dp: GroupHandle, device: torch.device,
-                 pool: BufferPool, *, bf16: bool = False) -> None:
+    def __init__(
+        self,
+        buckets: list[FlatBucket],
+        dp: GroupHandle,
+        device: torch.device,
+        pool: BufferPool,
+        *,
+        bf16: bool = False,
+    ) -> None:
         super().__init__(buckets, dp, device, pool, sharded=True, bf16=bf16)
-        self.shard = [torch.zeros(b.shard_size, dtype=torch.float32, device=device)
-                      for b in buckets]
+        self.shard = [
+            torch.zeros(b.shard_size, dtype=torch.float32, device=device) for b in buckets
+        ]
 
     def _reduce(self, i: int) -> object:
         if self.bf16:
@@ -206,8 +232,11 @@ class PipelineTiedGrads:
 
     def __init__(self, buckets: list[FlatBucket], ends: GroupHandle) -> None:
         self.ends = ends
-        self.indices = [i for i, b in enumerate(buckets)
-                        if ends.size > 1 and all(is_pipeline_tied(s.param) for s in b.segments)]
+        self.indices = [
+            i
+            for i, b in enumerate(buckets)
+            if ends.size > 1 and all(is_pipeline_tied(s.param) for s in b.segments)
+        ]
 
     def sum_over_ends(self, grads: list[Tensor]) -> None:
         if self.indices:

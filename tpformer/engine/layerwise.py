@@ -27,9 +27,17 @@ class FlatLayerwise(torch.optim.Optimizer):
 
     SLOTS: tuple[str, ...] = ()
 
-    def __init__(self, groups: list[dict], defaults: dict, *, pieces: dict[Tensor, list[Piece]],
-                 num_segments: int, tp: GroupHandle, dp: GroupHandle | None,
-                 comm_device: torch.device) -> None:
+    def __init__(
+        self,
+        groups: list[dict],
+        defaults: dict,
+        *,
+        pieces: dict[Tensor, list[Piece]],
+        num_segments: int,
+        tp: GroupHandle,
+        dp: GroupHandle | None,
+        comm_device: torch.device,
+    ) -> None:
         """`dp` is None when every DP rank holds whole parameters (stage 0); the norms travel
         on `comm_device` (the GPU under NCCL, even when the state is offloaded to the CPU)."""
         super().__init__(groups, defaults)
@@ -74,8 +82,9 @@ class FlatLayerwise(torch.optim.Optimizer):
 def trust_ratios(numerator: Tensor, denominator: Tensor) -> list[float]:
     """numerator / denominator per segment, 1 where either is 0 (a zero weight or update)."""
     ok = (numerator > 0) & (denominator > 0)
-    return torch.where(ok, numerator / denominator.clamp(min=1e-300),
-                       torch.ones_like(numerator)).tolist()
+    return torch.where(
+        ok, numerator / denominator.clamp(min=1e-300), torch.ones_like(numerator)
+    ).tolist()
 
 
 class FlatLamb(FlatLayerwise):
@@ -85,10 +94,18 @@ class FlatLamb(FlatLayerwise):
 
     SLOTS = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, groups: list[dict], *, lr: float, betas: tuple[float, float], eps: float,
-                 **layout: object) -> None:
-        super().__init__(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0},
-                         **layout)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        groups: list[dict],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        **layout: object,
+    ) -> None:
+        super().__init__(
+            groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0}, **layout
+        )  # type: ignore[arg-type]
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
@@ -100,8 +117,8 @@ class FlatLamb(FlatLayerwise):
             t = float(state["step"])
             state["exp_avg"].lerp_(p.grad, 1 - beta1)
             state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            denom = (state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
-            update = state["exp_avg"] / (1 - beta1 ** t) / denom
+            denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
+            update = state["exp_avg"] / (1 - beta1**t) / denom
             if group["weight_decay"]:
                 update.add_(p, alpha=group["weight_decay"])
             updates[p] = (p, update)
@@ -122,11 +139,14 @@ class FlatLars(FlatLayerwise):
 
     SLOTS = ("momentum_buffer",)
 
-    def __init__(self, groups: list[dict], *, lr: float, momentum: float, eta: float,
-                 **layout: object) -> None:
-        super().__init__(groups, {"lr": lr, "momentum": momentum, "eta": eta,
-                                  "weight_decay": 0.0, "decayed": False},
-                         **layout)  # type: ignore[arg-type]
+    def __init__(
+        self, groups: list[dict], *, lr: float, momentum: float, eta: float, **layout: object
+    ) -> None:
+        super().__init__(
+            groups,
+            {"lr": lr, "momentum": momentum, "eta": eta, "weight_decay": 0.0, "decayed": False},
+            **layout,
+        )  # type: ignore[arg-type]
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
@@ -158,10 +178,18 @@ class FlatNovoGrad(FlatLayerwise):
 
     SLOTS = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, groups: list[dict], *, lr: float, betas: tuple[float, float], eps: float,
-                 **layout: object) -> None:
-        super().__init__(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0},
-                         **layout)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        groups: list[dict],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        **layout: object,
+    ) -> None:
+        super().__init__(
+            groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0}, **layout
+        )  # type: ignore[arg-type]
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
@@ -177,9 +205,13 @@ class FlatNovoGrad(FlatLayerwise):
             scaled = p.grad.clone()
             for sid, a, b in self.per_segment(p):
                 square = float(g_norm[sid]) ** 2
-                v = square if first else beta2 * float(state["exp_avg_sq"][a]) + (1 - beta2) * square
+                v = (
+                    square
+                    if first
+                    else beta2 * float(state["exp_avg_sq"][a]) + (1 - beta2) * square
+                )
                 state["exp_avg_sq"][a:b].fill_(v)
-                scaled[a:b].div_(v ** 0.5 + group["eps"])
+                scaled[a:b].div_(v**0.5 + group["eps"])
             if group["weight_decay"]:
                 scaled.add_(p, alpha=group["weight_decay"])
             state["exp_avg"].mul_(beta1).add_(scaled)

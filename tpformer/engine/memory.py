@@ -23,8 +23,9 @@ class MemoryBytes:
         return self.params + self.grads + self.optimizer
 
 
-def zero_memory_bytes(stage: int, n_params: int, dp: int, *, param_bytes: int = 4,
-                      mixed: bool = False) -> MemoryBytes:
+def zero_memory_bytes(
+    stage: int, n_params: int, dp: int, *, param_bytes: int = 4, mixed: bool = False
+) -> MemoryBytes:
     """The ZeRO paper's model-state bytes per rank for `n_params` (this rank's TP share).
 
     Parameters (param_bytes each) are divided by dp at stage 3, fp32 gradients (4 bytes; this
@@ -48,7 +49,9 @@ class SavedActivations:
     """The part saved while inside each of the model's blocks' forward."""
 
 
-def measure_saved_activations(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> SavedActivations:
+def measure_saved_activations(
+    model: torch.nn.Module, forward: Callable[[], torch.Tensor]
+) -> SavedActivations:
     """Run `forward()` (which returns the loss) under saved-tensor hooks, then its backward."""
     layers = model_blocks(model)
     per_layer = [0] * len(layers)
@@ -56,7 +59,7 @@ def measure_saved_activations(model: torch.nn.Module, forward: Callable[[], torc
     handles = []
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(lambda m, a, i=i: current.append(i)))
-        handles.append(layer.register_forward_hook(lambda m, a, o: [current.pop()] and None))
+        handles.append(layer.register_forward_hook(lambda m, a, o: None))
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 

@@ -40,61 +40,96 @@ class Master:
     views: list[OptimizerView]
 
 
-def build_masters(buckets: list[FlatBucket], owned: list[Tensor], *, whole: bool,
-                  aliased: bool, device: torch.device) -> list[Master]:
+def build_masters(
+    buckets: list[FlatBucket],
+    owned: list[Tensor],
+    *,
+    whole: bool,
+    aliased: bool,
+    device: torch.device,
+) -> list[Master]:
     """fp32 masters from the owned parts of the buckets (aliased: the owned tensors themselves)."""
     masters = []
     for bucket, values in zip(buckets, owned):
         master = values if aliased else values.float().to(device, copy=True)
         split = bucket.decay_split(whole=whole)
-        views = [OptimizerView(nn.Parameter(master[a:b], requires_grad=False), a, b, decay)
-                 for (a, b), decay in zip(split, (True, False)) if b > a]
+        views = [
+            OptimizerView(nn.Parameter(master[a:b], requires_grad=False), a, b, decay)
+            for (a, b), decay in zip(split, (True, False))
+            if b > a
+        ]
         masters.append(Master(master, views))
     return masters
 
 
-def _pieces(buckets: list[FlatBucket], masters: list[Master], *,
-                 whole: bool) -> tuple[dict[Tensor, list[Piece]], int]:
+def _pieces(
+    buckets: list[FlatBucket], masters: list[Master], *, whole: bool
+) -> tuple[dict[Tensor, list[Piece]], int]:
     """Where each logical parameter lies inside this rank's optimizer views, by segment id
     (ids are the same on every rank, so per-parameter norms can be all-reduced)."""
     pieces: dict[Tensor, list[Piece]] = {}
     first = 0
     for bucket, master in zip(buckets, masters):
-        ranges = ([(seg, seg.offset, seg.offset + seg.numel) for seg in bucket.segments]
-                  if whole else bucket.shard_ranges())
+        ranges = (
+            [(seg, seg.offset, seg.offset + seg.numel) for seg in bucket.segments]
+            if whole
+            else bucket.shard_ranges()
+        )
         ids = {id(seg): first + i for i, seg in enumerate(bucket.segments)}
         for view in master.views:
             lo, hi = view.start, view.stop
-            pieces[view.param] = [(ids[id(seg)], max(a, lo) - lo, min(b, hi) - lo, seg.tp_sharded)
-                                  for seg, a, b in ranges if max(a, lo) < min(b, hi)]
+            pieces[view.param] = [
+                (ids[id(seg)], max(a, lo) - lo, min(b, hi) - lo, seg.tp_sharded)
+                for seg, a, b in ranges
+                if max(a, lo) < min(b, hi)
+            ]
         first += len(bucket.segments)
     return pieces, first
 
 
-def build_optimizer(optim: OptimConfig, buckets: list[FlatBucket], masters: list[Master], *,
-                    whole: bool, tp: GroupHandle, dp: GroupHandle,
-                    comm_device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(
+    optim: OptimConfig,
+    buckets: list[FlatBucket],
+    masters: list[Master],
+    *,
+    whole: bool,
+    tp: GroupHandle,
+    dp: GroupHandle,
+    comm_device: torch.device,
+) -> torch.optim.Optimizer:
     """AdamW (fused where the state's device has it), LAMB, LARS or NovoGrad over the masters'
     views; biases and LayerNorms (the non-decayed views) get no weight decay (and, under LARS,
     no trust ratio)."""
     views = [v for m in masters for v in m.views]
-    groups = [{"params": [v.param for v in views if v.decay == decay],
-               "weight_decay": optim.weight_decay if decay else 0.0, "decayed": decay}
-              for decay in (True, False)]
+    groups = [
+        {
+            "params": [v.param for v in views if v.decay == decay],
+            "weight_decay": optim.weight_decay if decay else 0.0,
+            "decayed": decay,
+        }
+        for decay in (True, False)
+    ]
     groups = [g for g in groups if g["params"]]
     betas = (optim.beta1, optim.beta2)
     if optim.name in ("lamb", "lars", "novograd"):
         pieces, num_segments = _pieces(buckets, masters, whole=whole)
-        layout = {"pieces": pieces, "num_segments": num_segments, "tp": tp,
-                  "dp": None if whole else dp, "comm_device": comm_device}
+        layout = {
+            "pieces": pieces,
+            "num_segments": num_segments,
+            "tp": tp,
+            "dp": None if whole else dp,
+            "comm_device": comm_device,
+        }
         if optim.name == "lars":
-            return FlatLars(groups, lr=optim.lr, momentum=optim.momentum,
-                            eta=optim.trust_coefficient, **layout)
+            return FlatLars(
+                groups, lr=optim.lr, momentum=optim.momentum, eta=optim.trust_coefficient, **layout
+            )
         kind = FlatLamb if optim.name == "lamb" else FlatNovoGrad
         return kind(groups, lr=optim.lr, betas=betas, eps=optim.eps, **layout)
     state_device = masters[0].values.device
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.eps,
-                             fused=state_device.type in ("cpu", "cuda"))
+    return torch.optim.AdamW(
+        groups, lr=optim.lr, betas=betas, eps=optim.eps, fused=state_device.type in ("cpu", "cuda")
+    )
 
 
 def moments(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:

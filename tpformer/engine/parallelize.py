@@ -38,31 +38,60 @@ class Parallelized:
     split: SplitChoice | None = None
 
 
-def build_engine(model: nn.Module, optim: OptimConfig, parallel: ParallelConfig,
-                 ctx: ParallelContext) -> ZeroEngine:
+def build_engine(
+    model: nn.Module, optim: OptimConfig, parallel: ParallelConfig, ctx: ParallelContext
+) -> ZeroEngine:
     """The engine for parallel.zero_stage / cpu_offload / precision, over ctx's DP group."""
-    return ZeroEngine(model, optim, ctx, zero_stage=parallel.zero_stage,
-                      cpu_offload=parallel.cpu_offload, precision=parallel.precision,
-                      grad_compression=parallel.grad_compression,
-                      powersgd_rank=parallel.powersgd_rank,
-                      powersgd_start_step=parallel.powersgd_start_step)
+    return ZeroEngine(
+        model,
+        optim,
+        ctx,
+        zero_stage=parallel.zero_stage,
+        cpu_offload=parallel.cpu_offload,
+        precision=parallel.precision,
+        grad_compression=parallel.grad_compression,
+        powersgd_rank=parallel.powersgd_rank,
+        powersgd_start_step=parallel.powersgd_start_step,
+    )
 
 
-def parallelize(model: nn.Module, parallel: ParallelConfig, optim: OptimConfig,
-                ctx: ParallelContext, *, head_fraction: float = 0.0, seq: int = 128,
-                sample: dict[str, Tensor] | None = None) -> Parallelized:
+def parallelize(
+    model: nn.Module,
+    parallel: ParallelConfig,
+    optim: OptimConfig,
+    ctx: ParallelContext,
+    *,
+    head_fraction: float = 0.0,
+    seq: int = 128,
+    sample: dict[str, Tensor] | None = None,
+) -> Parallelized:
     """Keep this rank's pipeline stage, apply recomputation, then the engine, to a model built
     at ctx's TP degree. `head_fraction` (share of tokens the output head runs on), `seq` and
     `sample` (a micro-batch, for pipeline_split=profile) inform the pipeline split."""
     split = stage = None
     if ctx.pp.size > 1:
         chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
-        split = choose_split(model, parallel.pipeline_split, ctx.pp.size, chunks,
-                             head_fraction=head_fraction, seq=seq, sample=sample)
+        split = choose_split(
+            model,
+            parallel.pipeline_split,
+            ctx.pp.size,
+            chunks,
+            head_fraction=head_fraction,
+            seq=seq,
+            sample=sample,
+        )
         stage = build_stage(model, split.split, ctx.pp.rank, ctx.pp.size)
     recomputed = apply_recompute(model, parallel, ctx.rng)
     engine = build_engine(model, optim, parallel, ctx)
-    runner = (PipelineRunner(stage, ctx, schedule=parallel.pipeline_schedule,
-                             hidden=model.config.hidden_size, dtype=engine.dtype)  # type: ignore[union-attr]
-              if stage is not None else None)
+    runner = (
+        PipelineRunner(
+            stage,
+            ctx,
+            schedule=parallel.pipeline_schedule,
+            hidden=model.config.hidden_size,
+            dtype=engine.dtype,
+        )  # type: ignore[union-attr]
+        if stage is not None
+        else None
+    )
     return Parallelized(engine, recomputed, runner, split)

@@ -41,8 +41,16 @@ class ReplicatedParams:
     """Stages 0-2 (see the module docstring). `sharded_master`: the optimizer owns only this
     rank's chunk of each bucket (stages 1-2), so updates are all-gathered."""
 
-    def __init__(self, model: nn.Module, buckets: list[FlatBucket], dp: GroupHandle, *,
-                 dtype: torch.dtype, device: torch.device, sharded_master: bool) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        buckets: list[FlatBucket],
+        dp: GroupHandle,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        sharded_master: bool,
+    ) -> None:
         self.buckets, self.dp, self.dtype, self.device = buckets, dp, dtype, device
         self.sharded_master = sharded_master
         self.full: list[Tensor] = []
@@ -76,8 +84,9 @@ class ReplicatedParams:
         order = sorted(range(len(self.buckets)), key=lambda i: self.buckets[i].module is not None)
         for i in order:
             shard = masters[i].to(self.device, self.dtype, copy=True)
-            self.pending[i] = PendingGather(all_gather_async(self.full[i], shard, self.dp),
-                                            self.full[i], shard)
+            self.pending[i] = PendingGather(
+                all_gather_async(self.full[i], shard, self.dp), self.full[i], shard
+            )
 
     def _wait(self, i: int) -> None:
         pending = self.pending[i]
@@ -110,9 +119,17 @@ class ReplicatedParams:
 class PartitionedParams:
     """Stage 3 (see the module docstring). With `offload` the shards live on the CPU."""
 
-    def __init__(self, model: nn.Module, buckets: list[FlatBucket], dp: GroupHandle,
-                 pool: BufferPool, *, dtype: torch.dtype, device: torch.device,
-                 offload: bool) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        buckets: list[FlatBucket],
+        dp: GroupHandle,
+        pool: BufferPool,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        offload: bool,
+    ) -> None:
         self.model, self.buckets, self.dp, self.pool = model, buckets, dp, pool
         self.dtype, self.device = dtype, device
         self.shard_device = torch.device("cpu") if offload else device
@@ -120,8 +137,9 @@ class PartitionedParams:
         self.pending: list[PendingGather | None] = [None] * len(buckets)
         self.shard: list[Tensor] = []
         for bucket in buckets:
-            self.shard.append(bucket.shard_of(bucket.flatten(dtype, device))
-                              .clone().to(self.shard_device))
+            self.shard.append(
+                bucket.shard_of(bucket.flatten(dtype, device)).clone().to(self.shard_device)
+            )
             for seg in bucket.segments:  # the build buffer is dropped, not pooled
                 seg.param.data = torch.empty(0, dtype=dtype, device=device)
         self._install_hooks()
@@ -150,8 +168,9 @@ class PartitionedParams:
         """Start the all-gather of bucket i's parameters (no wait)."""
         if self.full[i] is not None or self.pending[i] is not None:
             return
-        full = self.pool.take(self.shard[i].numel() * self.dp.size, self.dtype, self.device,
-                              zero=False)
+        full = self.pool.take(
+            self.shard[i].numel() * self.dp.size, self.dtype, self.device, zero=False
+        )
         shard = self.shard[i].to(self.device, non_blocking=True)
         self.pending[i] = PendingGather(all_gather_async(full, shard, self.dp), full, shard)
 
@@ -184,6 +203,7 @@ class PartitionedParams:
             self._gather(i)
             if after is not None and not _in_backward():
                 self._prefetch(after)
+
         return hook
 
     def _post_forward(self, i: int, before: int | None) -> Callable:
@@ -198,6 +218,7 @@ class PartitionedParams:
             self._free(i)
             if isinstance(output, Tensor) and output.requires_grad:
                 output.register_hook(regather)
+
         return hook
 
     def settle(self) -> None:

@@ -31,7 +31,9 @@ def checkpointed_layer_indices(num_layers: int, num_checkpointed: int, every: in
     return [i for i in range(limit) if i % every == 0]
 
 
-def _recomputed(fn: Callable[..., Tensor], rng: RNGTracker, *, offload: bool) -> Callable[..., Tensor]:
+def _recomputed(
+    fn: Callable[..., Tensor], rng: RNGTracker, *, offload: bool
+) -> Callable[..., Tensor]:
     """fn under non-reentrant checkpoint, replaying the RNG position of its forward."""
 
     def run(*args: Tensor | None) -> Tensor:
@@ -68,9 +70,13 @@ def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker)
                 setattr(module, method, _recomputed(getattr(module, method), rng, offload=False))
                 wrapped.append(f"{names[id(module)]}.{method}")
         return wrapped
-    indices = checkpointed_layer_indices(len(blocks), parallel.checkpoint_num_layers,
-                                         parallel.checkpoint_every)
+    indices = checkpointed_layer_indices(
+        len(blocks), parallel.checkpoint_num_layers, parallel.checkpoint_every
+    )
     for i in indices:
-        blocks[i].forward = _recomputed(blocks[i].forward, rng,  # type: ignore[method-assign]
-                                        offload=parallel.checkpoint_offload)
+        blocks[i].forward = _recomputed(
+            blocks[i].forward,
+            rng,  # type: ignore[method-assign]
+            offload=parallel.checkpoint_offload,
+        )
     return [names[id(blocks[i])] for i in indices]

@@ -25,6 +25,7 @@ from tpformer.parallel.comm import all_gather_async, wait
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import gather_full, logical_shape, shard_full, sharded_dim
 
+
 def _master_like(optimizer: torch.optim.Optimizer, master: Master, slot: str) -> Tensor:
     """The master ('param') or a moment laid out like the master (whole or this rank's shard)."""
     if slot == "param":
@@ -57,9 +58,14 @@ def _as_dtensor(local: Tensor, seg: Segment, ctx: ParallelContext) -> DTensor:
     shape = logical_shape(_like(seg))
     stride = torch.empty(shape, device="meta").stride()
     mesh = ctx.stage_mesh  # a pipeline stage's parameters span its own (dp, tp) ranks only
-    return DTensor.from_local(local.to(mesh.device_type), mesh,  # type: ignore[union-attr]
-                              [Replicate(), Shard(sharded_dim(seg.param))], run_check=False,
-                              shape=shape, stride=stride)
+    return DTensor.from_local(
+        local.to(mesh.device_type),
+        mesh,  # type: ignore[union-attr]
+        [Replicate(), Shard(sharded_dim(seg.param))],
+        run_check=False,
+        shape=shape,
+        stride=stride,
+    )
 
 
 def _saved_form(local: Tensor, seg: Segment, ctx: ParallelContext) -> Tensor:
@@ -84,9 +90,15 @@ def _local_chunk(value: Tensor, seg: Segment, ctx: ParallelContext) -> Tensor:
 
 
 @torch.no_grad()
-def logical_state(buckets: list[FlatBucket], masters: list[Master],
-                  optimizer: torch.optim.Optimizer, ctx: ParallelContext, *,
-                  whole: bool, weights_only: bool = False) -> dict[str, Tensor]:
+def logical_state(
+    buckets: list[FlatBucket],
+    masters: list[Master],
+    optimizer: torch.optim.Optimizer,
+    ctx: ParallelContext,
+    *,
+    whole: bool,
+    weights_only: bool = False,
+) -> dict[str, Tensor]:
     """{"param/<name>", "<slot>/<name>" for each of the optimizer's per-element slots (AdamW's
     exp_avg, exp_avg_sq): fp32 logical tensor (a DTensor for TP-sharded parameters), "step"}.
     `whole`: the masters cover whole buckets (stage 0). `weights_only`: "param/<name>" only."""
@@ -119,9 +131,15 @@ def _like(seg: Segment) -> Tensor:  # a meta tensor carrying the segment's TP me
 
 
 @torch.no_grad()
-def load_logical_state(buckets: list[FlatBucket], masters: list[Master],
-                       optimizer: torch.optim.Optimizer, ctx: ParallelContext,
-                       loaded: dict[str, Tensor], *, whole: bool) -> list[Tensor]:
+def load_logical_state(
+    buckets: list[FlatBucket],
+    masters: list[Master],
+    optimizer: torch.optim.Optimizer,
+    ctx: ParallelContext,
+    loaded: dict[str, Tensor],
+    *,
+    whole: bool,
+) -> list[Tensor]:
     """Distribute logical tensors (or DTensors of this layout) into this rank's masters and
     optimizer state; returns each bucket's whole fp32 parameter values, for the compute copy."""
     params = []
@@ -136,7 +154,7 @@ def load_logical_state(buckets: list[FlatBucket], masters: list[Master],
                 params.append(values)
                 continue
             for v in master.views:
-                optimizer_slots(optimizer, v.param)[slot].copy_(mine[v.start:v.stop])
+                optimizer_slots(optimizer, v.param)[slot].copy_(mine[v.start : v.stop])
         for v in master.views:
             optimizer_slots(optimizer, v.param)["step"].fill_(float(loaded["step"]))
     return params

@@ -1,4 +1,5 @@
-"""Tensor-parallel nn.Modules built on tpformer.parallel; each takes the narrowest handle it needs."""
+"""Tensor-parallel nn.Modules built on tpformer.parallel; each takes the narrowest handle it
+needs."""
 
 from tpformer.layers.base import TPModule
 from tpformer.layers.dropout import ParallelDropout, assign_dropout_sites

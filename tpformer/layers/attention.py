@@ -27,8 +27,15 @@ class ParallelSelfAttention(nn.Module):
     (flash/efficient kernels).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, ctx: ParallelContext, *,
-                 attention_dropout: float, causal: bool) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        ctx: ParallelContext,
+        *,
+        attention_dropout: float,
+        causal: bool,
+    ) -> None:
         super().__init__()
         self.tp, self.causal = ctx.tp, causal
         self.head_dim = divide(hidden_size, num_heads, what="hidden_size")
@@ -55,8 +62,9 @@ class ParallelSelfAttention(nn.Module):
         recomputation wraps."""
         if self.training and self.dropout.p > 0:
             return self._explicit_core(q, k, v, mask)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                              is_causal=self.causal and mask is None)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=self.causal and mask is None
+        )
 
     def _explicit_core(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))

@@ -24,18 +24,21 @@ class TransformerLayer(nn.Module):
     pre-LN (GPT-2):   x = x + drop(attn(LN(x))); x = x + drop(mlp(LN(x))).
     """
 
-    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool,
-                 causal: bool) -> None:
+    def __init__(
+        self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool, causal: bool
+    ) -> None:
         super().__init__()
         self.pre_norm = pre_norm
         h, sp = config.hidden_size, ctx.sequence_parallel
         sequence = ctx.tp if sp else None
-        self.attention = ParallelSelfAttention(h, config.num_heads, ctx, causal=causal,
-                                               attention_dropout=config.attention_dropout)
+        self.attention = ParallelSelfAttention(
+            h, config.num_heads, ctx, causal=causal, attention_dropout=config.attention_dropout
+        )
         self.attention_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence)
         self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
-        self.mlp = ParallelMLP(h, config.intermediate_size, ctx.tp, activation=config.activation,
-                               sequence_parallel=sp)
+        self.mlp = ParallelMLP(
+            h, config.intermediate_size, ctx.tp, activation=config.activation, sequence_parallel=sp
+        )
         self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence)
         self.mlp_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         if sp:
@@ -57,8 +60,9 @@ class TransformerLayer(nn.Module):
 class TransformerStack(nn.Module):
     """num_layers TransformerLayers applied in order; `layers` is what recomputation wraps."""
 
-    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool,
-                 causal: bool) -> None:
+    def __init__(
+        self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool, causal: bool
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
             TransformerLayer(config, ctx, pre_norm=pre_norm, causal=causal)

@@ -58,8 +58,14 @@ class ParallelDropout(nn.Module):
     `site` is a stable key of this module, set by `assign_dropout_sites` from its name.
     """
 
-    def __init__(self, p: float, rng: RNGTracker, *, heads: int | None = None,
-                 sequence: GroupHandle | None = None) -> None:
+    def __init__(
+        self,
+        p: float,
+        rng: RNGTracker,
+        *,
+        heads: int | None = None,
+        sequence: GroupHandle | None = None,
+    ) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p={p} must be in [0, 1)")
@@ -90,8 +96,9 @@ class ParallelDropout(nn.Module):
             mask = noise >= self.p
         return _ApplyMask.apply(x, mask, scale)
 
-    def _sample_layout(self, shape: torch.Size,
-                       head_offset: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+    def _sample_layout(
+        self, shape: torch.Size, head_offset: int
+    ) -> tuple[list[int], list[tuple[int, int, int]]]:
         """The shape of one sample's whole stream, and the (dim, start, length) slices of it
         that are this rank's `shape`. Attention probabilities [heads, s, s] are drawn at the
         step's mask width (RNGTracker.mask_width): a micro-batch padded narrower than the widest

@@ -38,9 +38,17 @@ class VocabParallelEmbedding(TPModule):
     a dense table allocated, zeroed and added every backward (the engine turns it on).
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, tp: GroupHandle, *,
-                 pad_to_multiple_of: int = 0, sequence_parallel: bool = False,
-                 device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        tp: GroupHandle,
+        *,
+        pad_to_multiple_of: int = 0,
+        sequence_parallel: bool = False,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.tp, self.sequence_parallel = tp, sequence_parallel
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
@@ -63,4 +71,7 @@ class VocabParallelEmbedding(TPModule):
         return reduce_from_tp(out, self.tp)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings} (padded {self.padded_size}), {self.embedding_dim}, tp={self.tp.size}"
+        return (
+            f"{self.num_embeddings} (padded {self.padded_size}), {self.embedding_dim}, "
+            f"tp={self.tp.size}"
+        )

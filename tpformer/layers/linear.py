@@ -18,9 +18,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
-from tpformer.parallel.comm import (SequenceGather, SequenceReduceScatter, copy_to_tp,
-                                    gather_from_tp, reduce_from_tp, reduce_scatter_sequence,
-                                    scatter_to_tp)
+from tpformer.parallel.comm import (
+    SequenceGather,
+    SequenceReduceScatter,
+    copy_to_tp,
+    gather_from_tp,
+    reduce_from_tp,
+    reduce_scatter_sequence,
+    scatter_to_tp,
+)
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 from tpformer.parallel.layout import divide
@@ -32,8 +38,13 @@ class _SequenceGatheredLinear(torch.autograd.Function):
     computed) and reduce-scatters the input gradient (while the weight gradient is)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None,  # type: ignore[override]
-                tp: GroupHandle) -> Tensor:
+    def forward(
+        ctx,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,  # type: ignore[override]
+        tp: GroupHandle,
+    ) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.tp, ctx.has_bias = tp, bias is not None
         return F.linear(SequenceGather(x, tp).result(), weight, bias)
@@ -49,8 +60,9 @@ class _SequenceGatheredLinear(torch.autograd.Function):
         return scatter.result(), grad_weight, grad_bias, None
 
 
-def sequence_gathered_linear(x: Tensor, weight: Tensor, bias: Tensor | None,
-                             tp: GroupHandle) -> Tensor:
+def sequence_gathered_linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None, tp: GroupHandle
+) -> Tensor:
     """F.linear of the whole sequence from this rank's chunk x [b, s/tp, in] -> [b, s, out]."""
     if tp.size == 1:
         return F.linear(x, weight, bias)
@@ -65,18 +77,31 @@ class ColumnParallelLinear(TPModule):
     sequence_parallel: input [b, s/tp, in], all-gathered along the sequence first.
     """
 
-    def __init__(self, in_features: int, out_features: int, tp: GroupHandle, *, bias: bool = True,
-                 gather_output: bool = False, sequence_parallel: bool = False,
-                 device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        tp: GroupHandle,
+        *,
+        bias: bool = True,
+        gather_output: bool = False,
+        sequence_parallel: bool = False,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.tp, self.gather_output, self.sequence_parallel = tp, gather_output, sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.out_per_rank = divide(out_features, tp.size, what="out_features")
         kw = {"device": device, "dtype": dtype}
-        self.weight = mark_sharded(nn.Parameter(torch.zeros(self.out_per_rank, in_features, **kw)),
-                                   0, out_features)
-        self.bias = (mark_sharded(nn.Parameter(torch.zeros(self.out_per_rank, **kw)), 0, out_features)
-                     if bias else None)
+        self.weight = mark_sharded(
+            nn.Parameter(torch.zeros(self.out_per_rank, in_features, **kw)), 0, out_features
+        )
+        self.bias = (
+            mark_sharded(nn.Parameter(torch.zeros(self.out_per_rank, **kw)), 0, out_features)
+            if bias
+            else None
+        )
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
         if self.sequence_parallel:
@@ -98,17 +123,27 @@ class RowParallelLinear(TPModule):
     then sees this rank's chunk only, so its gradient is summed over TP by the engine.
     """
 
-    def __init__(self, in_features: int, out_features: int, tp: GroupHandle, *, bias: bool = True,
-                 input_is_parallel: bool = True, sequence_parallel: bool = False,
-                 device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        tp: GroupHandle,
+        *,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        sequence_parallel: bool = False,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.tp, self.input_is_parallel = tp, input_is_parallel
         self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.in_per_rank = divide(in_features, tp.size, what="in_features")
         kw = {"device": device, "dtype": dtype}
-        self.weight = mark_sharded(nn.Parameter(torch.zeros(out_features, self.in_per_rank, **kw)),
-                                   1, in_features)
+        self.weight = mark_sharded(
+            nn.Parameter(torch.zeros(out_features, self.in_per_rank, **kw)), 1, in_features
+        )
         self.bias = nn.Parameter(torch.zeros(out_features, **kw)) if bias else None
         if sequence_parallel and self.bias is not None:
             mark_sequence_parallel(self.bias)
@@ -117,8 +152,11 @@ class RowParallelLinear(TPModule):
         if not self.input_is_parallel:
             x = scatter_to_tp(x, self.tp)
         y = F.linear(x, self.weight)  # partial sums: one reduction over TP
-        y = (reduce_scatter_sequence(y, self.tp) if self.sequence_parallel
-             else reduce_from_tp(y, self.tp))
+        y = (
+            reduce_scatter_sequence(y, self.tp)
+            if self.sequence_parallel
+            else reduce_from_tp(y, self.tp)
+        )
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

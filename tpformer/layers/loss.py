@@ -17,18 +17,25 @@ from tpformer.parallel.context import GroupHandle
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, tp: GroupHandle, vocab_size: int,  # type: ignore[override]
-                ignore_index: int, smoothing: float) -> Tensor:
-        logits = logits.float()                                   # [N, V/tp]
+    def forward(
+        ctx,
+        logits: Tensor,
+        target: Tensor,
+        tp: GroupHandle,
+        vocab_size: int,  # type: ignore[override]
+        ignore_index: int,
+        smoothing: float,
+    ) -> Tensor:
+        logits = logits.float()  # [N, V/tp]
         per_rank = logits.shape[-1]
         start = tp.rank * per_rank
-        valid = max(0, min(per_rank, vocab_size - start))         # columns that are real tokens
-        if valid < per_rank:                                      # padding gets no probability
+        valid = max(0, min(per_rank, vocab_size - start))  # columns that are real tokens
+        if valid < per_rank:  # padding gets no probability
             logits = logits.clone()
             logits[:, valid:] = float("-inf")
 
         row_max = logits.max(dim=-1).values
-        all_reduce(row_max, tp, dist.ReduceOp.MAX)                # 1
+        all_reduce(row_max, tp, dist.ReduceOp.MAX)  # 1
         shifted = logits - row_max.unsqueeze(-1)
 
         ignored = target == ignore_index
@@ -39,14 +46,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = target_logit.masked_fill(outside, 0.0)
         if smoothing > 0:
             stats = torch.stack([target_logit, shifted[:, :valid].sum(dim=-1)])
-            all_reduce(stats, tp)                                 # 2
+            all_reduce(stats, tp)  # 2
             target_logit, logit_sum = stats[0], stats[1]
         else:
-            all_reduce(target_logit, tp)                          # 2
+            all_reduce(target_logit, tp)  # 2
 
         probs = shifted.exp()
         sum_exp = probs.sum(dim=-1)
-        all_reduce(sum_exp, tp)                                   # 3
+        all_reduce(sum_exp, tp)  # 3
         log_z = sum_exp.log()
         loss = log_z - target_logit
         if smoothing > 0:
@@ -65,9 +72,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_correct: Tensor | None = None):  # type: ignore[override]
         probs, local_target, outside, ignored = ctx.saved_tensors
-        grad = probs                                              # softmax, reused in place
+        grad = probs  # softmax, reused in place
         hit = (~outside).to(grad.dtype)
-        grad.scatter_add_(-1, local_target.unsqueeze(-1), -(1.0 - ctx.smoothing) * hit.unsqueeze(-1))
+        grad.scatter_add_(
+            -1, local_target.unsqueeze(-1), -(1.0 - ctx.smoothing) * hit.unsqueeze(-1)
+        )
         if ctx.smoothing > 0:
             grad[:, : ctx.valid] -= ctx.smoothing / ctx.vocab_size
         scale = grad_loss.masked_fill(ignored, 0.0).unsqueeze(-1)
@@ -75,31 +84,53 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, tp: GroupHandle, *,
-                                 vocab_size: int, ignore_index: int = -100,
-                                 label_smoothing: float = 0.0) -> Tensor:
+def vocab_parallel_cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    tp: GroupHandle,
+    *,
+    vocab_size: int,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> Tensor:
     """Per-token loss [N] from this rank's logits [N, V_padded/tp] and global targets [N].
 
     Matches F.cross_entropy(full_logits[:, :vocab_size], target, reduction="none",
     ignore_index=..., label_smoothing=...) on the gathered logits. Ignored rows give 0.
     """
-    return vocab_parallel_cross_entropy_and_hits(logits, target, tp, vocab_size=vocab_size,
-                                                 ignore_index=ignore_index,
-                                                 label_smoothing=label_smoothing)[0]
+    return vocab_parallel_cross_entropy_and_hits(
+        logits,
+        target,
+        tp,
+        vocab_size=vocab_size,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+    )[0]
 
 
-def vocab_parallel_cross_entropy_and_hits(logits: Tensor, target: Tensor, tp: GroupHandle, *,
-                                          vocab_size: int, ignore_index: int = -100,
-                                          label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+def vocab_parallel_cross_entropy_and_hits(
+    logits: Tensor,
+    target: Tensor,
+    tp: GroupHandle,
+    *,
+    vocab_size: int,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, Tensor]:
     """(per-token loss [N], bool [N] whether the target is the argmax of the full logits), with
     the same three all-reduces as the loss alone: accuracy comes free."""
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
-        raise ValueError(f"expected logits [N, V/tp] and target [N], got {tuple(logits.shape)} "
-                         f"and {tuple(target.shape)}")
+        raise ValueError(
+            f"expected logits [N, V/tp] and target [N], got {tuple(logits.shape)} "
+            f"and {tuple(target.shape)}"
+        )
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1)")
     if logits.shape[-1] * tp.size < vocab_size:
-        raise ValueError(f"logits cover {logits.shape[-1] * tp.size} tokens across tp={tp.size}, "
-                         f"fewer than vocab_size={vocab_size}")
-    return _VocabParallelCrossEntropy.apply(logits, target, tp, vocab_size, ignore_index,
-                                            label_smoothing)
+        raise ValueError(
+            f"logits cover {logits.shape[-1] * tp.size} tokens across tp={tp.size}, "
+            f"fewer than vocab_size={vocab_size}"
+        )
+    return _VocabParallelCrossEntropy.apply(
+        logits, target, tp, vocab_size, ignore_index, label_smoothing
+    )

@@ -15,8 +15,9 @@ from tpformer.parallel.comm import from_first_rank, gather_rows, sequence_range
 from tpformer.parallel.context import GroupHandle
 
 
-def local_positions(seq_len: int, tp: GroupHandle, sequence_parallel: bool,
-                    device: torch.device) -> Tensor:
+def local_positions(
+    seq_len: int, tp: GroupHandle, sequence_parallel: bool, device: torch.device
+) -> Tensor:
     """The global positions this rank holds: all of them, or its chunk of the sequence."""
     if not sequence_parallel:
         return torch.arange(seq_len, device=device)
@@ -30,8 +31,14 @@ def first_token(hidden: Tensor, tp: GroupHandle, sequence_parallel: bool) -> Ten
     return from_first_rank(hidden[:, 0], tp) if sequence_parallel else hidden[:, 0]
 
 
-def labeled_rows(hidden: Tensor, labels: Tensor, tp: GroupHandle, sequence_parallel: bool, *,
-                 ignore_index: int = -100) -> tuple[Tensor, Tensor]:
+def labeled_rows(
+    hidden: Tensor,
+    labels: Tensor,
+    tp: GroupHandle,
+    sequence_parallel: bool,
+    *,
+    ignore_index: int = -100,
+) -> tuple[Tensor, Tensor]:
     """(rows [N, h], their labels [N]) of every position whose label is not ignored, in the
     order of the flat [b * s] sequence, replicated. hidden is [b, s, h] or this rank's chunk
     [b, s/tp, h]; labels [b, s] are whole on every rank, so each rank knows every rank's count
@@ -43,7 +50,7 @@ def labeled_rows(hidden: Tensor, labels: Tensor, tp: GroupHandle, sequence_paral
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
         return rows, flat.index_select(0, picked)
     local = s // tp.size
-    by_rank = labels.reshape(b, tp.size, local).transpose(0, 1)        # [tp, b, s/tp]
+    by_rank = labels.reshape(b, tp.size, local).transpose(0, 1)  # [tp, b, s/tp]
     keep = by_rank != ignore_index
     counts = keep.flatten(1).sum(dim=1).tolist()
     mine = keep[tp.rank].reshape(-1).nonzero().squeeze(-1)

@@ -20,8 +20,14 @@ TASKS = {
 }
 
 
-def build_model(config: ModelConfig, ctx: ParallelContext, *, task: str, initialize: bool = True,
-                **kwargs: object) -> nn.Module:
+def build_model(
+    config: ModelConfig,
+    ctx: ParallelContext,
+    *,
+    task: str,
+    initialize: bool = True,
+    **kwargs: object,
+) -> nn.Module:
     """Construct, key the dropout sites by module name and (optionally) initialize.
 
     The initialization is layout independent: the same seed gives the TP=1 weights' slices.
@@ -38,5 +44,11 @@ def build_model(config: ModelConfig, ctx: ParallelContext, *, task: str, initial
     return model
 
 
-__all__ = ["BertForPreTraining", "BertForSequenceClassification", "BertModel", "GPTForCausalLM",
-           "GPTModel", "build_model"]
+__all__ = [
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertModel",
+    "GPTForCausalLM",
+    "GPTModel",
+    "build_model",
+]

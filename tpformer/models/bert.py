@@ -26,8 +26,10 @@ from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 
 def check_sequence_length(seq_len: int, config: ModelConfig) -> None:
     if seq_len > config.max_position_embeddings:
-        raise ValueError(f"sequence length {seq_len} exceeds model.max_position_embeddings="
-                         f"{config.max_position_embeddings}; shorten the input or raise the limit")
+        raise ValueError(
+            f"sequence length {seq_len} exceeds model.max_position_embeddings="
+            f"{config.max_position_embeddings}; shorten the input or raise the limit"
+        )
 
 
 def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
@@ -45,19 +47,27 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         self.tp, self.sequence_parallel = ctx.tp, ctx.sequence_parallel
         self.word_embeddings = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, ctx.tp, pad_to_multiple_of=config.pad_vocab_to,
-            sequence_parallel=ctx.sequence_parallel)
+            config.vocab_size,
+            config.hidden_size,
+            ctx.tp,
+            pad_to_multiple_of=config.pad_vocab_to,
+            sequence_parallel=ctx.sequence_parallel,
+        )
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(max(config.type_vocab_size, 1), config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(
+            max(config.type_vocab_size, 1), config.hidden_size
+        )
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = ParallelDropout(config.dropout, ctx.rng,
-                                       sequence=ctx.tp if ctx.sequence_parallel else None)
+        self.dropout = ParallelDropout(
+            config.dropout, ctx.rng, sequence=ctx.tp if ctx.sequence_parallel else None
+        )
         if ctx.sequence_parallel:
             mark_sequence_parallel(self.position_embeddings, self.token_type_embeddings, self.norm)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        positions = local_positions(input_ids.shape[1], self.tp, self.sequence_parallel,
-                                    input_ids.device)
+        positions = local_positions(
+            input_ids.shape[1], self.tp, self.sequence_parallel, input_ids.device
+        )
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
@@ -91,8 +101,12 @@ class BertModel(TPModule):
             return x, None
         return x, torch.tanh(self.pooler(first_token(x, self.tp, self.sequence_parallel)))
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated,
         except the sequence output with sequence parallelism: this rank's chunk [b, s/tp, h]."""
         x = self.encoder(self.embed(input_ids, token_type_ids), padding_mask(attention_mask))
@@ -110,8 +124,9 @@ class _PipelinedBert(TPModule):
     def blocks(self) -> list[nn.Module]:
         return self.bert.blocks()
 
-    def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-              **_: Tensor | None) -> Tensor:
+    def embed(
+        self, input_ids: Tensor, token_type_ids: Tensor | None = None, **_: Tensor | None
+    ) -> Tensor:
         return self.bert.embed(input_ids, token_type_ids)
 
     def block_mask(self, attention_mask: Tensor | None = None, **_: Tensor | None) -> Tensor | None:
@@ -130,7 +145,8 @@ class _PipelinedBert(TPModule):
 @dataclass
 class PretrainingOutput:
     """Losses are means over this micro-batch; the *_sum/_count pairs let a trainer normalize
-    over the global batch. mlm_logits is this rank's vocab shard, filled when no labels are given."""
+    over the global batch. mlm_logits is this rank's vocab shard, filled when no labels are
+    given."""
 
     loss: Tensor | None = None
     mlm_loss: Tensor | None = None
@@ -160,8 +176,9 @@ class BertForPreTraining(_PipelinedBert):
         self.mlm_act = activation_fn(config.activation)
         self.mlm_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         embedding = self.bert.embeddings.word_embeddings
-        self.mlm_bias = mark_sharded(nn.Parameter(torch.zeros(embedding.rows_per_rank)), 0,
-                                     config.vocab_size)
+        self.mlm_bias = mark_sharded(
+            nn.Parameter(torch.zeros(embedding.rows_per_rank)), 0, config.vocab_size
+        )
         self.nsp = nn.Linear(h, 2)
 
     pipeline_head = ("bert.pooler", "mlm_transform", "mlm_norm", "mlm_bias", "nsp")
@@ -173,27 +190,45 @@ class BertForPreTraining(_PipelinedBert):
         weight = self.bert.embeddings.word_embeddings.weight
         return F.linear(copy_to_tp(hidden, self.tp), weight, self.mlm_bias)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,  # type: ignore[override]
-                attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
-                nsp_labels: Tensor | None = None) -> PretrainingOutput:
-        return super().forward(input_ids=input_ids, token_type_ids=token_type_ids,
-                               attention_mask=attention_mask, mlm_labels=mlm_labels,
-                               nsp_labels=nsp_labels)  # type: ignore[return-value]
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,  # type: ignore[override]
+        attention_mask: Tensor | None = None,
+        mlm_labels: Tensor | None = None,
+        nsp_labels: Tensor | None = None,
+    ) -> PretrainingOutput:
+        return super().forward(
+            input_ids=input_ids,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            mlm_labels=mlm_labels,
+            nsp_labels=nsp_labels,
+        )  # type: ignore[return-value]
 
-    def head(self, hidden: Tensor, input_ids: Tensor, mlm_labels: Tensor | None = None,  # type: ignore[override]
-             nsp_labels: Tensor | None = None, **_: Tensor | None) -> PretrainingOutput:
+    def head(
+        self,
+        hidden: Tensor,
+        input_ids: Tensor,
+        mlm_labels: Tensor | None = None,  # type: ignore[override]
+        nsp_labels: Tensor | None = None,
+        **_: Tensor | None,
+    ) -> PretrainingOutput:
         sequence, pooled = self.bert.finish(hidden)
         out = PretrainingOutput(nsp_logits=self.nsp(pooled))
         if mlm_labels is None:
             every = torch.zeros_like(input_ids)  # every position, gathered whole
             out.mlm_logits = self.mlm_logits(
-                labeled_rows(sequence, every, self.tp, self.sequence_parallel)[0]
-                .view(*input_ids.shape, -1))
+                labeled_rows(sequence, every, self.tp, self.sequence_parallel)[0].view(
+                    *input_ids.shape, -1
+                )
+            )
             return out
         # the masked rows only (fetched from their ranks under sequence parallelism)
         rows, labels = labeled_rows(sequence, mlm_labels, self.tp, self.sequence_parallel)
         losses, hits = vocab_parallel_cross_entropy_and_hits(
-            self.mlm_logits(rows), labels, self.tp, vocab_size=self.config.vocab_size)
+            self.mlm_logits(rows), labels, self.tp, vocab_size=self.config.vocab_size
+        )
         out.mlm_loss_sum, out.mlm_count = losses.sum(), torch.tensor(labels.numel())
         out.mlm_correct = hits.sum()
         out.mlm_loss = out.mlm_loss_sum / max(labels.numel(), 1)
@@ -225,15 +260,26 @@ class BertForSequenceClassification(_PipelinedBert):
 
     pipeline_head = ("bert.pooler", "dropout", "classifier")
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,  # type: ignore[override]
-                attention_mask: Tensor | None = None,
-                labels: Tensor | None = None) -> ClassificationOutput:
-        return super().forward(input_ids=input_ids, token_type_ids=token_type_ids,
-                               attention_mask=attention_mask,
-                               labels=labels)  # type: ignore[return-value]
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,  # type: ignore[override]
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+    ) -> ClassificationOutput:
+        return super().forward(
+            input_ids=input_ids,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+        )  # type: ignore[return-value]
 
-    def head(self, hidden: Tensor, labels: Tensor | None = None,  # type: ignore[override]
-             **_: Tensor | None) -> ClassificationOutput:
+    def head(
+        self,
+        hidden: Tensor,
+        labels: Tensor | None = None,  # type: ignore[override]
+        **_: Tensor | None,
+    ) -> ClassificationOutput:
         _, pooled = self.bert.finish(hidden)
         logits = self.classifier(self.dropout(pooled))
         if labels is None:

@@ -14,8 +14,8 @@ from tpformer.layers.base import TPModule
 from tpformer.layers.block import TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
-from tpformer.layers.loss import vocab_parallel_cross_entropy
 from tpformer.layers.linear import sequence_gathered_linear
+from tpformer.layers.loss import vocab_parallel_cross_entropy
 from tpformer.layers.sequence import local_positions
 from tpformer.models.bert import check_sequence_length
 from tpformer.parallel.comm import copy_to_tp
@@ -29,12 +29,17 @@ class GPTModel(TPModule):
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
         self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size, ctx.tp,
-                                          pad_to_multiple_of=config.pad_vocab_to,
-                                          sequence_parallel=ctx.sequence_parallel)
+        self.wte = VocabParallelEmbedding(
+            config.vocab_size,
+            config.hidden_size,
+            ctx.tp,
+            pad_to_multiple_of=config.pad_vocab_to,
+            sequence_parallel=ctx.sequence_parallel,
+        )
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.dropout = ParallelDropout(config.dropout, ctx.rng,
-                                       sequence=ctx.tp if ctx.sequence_parallel else None)
+        self.dropout = ParallelDropout(
+            config.dropout, ctx.rng, sequence=ctx.tp if ctx.sequence_parallel else None
+        )
         self.decoder = TransformerStack(config, ctx, pre_norm=True, causal=True)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         if ctx.sequence_parallel:
@@ -97,12 +102,14 @@ class GPTForCausalLM(TPModule):
     def embed(self, input_ids: Tensor, **_: Tensor | None) -> Tensor:
         return self.transformer.embed(input_ids)
 
-    def block_mask(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                   **_: Tensor | None) -> Tensor | None:
+    def block_mask(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, **_: Tensor | None
+    ) -> Tensor | None:
         return self.transformer.block_mask(input_ids, attention_mask)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                labels: Tensor | None = None) -> CausalLMOutput:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None
+    ) -> CausalLMOutput:
         x = self.embed(input_ids)
         mask = self.block_mask(input_ids, attention_mask)
         for block in self.blocks():
@@ -115,12 +122,16 @@ class GPTForCausalLM(TPModule):
         # every position feeds the vocab-parallel projection: the whole sequence on each rank
         # (sequence parallelism: all-gathered, the gradient reduce-scattered back)
         weight = self.transformer.wte.weight
-        logits = (sequence_gathered_linear(hidden, weight, None, self.tp) if self.sequence_parallel
-                  else F.linear(copy_to_tp(hidden, self.tp), weight))
+        logits = (
+            sequence_gathered_linear(hidden, weight, None, self.tp)
+            if self.sequence_parallel
+            else F.linear(copy_to_tp(hidden, self.tp), weight)
+        )
         if labels is None:
             return CausalLMOutput(logits)
         shifted = logits[:, :-1].reshape(-1, logits.shape[-1])
         targets = labels[:, 1:].reshape(-1)
-        losses = vocab_parallel_cross_entropy(shifted, targets, self.tp,
-                                              vocab_size=self.config.vocab_size)
+        losses = vocab_parallel_cross_entropy(
+            shifted, targets, self.tp, vocab_size=self.config.vocab_size
+        )
         return CausalLMOutput(logits, losses.sum() / (targets != -100).sum().clamp(min=1))

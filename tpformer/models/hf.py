@@ -16,8 +16,15 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
-from tpformer.models.hf_keys import (HF_TIED, KEY_MAPS, FusedQKV, Plain, Rule,
-                                     hf_config_from_model, model_config_from_hf)
+from tpformer.models.hf_keys import (
+    HF_TIED,
+    KEY_MAPS,
+    FusedQKV,
+    Plain,
+    Rule,
+    hf_config_from_model,
+    model_config_from_hf,
+)
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict, logical_shape, sharded_dim
 
@@ -55,19 +62,23 @@ class CheckpointFiles:
             with safe_open(directory / "model.safetensors", "pt") as f:
                 self._files = dict.fromkeys(f.keys(), "model.safetensors")
         elif (directory / "pytorch_model.bin").exists():
-            self._bin = torch.load(directory / "pytorch_model.bin", map_location="cpu",
-                                   mmap=True, weights_only=True)
+            self._bin = torch.load(
+                directory / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True
+            )
             self._files = dict.fromkeys(self._bin, "pytorch_model.bin")
         else:
             present = sorted(p.name for p in directory.iterdir())
             raise FileNotFoundError(
                 f"{directory} has no model.safetensors, model.safetensors.index.json or "
-                f"pytorch_model.bin (it contains {present}); pass a save_pretrained directory")
+                f"pytorch_model.bin (it contains {present}); pass a save_pretrained directory"
+            )
 
     def keys(self) -> list[str]:
         return list(self._files)
 
-    def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> Tensor:
+    def read(
+        self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None
+    ) -> Tensor:
         """The stored tensor `name`, or its [start, stop) slice along `dim`."""
         file = self._files[name]
         if file == "pytorch_model.bin":
@@ -112,8 +123,9 @@ def _read_rows(files: CheckpointFiles, key: str, transposed: bool, start: int, s
     return files.read(key, 0, start, stop)
 
 
-def _local_tensor(files: CheckpointFiles, rule: Rule, param: Tensor, model_cfg: ModelConfig,
-                  rank: int) -> Tensor:
+def _local_tensor(
+    files: CheckpointFiles, rule: Rule, param: Tensor, model_cfg: ModelConfig, rank: int
+) -> Tensor:
     """This rank's slice of the tensor `rule` describes, read without the rest."""
     dim = sharded_dim(param)
     if isinstance(rule, FusedQKV):
@@ -136,8 +148,11 @@ def _local_tensor(files: CheckpointFiles, rule: Rule, param: Tensor, model_cfg: 
     if dim == 0:
         local = _read_rows(files, rule.key, transposed, start, max(start, stop))
     else:  # a row-parallel weight: our columns are the stored rows when transposed
-        local = (files.read(rule.key, 0, start, stop).t() if transposed
-                 else files.read(rule.key, 1, start, stop))
+        local = (
+            files.read(rule.key, 0, start, stop).t()
+            if transposed
+            else files.read(rule.key, 1, start, stop)
+        )
     if local.shape[dim] < chunk:  # vocabulary padding rows
         pad = list(local.shape)
         pad[dim] = chunk - local.shape[dim]
@@ -176,17 +191,23 @@ def load_hf_weights(model: nn.Module, directory: str | Path, ctx: ParallelContex
     rules = KEY_MAPS[config.arch](config, task, _hf_prefix(keys, config.arch))
     available = set(keys)
     body = "" if task == "base" else ("bert." if config.arch == "bert" else "transformer.")
-    missing = {name: [k for k in _rule_keys(rule) if k not in available]
-               for name, rule in rules.items()}
+    missing = {
+        name: [k for k in _rule_keys(rule) if k not in available] for name, rule in rules.items()
+    }
     optional = {n for n in rules if not n.startswith(body) or ".pooler." in f".{n}"}  # heads
     skipped = [n for n, ks in missing.items() if ks and n in optional]
     missing_body = sorted(k for n, ks in missing.items() if n not in optional for k in ks)
     needed = {k for rule in rules.values() for k in _rule_keys(rule)}
-    unexpected = sorted(k for k in available - needed
-                        if not k.endswith(IGNORED_KEYS) and not k.startswith(HEAD_KEYS))
+    unexpected = sorted(
+        k
+        for k in available - needed
+        if not k.endswith(IGNORED_KEYS) and not k.startswith(HEAD_KEYS)
+    )
     if missing_body or unexpected:
-        raise ValueError(f"checkpoint {directory} does not match the model: missing keys "
-                         f"{missing_body}, unexpected keys {unexpected}")
+        raise ValueError(
+            f"checkpoint {directory} does not match the model: missing keys "
+            f"{missing_body}, unexpected keys {unexpected}"
+        )
     params = dict(model.named_parameters())
     mismatched = []
     for name, rule in rules.items():
@@ -195,11 +216,13 @@ def load_hf_weights(model: nn.Module, directory: str | Path, ctx: ParallelContex
         expected = list(logical_shape(params[name]))
         stored = _stored_shape(files, rule)
         if stored != expected:
-            mismatched.append(f"{name} <- {_rule_keys(rule)[0]}: checkpoint {stored} vs model "
-                              f"{expected}")
+            mismatched.append(
+                f"{name} <- {_rule_keys(rule)[0]}: checkpoint {stored} vs model {expected}"
+            )
     if mismatched:
-        raise ValueError(f"checkpoint {directory} has other shapes than the model: "
-                         + "; ".join(mismatched))
+        raise ValueError(
+            f"checkpoint {directory} has other shapes than the model: " + "; ".join(mismatched)
+        )
     for name, rule in rules.items():
         if name not in skipped:
             params[name].copy_(_local_tensor(files, rule, params[name], config, ctx.tp.rank))
@@ -219,8 +242,9 @@ def _rule_keys(rule: Rule) -> tuple[str, ...]:
     return (rule.key,) if isinstance(rule, Plain) else rule.keys
 
 
-def load_hf_model(directory: str | Path, ctx: ParallelContext, *, task: str | None = None,
-                  **kwargs: object) -> nn.Module:
+def load_hf_model(
+    directory: str | Path, ctx: ParallelContext, *, task: str | None = None, **kwargs: object
+) -> nn.Module:
     """Build the tpformer model of a HF directory at ctx's layout and load its weights.
 
     `task` defaults to the checkpoint's own (BertForMaskedLM -> pretraining, ...); classifiers
@@ -232,8 +256,10 @@ def load_hf_model(directory: str | Path, ctx: ParallelContext, *, task: str | No
     default = {"bert": "BertModel", "gpt2": "GPT2LMHeadModel"}.get(hf.get("model_type", ""), "?")
     architecture = (hf.get("architectures") or [default])[0]
     if architecture not in SUPPORTED:
-        raise ValueError(f"architecture {architecture!r} in {directory}/config.json is not "
-                         f"supported; supported: {sorted(SUPPORTED)}")
+        raise ValueError(
+            f"architecture {architecture!r} in {directory}/config.json is not "
+            f"supported; supported: {sorted(SUPPORTED)}"
+        )
     config = model_config_from_hf(hf)
     task = task or SUPPORTED[architecture][1]
     if task == "classification" and "num_labels" not in kwargs:
@@ -246,12 +272,18 @@ def load_hf_model(directory: str | Path, ctx: ParallelContext, *, task: str | No
 # ----------------------------------------------------------------------------- export
 
 
-HF_ARCHITECTURE = {"BertModel": "BertModel", "BertForPreTraining": "BertForPreTraining",
-                   "BertForSequenceClassification": "BertForSequenceClassification",
-                   "GPTModel": "GPT2Model", "GPTForCausalLM": "GPT2LMHeadModel"}
+HF_ARCHITECTURE = {
+    "BertModel": "BertModel",
+    "BertForPreTraining": "BertForPreTraining",
+    "BertForSequenceClassification": "BertForSequenceClassification",
+    "GPTModel": "GPT2Model",
+    "GPTForCausalLM": "GPT2LMHeadModel",
+}
 
 
-def to_hf_state_dict(model: nn.Module, ctx: ParallelContext, architecture: str) -> dict[str, Tensor]:
+def to_hf_state_dict(
+    model: nn.Module, ctx: ParallelContext, architecture: str
+) -> dict[str, Tensor]:
     """Full HF-named tensors of `model` (all-gathers over TP; same on every TP rank)."""
     config: ModelConfig = model.config  # type: ignore[assignment]
     task = task_of(model)
@@ -270,14 +302,21 @@ def to_hf_state_dict(model: nn.Module, ctx: ParallelContext, architecture: str) 
             out.update(zip(rule.keys, parts))
         else:
             fused = torch.cat(parts, dim=0)
-            out[rule.keys[0]] = fused.t().contiguous() if rule.transposed and t.dim() == 2 else fused
+            out[rule.keys[0]] = (
+                fused.t().contiguous() if rule.transposed and t.dim() == 2 else fused
+            )
     for copy, source in HF_TIED.get(architecture, {}).items():
         out[copy] = out[source]
     return out
 
 
-def save_hf_checkpoint(model: nn.Module, ctx: ParallelContext, directory: str | Path, *,
-                       id2label: dict[int, str] | None = None) -> None:
+def save_hf_checkpoint(
+    model: nn.Module,
+    ctx: ParallelContext,
+    directory: str | Path,
+    *,
+    id2label: dict[int, str] | None = None,
+) -> None:
     """Write `model` as a HF directory that transformers' from_pretrained loads; a classifier
     records num_labels, `id2label` (and label2id) and the regression problem type (1 label).
 
@@ -301,6 +340,8 @@ def save_hf_checkpoint(model: nn.Module, ctx: ParallelContext, directory: str | 
     hf_model = getattr(transformers, architecture)(hf_config)
     result = hf_model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise RuntimeError(f"export mapping incomplete: missing {result.missing_keys}, "
-                           f"unexpected {result.unexpected_keys}")
+        raise RuntimeError(
+            f"export mapping incomplete: missing {result.missing_keys}, "
+            f"unexpected {result.unexpected_keys}"
+        )
     hf_model.save_pretrained(directory)

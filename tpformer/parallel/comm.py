@@ -6,9 +6,10 @@ to the counters opened with `count_collectives()`, which the tests use to assert
 communication of a layer or model, in calls and in bytes.
 
 Tensor parallelism enters and leaves its regions with copy_to_tp / reduce_from_tp (one
-all-reduce each way); sequence parallelism replaces that pair with an all-gather (inside the column-parallel linear,
-layers/linear.py) and reduce_scatter_sequence along dim 1 of [batch, seq, hidden] activations (same bytes, and the
-regions between hold 1/tp of the sequence).
+all-reduce each way); sequence parallelism replaces that pair with an all-gather (inside the
+column-parallel linear, layers/linear.py) and reduce_scatter_sequence along dim 1 of
+[batch, seq, hidden] activations (same bytes, and the regions between hold 1/tp of the
+sequence).
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def _record(op: str, full_bytes: int = 0, size: int = 1) -> None:
         counter.bytes[op] += sent
 
 
-def all_reduce(x: Tensor, handle: GroupHandle, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
+def all_reduce(
+    x: Tensor, handle: GroupHandle, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+) -> Tensor:
     """In-place all-reduce without autograd (for statistics such as a max or a norm)."""
     if handle.size == 1:
         return x
@@ -91,7 +94,7 @@ def all_reduce_coalesced(tensors: list[Tensor], handle: GroupHandle) -> None:
     flat = all_reduce(torch.cat([t.reshape(-1) for t in tensors]), handle)
     offset = 0
     for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
 
 
@@ -214,11 +217,18 @@ class _PairExchange:
     """Two ranks swap one chunk each with point-to-point send/recv; `wait` completes both
     directions and then runs `finish` (the local add of a reduce-scatter)."""
 
-    def __init__(self, send: Tensor, recv: Tensor, handle: GroupHandle,
-                 finish: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        send: Tensor,
+        recv: Tensor,
+        handle: GroupHandle,
+        finish: Callable[[], None] | None = None,
+    ) -> None:
         peer = 1 - handle.rank  # plain isend/irecv: 0.2 ms less per 1.3 MB swap than batched
-        self.works = [dist.isend(send, group=handle.group, group_dst=peer),
-                      dist.irecv(recv, group=handle.group, group_src=peer)]
+        self.works = [
+            dist.isend(send, group=handle.group, group_dst=peer),
+            dist.irecv(recv, group=handle.group, group_src=peer),
+        ]
         self.finish = finish
 
     def wait(self) -> None:
@@ -267,8 +277,12 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Wo
         in_place = out.data_ptr() == mine.data_ptr()  # then the peer's half lands beside it
         recv = torch.empty_like(out) if in_place else out
         addend = recv if in_place else mine
-        return _PairExchange(theirs, recv, handle,  # type: ignore[return-value]
-                             finish=lambda: out.add_(addend))
+        return _PairExchange(
+            theirs,
+            recv,
+            handle,  # type: ignore[return-value]
+            finish=lambda: out.add_(addend),
+        )
     if dist.get_backend(handle.group) == "gloo":
         work = dist.all_reduce(x, group=handle.group, async_op=True)
         return _AllReduceThenSlice(work, out, x, handle.rank)  # type: ignore[return-value]
@@ -307,8 +321,10 @@ def _sequence_major(x: Tensor, size: int) -> Tensor:
     """[b, s, ...] -> contiguous [size, b, s/size, ...]: each rank's chunk back to back."""
     b, s = x.shape[0], x.shape[SEQUENCE_DIM]
     if s % size:
-        raise ValueError(f"sequence length {s} is not divisible by tp={size} "
-                         "(sequence parallelism splits the sequence across the TP group)")
+        raise ValueError(
+            f"sequence length {s} is not divisible by tp={size} "
+            "(sequence parallelism splits the sequence across the TP group)"
+        )
     return x.reshape(b, size, s // size, *x.shape[2:]).transpose(0, 1).contiguous()
 
 
@@ -362,8 +378,12 @@ class _ReduceScatterSequence(torch.autograd.Function):
 
 class _GatherRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows: Tensor, counts: list[int],  # type: ignore[override]
-                handle: GroupHandle) -> Tensor:
+    def forward(
+        ctx,
+        rows: Tensor,
+        counts: list[int],  # type: ignore[override]
+        handle: GroupHandle,
+    ) -> Tensor:
         ctx.start = sum(counts[: handle.rank])
         ctx.count = counts[handle.rank]
         width = max(counts)
@@ -439,13 +459,15 @@ def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> dist.Work
     _record("send")
     for counter in _active_counters:
         counter.bytes["send"] += x.nbytes
-    return dist.isend(x.contiguous(), dst=dist.get_global_rank(handle.group, peer),
-                      group=handle.group, tag=tag)
+    return dist.isend(
+        x.contiguous(), dst=dist.get_global_rank(handle.group, peer), group=handle.group, tag=tag
+    )
 
 
 def recv(out: Tensor, peer: int, handle: GroupHandle, tag: int) -> Tensor:
     """Receive into `out` from group rank `peer`, waiting (up to the group's timeout)."""
     _record("recv")
-    dist.irecv(out, src=dist.get_global_rank(handle.group, peer), group=handle.group,
-               tag=tag).wait()
+    dist.irecv(
+        out, src=dist.get_global_rank(handle.group, peer), group=handle.group, tag=tag
+    ).wait()
     return out

@@ -77,8 +77,9 @@ def init_distributed(env: LaunchEnv, *, timeout_s: float = DEFAULT_TIMEOUT_S) ->
     # number: after `--max-restarts` restarts the workers, gloo would read the dead ranks'
     # addresses left by the previous attempt and hang or be refused. One prefix per attempt.
     store = dist.PrefixStore(f"tpformer/attempt{env.restart_count}/", store)
-    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
+    dist.init_process_group(
+        backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+    )
 
 
 @dataclass
@@ -116,10 +117,18 @@ class ParallelContext:
         )
 
     @classmethod
-    def create(cls, tensor: int = 1, data: int | str = "auto", *, seed: int = 1234,
-               timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = None,
-               env: LaunchEnv | None = None, sequence_parallel: bool = False,
-               pipeline: int = 1) -> ParallelContext:
+    def create(
+        cls,
+        tensor: int = 1,
+        data: int | str = "auto",
+        *,
+        seed: int = 1234,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        device: torch.device | None = None,
+        env: LaunchEnv | None = None,
+        sequence_parallel: bool = False,
+        pipeline: int = 1,
+    ) -> ParallelContext:
         """Check the layout against the world size, initialize torch.distributed if needed (from
         `env`, read from the environment when not given), and build the mesh.
 
@@ -130,13 +139,16 @@ class ParallelContext:
         world = dist.get_world_size() if dist.is_initialized() else env.world_size
         layout = resolve_layout(tensor, data, world, pipeline)
         if sequence_parallel and layout.tp == 1:
-            raise ValueError("sequence parallelism splits the sequence over the TP group and "
-                             f"needs tensor > 1 (got tensor={tensor})")
+            raise ValueError(
+                "sequence parallelism splits the sequence over the TP group and "
+                f"needs tensor > 1 (got tensor={tensor})"
+            )
         init_distributed(env, timeout_s=timeout_s)
         rank = dist.get_rank()
         if dist.get_world_size() != layout.world_size:
-            raise RuntimeError(f"WORLD_SIZE={world} but the process group has "
-                               f"{dist.get_world_size()} ranks")
+            raise RuntimeError(
+                f"WORLD_SIZE={world} but the process group has {dist.get_world_size()} ranks"
+            )
         device = device if device is not None else default_device(env)
         mesh = init_device_mesh(
             device.type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")

@@ -30,8 +30,10 @@ class LaunchEnv:
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
         env = os.environ if environ is None else environ
-        return cls(under_launcher="LOCAL_RANK" in env,
-                   world_size=int(env.get("WORLD_SIZE", "1")),
-                   local_rank=int(env.get("LOCAL_RANK", "0")),
-                   restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                   missing=tuple(v for v in TORCHRUN_VARS if v not in env))
+        return cls(
+            under_launcher="LOCAL_RANK" in env,
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            missing=tuple(v for v in TORCHRUN_VARS if v not in env),
+        )

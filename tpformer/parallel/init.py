@@ -108,7 +108,9 @@ def zeros_init(t: Tensor, g: torch.Generator) -> None:
 
 
 @torch.no_grad()
-def initialize_parameters(module: nn.Module, rng: RNGTracker, tp: GroupHandle, *, std: float) -> None:
+def initialize_parameters(
+    module: nn.Module, rng: RNGTracker, tp: GroupHandle, *, std: float
+) -> None:
     """Initialize every parameter layout-independently (see the module docstring).
 
     Defaults: LayerNorm weight 1 and bias 0, other vectors 0, matrices normal(0, std); a
@@ -140,8 +142,10 @@ def load_full_state_dict(module: nn.Module, state: Mapping[str, Tensor], tp: Gro
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own) - set(buffers))
     if missing or unexpected:
-        raise ValueError(f"state dict does not match the model: missing keys {missing}, "
-                         f"unexpected keys {unexpected}")
+        raise ValueError(
+            f"state dict does not match the model: missing keys {missing}, "
+            f"unexpected keys {unexpected}"
+        )
     mismatched = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(logical_shape(p))}"
         for k, p in own.items()

@@ -59,18 +59,27 @@ class Layout:
 
     def tp_groups(self) -> list[list[int]]:
         """Global ranks of each TP group (one group per stage and DP replica)."""
-        return [[self.rank_of(p, d, t) for t in range(self.tp)]
-                for p in range(self.pp) for d in range(self.dp)]
+        return [
+            [self.rank_of(p, d, t) for t in range(self.tp)]
+            for p in range(self.pp)
+            for d in range(self.dp)
+        ]
 
     def dp_groups(self) -> list[list[int]]:
         """Global ranks of each DP group (one group per stage and TP rank)."""
-        return [[self.rank_of(p, d, t) for d in range(self.dp)]
-                for p in range(self.pp) for t in range(self.tp)]
+        return [
+            [self.rank_of(p, d, t) for d in range(self.dp)]
+            for p in range(self.pp)
+            for t in range(self.tp)
+        ]
 
     def pp_groups(self) -> list[list[int]]:
         """Global ranks of each pipeline, stage by stage (one per DP replica and TP rank)."""
-        return [[self.rank_of(p, d, t) for p in range(self.pp)]
-                for d in range(self.dp) for t in range(self.tp)]
+        return [
+            [self.rank_of(p, d, t) for p in range(self.pp)]
+            for d in range(self.dp)
+            for t in range(self.tp)
+        ]
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp_rank, tp_rank) of a global rank."""
@@ -88,13 +97,15 @@ def resolve_layout(tensor: int, data: int | str, world_size: int, pipeline: int 
     if pipeline < 1:
         raise ValueError(f"parallel.pipeline={pipeline} must be >= 1")
     model = tensor * pipeline
-    factors = f"parallel.tensor={tensor}" + (f" x parallel.pipeline={pipeline}" if pipeline > 1
-                                             else "")
+    factors = f"parallel.tensor={tensor}" + (
+        f" x parallel.pipeline={pipeline}" if pipeline > 1 else ""
+    )
     if world_size % model != 0:
         what = factors + (f" = {model}" if pipeline > 1 else "")
         valid = "valid values are" if pipeline == 1 else "valid products are"
-        raise ValueError(f"{what} does not divide world_size={world_size}; "
-                         f"{valid} {divisors(world_size)}")
+        raise ValueError(
+            f"{what} does not divide world_size={world_size}; {valid} {divisors(world_size)}"
+        )
     if data == "auto":
         return Layout(dp=world_size // model, tp=tensor, pp=pipeline)
     if isinstance(data, str):

@@ -59,11 +59,13 @@ class RNGTracker:
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def set_position(self, step: int, sample_offset: int = 0) -> None:
-        """Key the masks of the next forward by the step and the global index of its first sample."""
+        """Key the masks of the next forward by the step and the global index of its first
+        sample."""
         self.step, self.sample_offset = step, sample_offset
 
-    def sample_generators(self, device: torch.device, site: int,
-                          count: int) -> Iterator[torch.Generator]:
+    def sample_generators(
+        self, device: torch.device, site: int, count: int
+    ) -> Iterator[torch.Generator]:
         """The generators of `count` consecutive global samples from `sample_offset` at
         `site`: the same one re-seeded by (seed, step, site, sample) before each yield."""
         gen = self._generators.get(device)
@@ -91,9 +93,17 @@ class RNGTracker:
             self.load_state_dict(current)
 
     def state_dict(self) -> dict[str, int]:
-        return {"seed": self.seed, "step": self.step, "sample_offset": self.sample_offset,
-                "mask_width": self.mask_width}
+        return {
+            "seed": self.seed,
+            "step": self.step,
+            "sample_offset": self.sample_offset,
+            "mask_width": self.mask_width,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.seed, self.step, self.sample_offset = state["seed"], state["step"], state["sample_offset"]
+        self.seed, self.step, self.sample_offset = (
+            state["seed"],
+            state["step"],
+            state["sample_offset"],
+        )
         self.mask_width = state.get("mask_width", 0)

@@ -36,6 +36,7 @@ COLLECTIVE_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
 
 def _timed(fn: Callable[[], object], device: torch.device, min_time: float = 0.2) -> float:
     """Median seconds of fn() over enough repeats to fill min_time (after one warm-up)."""
+
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -57,7 +58,7 @@ def matmul_tflops(dtype: torch.dtype, device: torch.device, sizes: list[int]) ->
     for n in sizes:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        out.append([n, 2 * n**3 / _timed(lambda: a @ b, device) / 1e12])
+        out.append([n, 2 * n**3 / _timed(lambda: a @ b, device) / 1e12])  # noqa: B023 - timed now
     return out
 
 
@@ -83,8 +84,13 @@ def _collective_rank(rank: int, store: str, out: str) -> None:
     all-gather and reduce-scatter (tpformer.parallel.comm; pairwise exchanges on 2 gloo
     ranks) and the pipeline's send/receive."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=300),
+    )
     handle = GroupHandle(dist.group.WORLD, rank, 2)
 
     def run(op: str, x: Tensor) -> None:
@@ -92,7 +98,7 @@ def _collective_rank(rank: int, store: str, out: str) -> None:
             dist.all_reduce(x)
         elif op == "all_gather":
             half = x.numel() // 2
-            wait(all_gather_async(x, x[rank * half:(rank + 1) * half].clone(), handle))
+            wait(all_gather_async(x, x[rank * half : (rank + 1) * half].clone(), handle))
         elif op == "reduce_scatter":
             wait(reduce_scatter_async(torch.empty(x.numel() // 2), x, handle))
         elif rank == 0:
@@ -117,8 +123,9 @@ def _collective_rank(rank: int, store: str, out: str) -> None:
     dist.all_reduce(flat, op=dist.ReduceOp.MAX)
     agreed = iter(flat.tolist())
     if rank == 0:
-        Path(out).write_text(json.dumps({op: [[n, next(agreed)] for n, _ in times[op]]
-                                         for op in COLLECTIVES}))
+        Path(out).write_text(
+            json.dumps({op: [[n, next(agreed)] for n, _ in times[op]] for op in COLLECTIVES})
+        )
     dist.destroy_process_group()
 
 
@@ -133,8 +140,9 @@ def collective_constants() -> dict[str, tuple[float, float]]:
     model of Link at n = 2."""
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/times.json"
-        mp.start_processes(_collective_rank, args=(f"{tmp}/store", out), nprocs=2,
-                           start_method="spawn")
+        mp.start_processes(
+            _collective_rank, args=(f"{tmp}/store", out), nprocs=2, start_method="spawn"
+        )
         points = json.loads(Path(out).read_text())
     constants = {}
     for op, samples in points.items():
@@ -166,22 +174,34 @@ def layer_constants(cluster: Cluster, device: torch.device, precision: str) -> d
     without = _timed(lambda: plain(x, None).sum().backward(), device, min_time=0.5)
     overhead = _timed(lambda: plain(small, None).sum().backward(), device)
     work = Workload(config, s, b, precision, 0.15)
-    matmuls = 3 * sum(cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, Candidate(1, 1, 1, b, 1)))
-    saves = layer_activation_bytes(s, b, h, config.num_heads, config.intermediate_size, tp=1,
-                                   sequence_parallel=False, recompute="none",
-                                   itemsize=work.itemsize,
-                                   mask_bytes=dropout_mask_bytes(device.type, dtype))
+    matmuls = 3 * sum(
+        cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, Candidate(1, 1, 1, b, 1))
+    )
+    saves = layer_activation_bytes(
+        s,
+        b,
+        h,
+        config.num_heads,
+        config.intermediate_size,
+        tp=1,
+        sequence_parallel=False,
+        recompute="none",
+        itemsize=work.itemsize,
+        mask_bytes=dropout_mask_bytes(device.type, dtype),
+    )
     noise = config.num_heads * s * s * b + 2 * s * b * h
     saved = measure_saved_activations(block, lambda: block(x, None).sum())
-    return {"layer_overhead_us": overhead * 1e6,
-            "dropout_ns": max(0.0, with_dropout - without) / noise * 1e9,
-            "elementwise_passes": max(0.0, without - overhead - matmuls)
-            * cluster.memory_bandwidth / saves,
-            "activation_scale": saved.total / saves}
+    return {
+        "layer_overhead_us": overhead * 1e6,
+        "dropout_ns": max(0.0, with_dropout - without) / noise * 1e9,
+        "elementwise_passes": max(0.0, without - overhead - matmuls)
+        * cluster.memory_bandwidth
+        / saves,
+        "activation_scale": saved.total / saves,
+    }
 
 
-def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
-              collectives: bool) -> dict:
+def calibrate(cluster: Cluster, precision: str, device: torch.device, *, collectives: bool) -> dict:
     """Every constant measured here, as the keys of the cluster config they replace."""
     threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -191,19 +211,28 @@ def calibrate(cluster: Cluster, precision: str, device: torch.device, *,
         curves = {"fp32": matmul_tflops(torch.float32, device, sizes)}
         if device.type == "cuda" or precision == "bf16":
             curves["16bit"] = matmul_tflops(torch.bfloat16, device, sizes)
-        result: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                        "matmul": curves, "memory_gbps": memory_gbps(device)}
+        result: dict = {
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "matmul": curves,
+            "memory_gbps": memory_gbps(device),
+        }
         if device.type == "cpu":  # a core has no datasheet peak: the best measured matmul
             result["peak_tflops_fp32"] = max(t for _, t in curves["fp32"])
             if "16bit" in curves:
                 result["peak_tflops_16bit"] = max(t for _, t in curves["16bit"])
-        measured = replace(cluster, memory_bandwidth=result["memory_gbps"] * GB,
-                           peak_flops=1e12 * result.get(
-                               "peak_tflops_16bit" if precision != "fp32" else "peak_tflops_fp32",
-                               cluster.peak_flops / 1e12))
+        measured = replace(
+            cluster,
+            memory_bandwidth=result["memory_gbps"] * GB,
+            peak_flops=1e12
+            * result.get(
+                "peak_tflops_16bit" if precision != "fp32" else "peak_tflops_fp32",
+                cluster.peak_flops / 1e12,
+            ),
+        )
         curve = curves["16bit" if precision != "fp32" and "16bit" in curves else "fp32"]
-        measured = replace(measured, matmul_curve=tuple((int(s), t * 1e12 / measured.peak_flops)
-                                                         for s, t in curve))
+        measured = replace(
+            measured, matmul_curve=tuple((int(s), t * 1e12 / measured.peak_flops) for s, t in curve)
+        )
         result.update(layer_constants(measured, device, precision))
         if collectives:
             measured = collective_constants()

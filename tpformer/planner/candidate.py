@@ -34,9 +34,16 @@ class Workload:
     @classmethod
     def of(cls, config: Config, global_batch: int, name: str = "") -> Workload:
         bert = config.model.arch == "bert"
-        return cls(config.model, config.data.seq_length, global_batch, str(config.parallel.precision),
-                   config.data.mask_prob if bert else 1.0, str(config.parallel.grad_compression),
-                   nsp=bert, name=name or str(config.model.arch))
+        return cls(
+            config.model,
+            config.data.seq_length,
+            global_batch,
+            str(config.parallel.precision),
+            config.data.mask_prob if bert else 1.0,
+            str(config.parallel.grad_compression),
+            nsp=bert,
+            name=name or str(config.model.arch),
+        )
 
     @property
     def itemsize(self) -> int:
@@ -67,8 +74,11 @@ class Candidate:
     def overrides(self, explicit: bool = False) -> list[str]:
         """The Hydra overrides that run this layout (world size = tp x pp x dp); `explicit`:
         also the keys left at their defaults."""
-        out = [f"parallel.tensor={self.tp}", f"parallel.pipeline={self.pp}",
-               f"parallel.zero_stage={self.zero_stage}"]
+        out = [
+            f"parallel.tensor={self.tp}",
+            f"parallel.pipeline={self.pp}",
+            f"parallel.zero_stage={self.zero_stage}",
+        ]
         if self.cpu_offload != "none" or explicit:
             out.append(f"parallel.cpu_offload={self.cpu_offload}")
         if self.sequence_parallel or explicit:
@@ -77,12 +87,20 @@ class Candidate:
             out.append(f"parallel.activation_checkpointing={self.recompute}")
         if self.pp > 1 or explicit:
             out.append(f"parallel.pipeline_schedule={self.schedule}")
-        return out + [f"trainer.micro_batch_size={self.micro_batch}",
-                      f"trainer.grad_accum={self.grad_accum}"]
+        return [
+            *out,
+            f"trainer.micro_batch_size={self.micro_batch}",
+            f"trainer.grad_accum={self.grad_accum}",
+        ]
 
     def label(self) -> str:
-        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"z{self.zero_stage}",
-                 f"mb{self.micro_batch}"]
+        parts = [
+            f"tp{self.tp}",
+            f"pp{self.pp}",
+            f"dp{self.dp}",
+            f"z{self.zero_stage}",
+            f"mb{self.micro_batch}",
+        ]
         if self.pp > 1:
             parts.append({"1f1b": "1f1b", "gpipe": "gpipe"}.get(self.schedule, "int"))
         if self.sequence_parallel:
@@ -95,15 +113,24 @@ class Candidate:
 
     def apply(self, config: Config) -> Config:
         """`config` at this layout (the other keys unchanged)."""
-        parallel = replace(config.parallel, tensor=self.tp, pipeline=self.pp, data=str(self.dp),
-                           zero_stage=self.zero_stage, cpu_offload=self.cpu_offload,
-                           sequence_parallel=self.sequence_parallel,
-                           activation_checkpointing=self.recompute,
-                           checkpoint_num_layers=0, checkpoint_every=1,
-                           pipeline_schedule=self.schedule, virtual_stages=self.virtual_stages,
-                           pipeline_split="balanced")
-        trainer = replace(config.trainer, micro_batch_size=self.micro_batch,
-                          grad_accum=self.grad_accum)
+        parallel = replace(
+            config.parallel,
+            tensor=self.tp,
+            pipeline=self.pp,
+            data=str(self.dp),
+            zero_stage=self.zero_stage,
+            cpu_offload=self.cpu_offload,
+            sequence_parallel=self.sequence_parallel,
+            activation_checkpointing=self.recompute,
+            checkpoint_num_layers=0,
+            checkpoint_every=1,
+            pipeline_schedule=self.schedule,
+            virtual_stages=self.virtual_stages,
+            pipeline_split="balanced",
+        )
+        trainer = replace(
+            config.trainer, micro_batch_size=self.micro_batch, grad_accum=self.grad_accum
+        )
         return replace(config, parallel=parallel, trainer=trainer)
 
     def split(self, work: Workload) -> list[int]:
@@ -112,13 +139,22 @@ class Candidate:
             return [work.model.num_layers]
         if self.chunks > 1:
             return equal_split(work.model.num_layers, self.pp * self.chunks)
-        return list(_balanced_split(work.model.hidden_size, work.seq, work.model.vocab_size,
-                                    work.head_fraction, work.model.num_layers, self.pp))
+        return list(
+            _balanced_split(
+                work.model.hidden_size,
+                work.seq,
+                work.model.vocab_size,
+                work.head_fraction,
+                work.model.num_layers,
+                self.pp,
+            )
+        )
 
 
 @lru_cache(maxsize=4096)
-def _balanced_split(hidden: int, seq: int, vocab: int, head_fraction: float, layers: int,
-                    stages: int) -> tuple[int, ...]:
+def _balanced_split(
+    hidden: int, seq: int, vocab: int, head_fraction: float, layers: int, stages: int
+) -> tuple[int, ...]:
     return tuple(best_split(flop_costs(hidden, seq, vocab, head_fraction, layers), stages))
 
 
@@ -126,20 +162,38 @@ def candidate_of(config: Config, dp: int) -> Candidate:
     """The layout `config` runs at with data-parallel degree dp."""
     p, t = config.parallel, config.trainer
     recompute = str(p.activation_checkpointing)
-    return Candidate(p.tensor, p.pipeline, dp, t.micro_batch_size, t.grad_accum,
-                     int(p.zero_stage), str(p.cpu_offload), p.sequence_parallel, recompute,
-                     str(p.pipeline_schedule), p.virtual_stages)
+    return Candidate(
+        p.tensor,
+        p.pipeline,
+        dp,
+        t.micro_batch_size,
+        t.grad_accum,
+        int(p.zero_stage),
+        str(p.cpu_offload),
+        p.sequence_parallel,
+        recompute,
+        str(p.pipeline_schedule),
+        p.virtual_stages,
+    )
 
 
 def tensor_degrees(model: ModelConfig, gpus_per_node: int) -> list[int]:
     """TP degrees that divide the heads and FFN width and stay inside one node."""
-    return [t for t in divisors(gpus_per_node)
-            if model.num_heads % t == 0 and model.intermediate_size % t == 0]
+    return [
+        t
+        for t in divisors(gpus_per_node)
+        if model.num_heads % t == 0 and model.intermediate_size % t == 0
+    ]
 
 
-def enumerate_candidates(work: Workload, world: int, gpus_per_node: int, *,
-                         max_micro_batch: int = 64, device_type: str = "cuda"
-                         ) -> Iterator[Candidate]:
+def enumerate_candidates(
+    work: Workload,
+    world: int,
+    gpus_per_node: int,
+    *,
+    max_micro_batch: int = 64,
+    device_type: str = "cuda",
+) -> Iterator[Candidate]:
     """Every layout tpformer accepts for `work` on `world` devices (the validator's rules:
     ZeRO-2/3 not with pipelines, interleaving needs p | m and pv | layers, offload of
     parameters needs ZeRO-3, sequence parallelism needs tp > 1 dividing the sequence)."""
@@ -163,11 +217,23 @@ def enumerate_candidates(work: Workload, world: int, gpus_per_node: int, *,
                     schedules.append("interleaved_1f1b")
                 for schedule in schedules:
                     for stage in (0,) if dp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
-                        offloads = ["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])
+                        offloads = ["none", "optimizer"] + (
+                            ["optimizer+params"] if stage == 3 else []
+                        )
                         if device_type == "cpu":
                             offloads = ["none"]  # host memory is device memory
                         for offload in offloads:
                             for sp in (False, True) if tp > 1 and work.seq % tp == 0 else (False,):
                                 for recompute in ("none", "selective", "full"):
-                                    yield Candidate(tp, pp, dp, micro, m, stage, offload, sp,
-                                                    recompute, schedule)
+                                    yield Candidate(
+                                        tp,
+                                        pp,
+                                        dp,
+                                        micro,
+                                        m,
+                                        stage,
+                                        offload,
+                                        sp,
+                                        recompute,
+                                        schedule,
+                                    )

@@ -20,8 +20,14 @@ from tpformer.layers.dropout import dropout_mask_bytes
 GPU_PRESETS = {"H100": "h100_node", "H200": "h100_node", "A100": "a100_node"}
 """Device name fragment -> the preset whose constants `cluster=auto` uses on that device."""
 
-KNOWN_PEAKS = {("H200", "bf16"): 989.0, ("H100", "bf16"): 989.0, ("A100", "bf16"): 312.0,
-               ("H200", "fp32"): 67.0, ("H100", "fp32"): 67.0, ("A100", "fp32"): 19.5}
+KNOWN_PEAKS = {
+    ("H200", "bf16"): 989.0,
+    ("H100", "bf16"): 989.0,
+    ("A100", "bf16"): 312.0,
+    ("H200", "fp32"): 67.0,
+    ("H100", "fp32"): 67.0,
+    ("A100", "fp32"): 19.5,
+}
 """Dense peak TFLOP/s per GPU by (name fragment, dtype), for MFU when nothing is given."""
 
 GB = 1e9
@@ -38,8 +44,10 @@ class Link:
     measured: tuple[tuple[str, float, float], ...] = ()
 
     def _constants(self, op: str) -> tuple[float, float]:
-        return next(((bw, lat) for name, bw, lat in self.measured if name == op),
-                    (self.bandwidth, self.latency))
+        return next(
+            ((bw, lat) for name, bw, lat in self.measured if name == op),
+            (self.bandwidth, self.latency),
+        )
 
     def all_reduce(self, nbytes: float, n: int) -> float:
         bw, lat = self._constants("all_reduce")
@@ -123,8 +131,9 @@ def load_preset(name: str) -> ClusterConfig:
     if not path.exists():
         valid = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"cluster={name}: no such preset; valid presets are {valid}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig),
-                                               OmegaConf.load(path)))  # type: ignore[return-value]
+    return OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(path))
+    )  # type: ignore[return-value]
 
 
 def device_kind() -> str:
@@ -135,14 +144,18 @@ def device_kind() -> str:
     return "cpu"
 
 
-def _fill_from_device(config: ClusterConfig, world_size: int | None,
-                      local_world_size: int | None) -> ClusterConfig:
+def _fill_from_device(
+    config: ClusterConfig, world_size: int | None, local_world_size: int | None
+) -> ClusterConfig:
     """cluster=auto: the preset of this device kind under the values given, plus counts and
     memory read from this launch and device."""
     kind = device_kind()
     base = load_preset(kind)
-    given = {f.name: getattr(config, f.name) for f in fields(config)
-             if getattr(config, f.name) not in (0, 0.0) and f.name not in ("name", "calibration")}
+    given = {
+        f.name: getattr(config, f.name)
+        for f in fields(config)
+        if getattr(config, f.name) not in (0, 0.0) and f.name not in ("name", "calibration")
+    }
     filled = replace(base, **given, calibration=config.calibration)
     devices = torch.cuda.device_count() if kind != "cpu" else os.cpu_count() or 1
     local = local_world_size or min(world_size or devices, devices)
@@ -156,7 +169,12 @@ def _fill_from_device(config: ClusterConfig, world_size: int | None,
             memory = torch.cuda.get_device_properties(0).total_memory
         else:
             # the host's RAM, less a fifth for the system, shared by the local ranks
-            memory = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / filled.gpus_per_node
+            memory = (
+                0.8
+                * os.sysconf("SC_PAGE_SIZE")
+                * os.sysconf("SC_PHYS_PAGES")
+                / filled.gpus_per_node
+            )
         filled = replace(filled, device_memory_gb=memory / GB)
     return filled
 
@@ -167,21 +185,38 @@ def calibration_path(cache_dir: str, name: str) -> Path:
 
 def _check(config: ClusterConfig) -> None:
     """Every constant the model divides by must be positive; fractions in (0, 1]."""
-    required = ["gpus_per_node", "nodes", "device_memory_gb", "peak_tflops_fp32",
-                "peak_tflops_16bit", "matmul_efficiency", "memory_gbps", "elementwise_passes",
-                "intra_node_gbps", "inter_node_gbps", "host_gbps"]
+    required = [
+        "gpus_per_node",
+        "nodes",
+        "device_memory_gb",
+        "peak_tflops_fp32",
+        "peak_tflops_16bit",
+        "matmul_efficiency",
+        "memory_gbps",
+        "elementwise_passes",
+        "intra_node_gbps",
+        "inter_node_gbps",
+        "host_gbps",
+    ]
     bad = [k for k in required if not getattr(config, k) > 0]
     if bad:
-        raise ValueError(f"cluster={config.name}: {', '.join(f'cluster.{k}={getattr(config, k)}' for k in bad)} "
-                         "must be > 0 (a device needs memory, compute and links to be planned for)")
+        raise ValueError(
+            f"cluster={config.name}: {', '.join(f'cluster.{k}={getattr(config, k)}' for k in bad)} "
+            "must be > 0 (a device needs memory, compute and links to be planned for)"
+        )
     for key in ("matmul_efficiency", "comm_overlap"):
         if not 0 <= getattr(config, key) <= 1:
             raise ValueError(f"cluster.{key}={getattr(config, key)} must be a fraction in [0, 1]")
 
 
-def resolve_cluster(config: ClusterConfig, precision: str, *, cache_dir: str,
-                    world_size: int | None = None,
-                    local_world_size: int | None = None) -> Cluster:
+def resolve_cluster(
+    config: ClusterConfig,
+    precision: str,
+    *,
+    cache_dir: str,
+    world_size: int | None = None,
+    local_world_size: int | None = None,
+) -> Cluster:
     """The numbers of `config` for a run in `precision`: `auto` filled from this machine, the
     stored calibration applied (cluster.calibration), every value checked."""
     if config.name == "auto":
@@ -194,34 +229,60 @@ def resolve_cluster(config: ClusterConfig, precision: str, *, cache_dir: str,
     elif config.calibration != "none":
         path = Path(config.calibration)
         if not path.exists():
-            raise ValueError(f"cluster.calibration={config.calibration}: no such file (run "
-                             "tpformer-plan --calibrate, or use auto or none)")
+            raise ValueError(
+                f"cluster.calibration={config.calibration}: no such file (run "
+                "tpformer-plan --calibrate, or use auto or none)"
+            )
     if path is not None:
         try:
             calibration = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"cluster.calibration: cannot read {path}: {err}; re-run "
-                             "tpformer-plan --calibrate") from err
-        config = replace(config, **{k: v for k, v in calibration.items()
-                                    if k in {f.name for f in fields(config)} and k != "name"})
+            raise ValueError(
+                f"cluster.calibration: cannot read {path}: {err}; re-run tpformer-plan --calibrate"
+            ) from err
+        config = replace(
+            config,
+            **{
+                k: v
+                for k, v in calibration.items()
+                if k in {f.name for f in fields(config)} and k != "name"
+            },
+        )
     _check(config)
     bits16 = precision != "fp32"
     peak = (config.peak_tflops_16bit if bits16 else config.peak_tflops_fp32) * 1e12
     curve = calibration.get("matmul", {}).get("16bit" if bits16 else "fp32")
-    matmul_curve = (tuple((int(s), tflops * 1e12 / peak) for s, tflops in curve) if curve
-                    else ((1, config.matmul_efficiency),))
+    matmul_curve = (
+        tuple((int(s), tflops * 1e12 / peak) for s, tflops in curve)
+        if curve
+        else ((1, config.matmul_efficiency),)
+    )
     return Cluster(
-        name=config.name, gpus_per_node=config.gpus_per_node, nodes=config.nodes,
-        device_memory=config.device_memory_gb * GB, peak_flops=peak, matmul_curve=matmul_curve,
-        memory_bandwidth=config.memory_gbps * GB, elementwise_passes=config.elementwise_passes,
-        layer_overhead=config.layer_overhead_us * 1e-6, dropout_time=config.dropout_ns * 1e-9,
-        intra=Link(config.intra_node_gbps * GB, config.intra_node_latency_us * 1e-6,
-                   tuple((op, gbps * GB, us * 1e-6) for op, (gbps, us)
-                         in calibration.get("collectives", {}).items())),
+        name=config.name,
+        gpus_per_node=config.gpus_per_node,
+        nodes=config.nodes,
+        device_memory=config.device_memory_gb * GB,
+        peak_flops=peak,
+        matmul_curve=matmul_curve,
+        memory_bandwidth=config.memory_gbps * GB,
+        elementwise_passes=config.elementwise_passes,
+        layer_overhead=config.layer_overhead_us * 1e-6,
+        dropout_time=config.dropout_ns * 1e-9,
+        intra=Link(
+            config.intra_node_gbps * GB,
+            config.intra_node_latency_us * 1e-6,
+            tuple(
+                (op, gbps * GB, us * 1e-6)
+                for op, (gbps, us) in calibration.get("collectives", {}).items()
+            ),
+        ),
         inter=Link(config.inter_node_gbps * GB, config.inter_node_latency_us * 1e-6),
-        host_bandwidth=config.host_gbps * GB, comm_overlap=config.comm_overlap,
+        host_bandwidth=config.host_gbps * GB,
+        comm_overlap=config.comm_overlap,
         overhead=config.overhead_gb * GB,
         activation_scale=float(calibration.get("activation_scale", 1.0)),
-        mask_bytes=dropout_mask_bytes("cpu" if config.name == "cpu" else "cuda",
-                                      torch.bfloat16 if bits16 else torch.float32),
-        calibrated=str(path) if path else "")
+        mask_bytes=dropout_mask_bytes(
+            "cpu" if config.name == "cpu" else "cuda", torch.bfloat16 if bits16 else torch.float32
+        ),
+        calibrated=str(path) if path else "",
+    )

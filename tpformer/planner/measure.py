@@ -13,7 +13,7 @@ from torch import Tensor
 class _Saved:
     """A saved tensor's stand-in: counts its storage while autograd holds it."""
 
-    __slots__ = ("tensor", "meter", "key")
+    __slots__ = ("key", "meter", "tensor")
 
     def __init__(self, tensor: Tensor, meter: PeakSavedActivations, key: int) -> None:
         self.tensor, self.meter, self.key = tensor, meter, key

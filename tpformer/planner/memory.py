@@ -12,9 +12,19 @@ from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
 
 
-def layer_activation_bytes(s: int, b: int, h: int, a: int, f: int, *, tp: int,
-                           sequence_parallel: bool, recompute: str, itemsize: int,
-                           mask_bytes: int = 1) -> float:
+def layer_activation_bytes(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    f: int,
+    *,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    itemsize: int,
+    mask_bytes: int = 1,
+) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
     tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
     layers.dropout.dropout_mask_bytes) and FFN width f). Kept tensors, in elements: LayerNorm
@@ -71,10 +81,15 @@ def stage_params(work: Workload, c: Candidate) -> list[StageParams]:
     per_layer = layer_params(work, c.tp)
     stages = []
     for r in range(c.pp):
-        layers = sum(split[r::c.pp]) * per_layer
+        layers = sum(split[r :: c.pp]) * per_layer
         first, last = r == 0, r == c.pp - 1
-        stages.append(StageParams(embedding if first else 0, layers,
-                                  (head + (word if not first else 0)) if last else 0))
+        stages.append(
+            StageParams(
+                embedding if first else 0,
+                layers,
+                (head + (word if not first else 0)) if last else 0,
+            )
+        )
     return stages
 
 
@@ -119,15 +134,24 @@ class MemoryPrediction:
         return self.model_state + self.activations + self.buffers + self.overhead
 
 
-def activation_parts(work: Workload, c: Candidate, activation_scale: float = 1.0,
-                     mask_bytes: int = 1) -> tuple[float, float, float]:
+def activation_parts(
+    work: Workload, c: Candidate, activation_scale: float = 1.0, mask_bytes: int = 1
+) -> tuple[float, float, float]:
     """(one layer, the embedding output, the head) bytes per micro-batch on one rank."""
     m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
     q = c.tp if c.sequence_parallel else 1
     layer = activation_scale * layer_activation_bytes(
-        s, b, m.hidden_size, m.num_heads, m.intermediate_size, tp=c.tp,
-        sequence_parallel=c.sequence_parallel, recompute=c.recompute, itemsize=i,
-        mask_bytes=mask_bytes)
+        s,
+        b,
+        m.hidden_size,
+        m.num_heads,
+        m.intermediate_size,
+        tp=c.tp,
+        sequence_parallel=c.sequence_parallel,
+        recompute=c.recompute,
+        itemsize=i,
+        mask_bytes=mask_bytes,
+    )
     sbh = s * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
     rows = s * b * work.head_fraction
@@ -140,22 +164,22 @@ def activation_parts(work: Workload, c: Candidate, activation_scale: float = 1.0
     return layer, embedding, head
 
 
-def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster
-                         ) -> list[MemoryPrediction]:
+def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage."""
-    layer, embedding, head = activation_parts(work, c, cluster.activation_scale,
-                                              cluster.mask_bytes)
+    layer, embedding, head = activation_parts(work, c, cluster.activation_scale, cluster.mask_bytes)
     split = c.split(work)
     mixed = work.precision != "fp32"
     stages = []
     for r, params in enumerate(stage_params(work, c)):
-        state = zero_memory_bytes(c.zero_stage, params.total, c.dp, param_bytes=work.itemsize,
-                                  mixed=mixed)
+        state = zero_memory_bytes(
+            c.zero_stage, params.total, c.dp, param_bytes=work.itemsize, mixed=mixed
+        )
         alive = in_flight(c, r)
-        layers = sum(split[r::c.pp])
+        layers = sum(split[r :: c.pp])
         if c.chunks > 1:  # `alive` counts chunks of layers / v layers each
-            acts = (alive * layers / c.chunks * layer
-                    + (embedding * -(-alive // c.chunks) if r == 0 else 0))
+            acts = alive * layers / c.chunks * layer + (
+                embedding * -(-alive // c.chunks) if r == 0 else 0
+            )
         else:
             acts = alive * (layers * layer + (embedding if r == 0 else 0))
         acts += head if r == c.pp - 1 else 0
@@ -169,10 +193,21 @@ def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster
         # two layers), ZeRO-3 the gathered parameters of as many
         per_layer = params.layers / max(1, layers)
         bucket = params.embedding + params.head + 2 * per_layer
-        buffers = ((4 * bucket if c.zero_stage >= 2 else 0)
-                   + (work.itemsize * bucket if c.zero_stage == 3 else 0))
-        stages.append(MemoryPrediction(params_bytes, float(state.grads), optimizer, acts,
-                                       buffers, cluster.overhead, host, r))
+        buffers = (4 * bucket if c.zero_stage >= 2 else 0) + (
+            work.itemsize * bucket if c.zero_stage == 3 else 0
+        )
+        stages.append(
+            MemoryPrediction(
+                params_bytes,
+                float(state.grads),
+                optimizer,
+                acts,
+                buffers,
+                cluster.overhead,
+                host,
+                r,
+            )
+        )
     return stages
 
 

@@ -51,28 +51,49 @@ def _rank_key(e: Evaluated) -> tuple:
     offload, less recomputation: what the model does not price, such as hook overheads),
     then the one with more memory to spare."""
     c = e.candidate
-    simpler = (c.zero_stage, c.cpu_offload != "none", ["none", "selective", "full"].index(c.recompute))
+    simpler = (
+        c.zero_stage,
+        c.cpu_offload != "none",
+        ["none", "selective", "full"].index(c.recompute),
+    )
     return (round(e.time.step, 12), *simpler, e.memory.total)  # type: ignore[union-attr]
 
 
 def _no_layout_message(work: Workload, cluster: Cluster) -> str:
     world = cluster.world_size
     degrees = tensor_degrees(work.model, cluster.gpus_per_node)
-    dps = sorted({world // (t * p) for t in degrees if world % t == 0
-                  for p in divisors(world // t) if p <= work.model.num_layers})
-    return (f"no layout can form the global batch of {work.global_batch} on {world} devices: "
-            f"it must be divisible by a data-parallel degree in {dps} (tensor degrees "
-            f"{degrees} divide model.num_heads={work.model.num_heads} and "
-            f"cluster.gpus_per_node={cluster.gpus_per_node}); e.g. plan.global_batch="
-            f"{-(-work.global_batch // dps[-1]) * dps[-1] if dps else world}")
+    dps = sorted(
+        {
+            world // (t * p)
+            for t in degrees
+            if world % t == 0
+            for p in divisors(world // t)
+            if p <= work.model.num_layers
+        }
+    )
+    return (
+        f"no layout can form the global batch of {work.global_batch} on {world} devices: "
+        f"it must be divisible by a data-parallel degree in {dps} (tensor degrees "
+        f"{degrees} divide model.num_heads={work.model.num_heads} and "
+        f"cluster.gpus_per_node={cluster.gpus_per_node}); e.g. plan.global_batch="
+        f"{-(-work.global_batch // dps[-1]) * dps[-1] if dps else world}"
+    )
 
 
-def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
-           device_type: str = "cuda") -> PlanResult:
+def search(
+    work: Workload, cluster: Cluster, *, max_micro_batch: int = 64, device_type: str = "cuda"
+) -> PlanResult:
     """Rank every layout of `work` on `cluster`; ValueError when none exists or none fits."""
-    evaluated = [evaluate(work, c, cluster) for c in enumerate_candidates(
-        work, cluster.world_size, cluster.gpus_per_node, max_micro_batch=max_micro_batch,
-        device_type=device_type)]
+    evaluated = [
+        evaluate(work, c, cluster)
+        for c in enumerate_candidates(
+            work,
+            cluster.world_size,
+            cluster.gpus_per_node,
+            max_micro_batch=max_micro_batch,
+            device_type=device_type,
+        )
+    ]
     if not evaluated:
         raise ValueError(_no_layout_message(work, cluster))
     ranked = sorted((e for e in evaluated if e.fits), key=_rank_key)
@@ -85,15 +106,18 @@ def search(work: Workload, cluster: Cluster, *, max_micro_batch: int = 64,
             f"needs {smallest.memory.total / GB:.1f} GB per rank at the smallest layout "
             f"({c.label()}, global batch {work.global_batch}, seq {work.seq}); the device has "
             f"{cluster.device_memory / GB:.1f} GB (cluster.device_memory_gb): add devices "
-            f"(cluster.nodes), shorten data.seq_length or lower the global batch")
+            f"(cluster.nodes), shorten data.seq_length or lower the global batch"
+        )
     return PlanResult(work, cluster, ranked, evaluated)
 
 
 def why_not(result: PlanResult, e: Evaluated) -> str:
     """One line: how a layout loses against the best."""
     if not e.fits:
-        return (f"does not fit: {e.memory.total / GB:.1f} GB > "
-                f"{result.cluster.device_memory / GB:.1f} GB")
+        return (
+            f"does not fit: {e.memory.total / GB:.1f} GB > "
+            f"{result.cluster.device_memory / GB:.1f} GB"
+        )
     best = result.best.time.step  # type: ignore[union-attr]
     return f"slower by {(e.time.step / best - 1):.1%}"  # type: ignore[union-attr]
 
@@ -101,6 +125,7 @@ def why_not(result: PlanResult, e: Evaluated) -> str:
 def best_per_family(result: PlanResult) -> dict[tuple[int, int], Evaluated]:
     """The best layout of each tensor x pipeline degree: the fastest that fits, else the one
     needing the least memory."""
+
     def better(e: Evaluated) -> tuple[bool, float]:
         return (e.fits, -(e.time.step if e.time is not None else e.memory.total))
 

@@ -38,40 +38,61 @@ def _layer_matmuls(work: Workload, c: Candidate) -> list[tuple[float, float]]:
     """(forward FLOPs, smallest dimension) of one layer's matmuls on one TP rank."""
     m, s, b, t = work.model, work.seq, c.micro_batch, c.tp
     h, f, tokens = m.hidden_size, m.intermediate_size, s * b
-    return [(2 * tokens * h * 3 * h / t, min(tokens, h, 3 * h / t)),
-            (2 * tokens * h / t * h, min(tokens, h / t, h)),
-            (2 * tokens * h * f / t, min(tokens, h, f / t)),
-            (2 * tokens * f / t * h, min(tokens, f / t, h)),
-            (4 * b * s * s * h / t, min(s, h / m.num_heads))]  # QK^T and PV
+    return [
+        (2 * tokens * h * 3 * h / t, min(tokens, h, 3 * h / t)),
+        (2 * tokens * h / t * h, min(tokens, h / t, h)),
+        (2 * tokens * h * f / t, min(tokens, h, f / t)),
+        (2 * tokens * f / t * h, min(tokens, f / t, h)),
+        (4 * b * s * s * h / t, min(s, h / m.num_heads)),
+    ]  # QK^T and PV
 
 
 def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     """Forward + backward (+ recomputation) of one layer on one rank, per micro-batch."""
     mm = _layer_matmuls(work, c)
     forward = sum(cl.matmul_time(fl, d) for fl, d in mm)
-    shape = (work.seq, c.micro_batch, work.model.hidden_size, work.model.num_heads,
-             work.model.intermediate_size)
-    touched = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
-                                     recompute="none", itemsize=work.itemsize,
-                                     mask_bytes=cl.mask_bytes)
+    shape = (
+        work.seq,
+        c.micro_batch,
+        work.model.hidden_size,
+        work.model.num_heads,
+        work.model.intermediate_size,
+    )
+    touched = layer_activation_bytes(
+        *shape,
+        tp=c.tp,
+        sequence_parallel=c.sequence_parallel,
+        recompute="none",
+        itemsize=work.itemsize,
+        mask_bytes=cl.mask_bytes,
+    )
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
     # dropout noise: one stream per sample, which every rank draws whole (all heads of the
     # attention probabilities, the whole sequence of the two residual branches) and slices
     m = work.model
-    attention_noise = (m.num_heads * work.seq**2 * c.micro_batch * cl.dropout_time
-                       if m.attention_dropout > 0 else 0.0)
-    residual_noise = (2 * shape[0] * shape[1] * shape[2] * cl.dropout_time
-                      if m.dropout > 0 else 0.0)
+    attention_noise = (
+        m.num_heads * work.seq**2 * c.micro_batch * cl.dropout_time
+        if m.attention_dropout > 0
+        else 0.0
+    )
+    residual_noise = 2 * shape[0] * shape[1] * shape[2] * cl.dropout_time if m.dropout > 0 else 0.0
     time = 3 * forward + elementwise + cl.layer_overhead + attention_noise + residual_noise
     if c.recompute == "full":
-        time += (forward + (elementwise + cl.layer_overhead) / 3 + attention_noise
-                 + residual_noise)
+        time += forward + (elementwise + cl.layer_overhead) / 3 + attention_noise + residual_noise
     elif c.recompute == "selective":
-        without = layer_activation_bytes(*shape, tp=c.tp, sequence_parallel=c.sequence_parallel,
-                                         recompute="selective", itemsize=work.itemsize,
-                                         mask_bytes=cl.mask_bytes)
-        time += (cl.matmul_time(*mm[-1]) + (elementwise / 3) * (touched - without) / touched
-                 + attention_noise)
+        without = layer_activation_bytes(
+            *shape,
+            tp=c.tp,
+            sequence_parallel=c.sequence_parallel,
+            recompute="selective",
+            itemsize=work.itemsize,
+            mask_bytes=cl.mask_bytes,
+        )
+        time += (
+            cl.matmul_time(*mm[-1])
+            + (elementwise / 3) * (touched - without) / touched
+            + attention_noise
+        )
     return time
 
 
@@ -104,12 +125,13 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
     embed_comm = cl.link(c.tp).all_reduce(work.seq * c.micro_batch * h * work.itemsize, c.tp)
     # each end has about a layer's fixed cost (its kernels, the loss's collectives)
     noise = work.seq * c.micro_batch * h * cl.dropout_time if m.dropout > 0 else 0.0
-    return (embedding_bytes * passes + embed_comm + cl.layer_overhead + noise,
-            head + head_bytes * passes + cl.layer_overhead)
+    return (
+        embedding_bytes * passes + embed_comm + cl.layer_overhead + noise,
+        head + head_bytes * passes + cl.layer_overhead,
+    )
 
 
-def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backward: float
-               ) -> float:
+def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backward: float) -> float:
     """The DP traffic's exposed time per step. Gradients are reduced during backward (stages
     0-1 once, in the last micro-batch's; stages 2-3 in every micro-batch's), parameters
     gathered during forward (stages 1-2 once, the next step's first forward; stage 3 in every
@@ -132,8 +154,9 @@ def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backwar
         return exposed(scatter, behind_backward) + exposed(gather, behind_forward)
     if c.zero_stage == 2:
         return c.grad_accum * exposed(scatter, behind_backward) + exposed(gather, behind_forward)
-    return c.grad_accum * (exposed(scatter + gather, behind_backward)
-                           + exposed(gather, behind_forward))
+    return c.grad_accum * (
+        exposed(scatter + gather, behind_backward) + exposed(gather, behind_forward)
+    )
 
 
 def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) -> float:
@@ -161,8 +184,12 @@ def flops_per_step(config: ModelConfig, *, samples: int, seq: int, head_tokens: 
 
 
 def model_flops(work: Workload) -> float:
-    return flops_per_step(work.model, samples=work.global_batch, seq=work.seq,
-                          head_tokens=work.global_batch * work.seq * work.head_fraction)
+    return flops_per_step(
+        work.model,
+        samples=work.global_batch,
+        seq=work.seq,
+        head_tokens=work.global_batch * work.seq * work.head_fraction,
+    )
 
 
 def pipeline_makespan(stage_time: list[float], micro_batches: int, chunks: int) -> float:
@@ -180,11 +207,16 @@ def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     params = [s.total for s in stage_params(work, c)]
     # a stage boundary crosses nodes once a stage fills one
     q = c.tp if c.sequence_parallel else 1
-    hop = cl.link(c.dp * c.tp + 1).send(work.seq * c.micro_batch * work.model.hidden_size
-                                        * work.itemsize / q) if c.pp > 1 else 0.0
+    hop = (
+        cl.link(c.dp * c.tp + 1).send(
+            work.seq * c.micro_batch * work.model.hidden_size * work.itemsize / q
+        )
+        if c.pp > 1
+        else 0.0
+    )
     stage_time, compute, comm = [], [], []
     for r in range(c.pp):
-        layers = sum(split[r::c.pp])
+        layers = sum(split[r :: c.pp])
         work_r = layers * per_layer + (embedding if r == 0 else 0) + (head if r == c.pp - 1 else 0)
         comm_r = layers * tp_layer + 2 * c.chunks * hop * (c.pp > 1)
         compute.append(work_r)
@@ -197,6 +229,12 @@ def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     backward = compute[slowest] * 2 / 3
     data = _data_comm(work, c, cl, params[slowest], backward)
     optimizer = _optimizer_time(work, c, cl, params[slowest])
-    return TimePrediction(step=pipeline + data + optimizer, compute=m * compute[slowest],
-                          tensor_comm=m * comm[slowest], bubble=pipeline - steady,
-                          data_comm=data, optimizer=optimizer, model_flops=model_flops(work))
+    return TimePrediction(
+        step=pipeline + data + optimizer,
+        compute=m * compute[slowest],
+        tensor_comm=m * comm[slowest],
+        bubble=pipeline - steady,
+        data_comm=data,
+        optimizer=optimizer,
+        model_flops=model_flops(work),
+    )

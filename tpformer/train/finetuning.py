@@ -40,9 +40,18 @@ log = logging.getLogger(__name__)
 class GluePredictor:
     """Predictions (class ids, or scores for STS-B) of whole splits, the DP ranks sharing each."""
 
-    def __init__(self, model: nn.Module, splits: dict[str, list[dict]], *, task_name: str,
-                 token_budget: int, pad_id: int, ctx: ParallelContext,
-                 pad_multiple: int = 1, pipeline: PipelineRunner | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        splits: dict[str, list[dict]],
+        *,
+        task_name: str,
+        token_budget: int,
+        pad_id: int,
+        ctx: ParallelContext,
+        pad_multiple: int = 1,
+        pipeline: PipelineRunner | None = None,
+    ) -> None:
         self.model, self.splits, self.task_name = model, splits, task_name
         self.pipeline = pipeline
         self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
@@ -56,8 +65,9 @@ class GluePredictor:
         gathered (the loop's evaluate does)."""
         examples, dp = self.splits[split], self.ctx.dp
         done: list[tuple[int, float]] = []
-        for indices in prediction_order(examples, token_budget=self.token_budget,
-                                        dp_size=dp.size, dp_rank=dp.rank):
+        for indices in prediction_order(
+            examples, token_budget=self.token_budget, dp_size=dp.size, dp_rank=dp.rank
+        ):
             batch = prediction_batch(examples, indices, self.pad_id, self.pad_multiple)
             logits = self.logits({k: v.to(self.ctx.device) for k, v in batch.items()})
             out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
@@ -94,25 +104,36 @@ class GlueDev:
         for split in self.dev_splits:
             pred, _ = self.predictor.predict(split)
             gold = torch.tensor([e["label"] for e in self.predictor.splits[split]])
-            metrics.update({self._prefix(split) + k: v
-                            for k, v in score(self.predictor.task_name, pred, gold).items()})
+            metrics.update(
+                {
+                    self._prefix(split) + k: v
+                    for k, v in score(self.predictor.task_name, pred, gold).items()
+                }
+            )
         return metrics
 
 
-def batch_width_multiple(requested: int, max_length: int, ctx: ParallelContext,
-                         max_positions: int) -> int:
+def batch_width_multiple(
+    requested: int, max_length: int, ctx: ParallelContext, max_positions: int
+) -> int:
     """What every batch's width is padded to a multiple of: data.pad_to_multiple_of, rounded up
     to a multiple of the TP degree under sequence parallelism (which splits the sequence)."""
     multiple = math.lcm(requested, ctx.tp.size) if ctx.sequence_parallel else requested
     if multiple != requested and ctx.is_main:
-        log.info("sequence parallelism: each batch is padded to a multiple of %d tokens "
-                 "(data.pad_to_multiple_of=%d and parallel.tensor=%d)", multiple, requested,
-                 ctx.tp.size)
+        log.info(
+            "sequence parallelism: each batch is padded to a multiple of %d tokens "
+            "(data.pad_to_multiple_of=%d and parallel.tensor=%d)",
+            multiple,
+            requested,
+            ctx.tp.size,
+        )
     widest = -(-max_length // multiple) * multiple
     if max_length <= max_positions < widest:  # the padding alone would overflow the positions
-        raise ValueError(f"data.max_length={max_length} padded to a multiple of {multiple} is "
-                         f"{widest}, beyond the model's max_position_embeddings={max_positions}; "
-                         f"lower data.max_length to {max_positions - max_positions % multiple}")
+        raise ValueError(
+            f"data.max_length={max_length} padded to a multiple of {multiple} is "
+            f"{widest}, beyond the model's max_position_embeddings={max_positions}; "
+            f"lower data.max_length to {max_positions - max_positions % multiple}"
+        )
     return multiple
 
 
@@ -123,27 +144,50 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     model, tokenizer_path = load_classifier(Path(config.init), ctx, num_labels=task.num_labels)
     validate_recompute_granularity(config.parallel, model.config.num_layers)
     micro = t.micro_batch_size or t.batch_size // ctx.dp.size
-    validate_pipeline(config.parallel, model.config.num_layers,
-                      t.batch_size // (micro * ctx.dp.size))
+    validate_pipeline(
+        config.parallel, model.config.num_layers, t.batch_size // (micro * ctx.dp.size)
+    )
     tokenizer = Tokenizer(tokenizer_path)
     tokenizer.check_vocab(model.config.vocab_size)
-    splits = {split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)
-              for split in ("train", *dev_splits(task, data), *test_splits(task, data))}
-    pad_multiple = batch_width_multiple(data.pad_to_multiple_of, data.max_length, ctx,
-                                        model.config.max_position_embeddings)
-    train = GlueTrainSteps(splits["train"], batch_size=t.batch_size, micro_batch_size=micro,
-                           dp_size=ctx.dp.size, dp_rank=ctx.dp.rank, seed=config.parallel.seed,
-                           group_by_length=data.group_by_length, pad_id=tokenizer.pad_id,
-                           regression=task.labels is None, pad_multiple=pad_multiple)
-    sample = ({k: v.to(ctx.device) for k, v in train(0)[0][1].items()}  # what profile times
-              if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1 else None)
-    wrapped = parallelize(model, config.parallel, config.optim, ctx, seq=data.max_length,
-                          sample=sample)
+    splits = {
+        split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)
+        for split in ("train", *dev_splits(task, data), *test_splits(task, data))
+    }
+    pad_multiple = batch_width_multiple(
+        data.pad_to_multiple_of, data.max_length, ctx, model.config.max_position_embeddings
+    )
+    train = GlueTrainSteps(
+        splits["train"],
+        batch_size=t.batch_size,
+        micro_batch_size=micro,
+        dp_size=ctx.dp.size,
+        dp_rank=ctx.dp.rank,
+        seed=config.parallel.seed,
+        group_by_length=data.group_by_length,
+        pad_id=tokenizer.pad_id,
+        regression=task.labels is None,
+        pad_multiple=pad_multiple,
+    )
+    sample = (
+        {k: v.to(ctx.device) for k, v in train(0)[0][1].items()}  # what profile times
+        if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1
+        else None
+    )
+    wrapped = parallelize(
+        model, config.parallel, config.optim, ctx, seq=data.max_length, sample=sample
+    )
     # prediction keeps no activations for backward, so twice the training micro-batch's worst
     # case fits; measured on CPU (MiniLM, 2 cores, TP=1 and TP=2) faster than 1x or 4x
-    predictor = GluePredictor(model, splits, task_name=config.task,
-                              token_budget=2 * micro * data.max_length, pad_id=tokenizer.pad_id,
-                              ctx=ctx, pad_multiple=pad_multiple, pipeline=wrapped.pipeline)
+    predictor = GluePredictor(
+        model,
+        splits,
+        task_name=config.task,
+        token_budget=2 * micro * data.max_length,
+        pad_id=tokenizer.pad_id,
+        ctx=ctx,
+        pad_multiple=pad_multiple,
+        pipeline=wrapped.pipeline,
+    )
     evaluator = GlueDev(predictor, dev_splits(task, data))
 
     def write_predictions(step: int) -> None:
@@ -153,21 +197,44 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
                 name = submission_name(config.task, split)
                 write_submission(run_dir / "predictions" / f"{name}.tsv", config.task, pred, index)
 
-    extra = {"num_labels": task.num_labels, "glue_task": config.task,
-             "id2label": dict(enumerate(task.labels)) if task.labels else {0: "score"}}
+    extra = {
+        "num_labels": task.num_labels,
+        "glue_task": config.task,
+        "id2label": dict(enumerate(task.labels)) if task.labels else {0: "score"},
+    }
     run_config = {"finetune": asdict(config)}
     steps = math.ceil(t.epochs * train.steps_per_epoch)
-    return Trainer(TrainingTask(
-        model=model, engine=wrapped.engine, objective=ClassificationObjective(),
-        pipeline=wrapped.pipeline,
-        train_batches=train, evaluator=evaluator, max_steps=steps, global_batch=t.batch_size,
-        peak_lr=scaled_lr(config.optim, t.batch_size), model_config=model.config,
-        meta=store.checkpoint_meta(model.config, config.parallel, ctx.layout,
-                                   task="classification", run_config=run_config, **extra),
-        eval_every=train.steps_per_epoch, steps_per_epoch=train.steps_per_epoch,
-        best=BestCheckpoint(evaluator.main_metric, write_predictions),
-        tokenizer_files=tokenizer.files, description=f"finetune {config.task}"),
-        t, config.optim, ctx, run_dir)
+    return Trainer(
+        TrainingTask(
+            model=model,
+            engine=wrapped.engine,
+            objective=ClassificationObjective(),
+            pipeline=wrapped.pipeline,
+            train_batches=train,
+            evaluator=evaluator,
+            max_steps=steps,
+            global_batch=t.batch_size,
+            peak_lr=scaled_lr(config.optim, t.batch_size),
+            model_config=model.config,
+            meta=store.checkpoint_meta(
+                model.config,
+                config.parallel,
+                ctx.layout,
+                task="classification",
+                run_config=run_config,
+                **extra,
+            ),
+            eval_every=train.steps_per_epoch,
+            steps_per_epoch=train.steps_per_epoch,
+            best=BestCheckpoint(evaluator.main_metric, write_predictions),
+            tokenizer_files=tokenizer.files,
+            description=f"finetune {config.task}",
+        ),
+        t,
+        config.optim,
+        ctx,
+        run_dir,
+    )
 
 
 def write_results(trainer: Trainer, config: FinetuneConfig, wall_time_s: float) -> dict:
@@ -176,12 +243,18 @@ def write_results(trainer: Trainer, config: FinetuneConfig, wall_time_s: float) 
     files (`output_seconds`)."""
     metric = trainer.task.best.metric  # type: ignore[union-attr]
     evaluations = trainer.evaluations
-    results: dict = {"task": config.task, "init": config.init, "steps": trainer.task.max_steps,
-                     "evaluations": evaluations, "wall_time_s": wall_time_s,
-                     "output_seconds": {k: round(v, 3) for k, v in trainer.seconds.items()}}
+    results: dict = {
+        "task": config.task,
+        "init": config.init,
+        "steps": trainer.task.max_steps,
+        "evaluations": evaluations,
+        "wall_time_s": wall_time_s,
+        "output_seconds": {k: round(v, 3) for k, v in trainer.seconds.items()},
+    }
     if evaluations:  # a NaN metric counts as the worst value, as in the loop
-        results["best"] = max(evaluations, key=lambda e: -math.inf if math.isnan(e[metric])
-                              else e[metric])
+        results["best"] = max(
+            evaluations, key=lambda e: -math.inf if math.isnan(e[metric]) else e[metric]
+        )
     if trainer.ctx.is_main:
         (trainer.run_dir / "results.json").write_text(json.dumps(results, indent=1))
     return results

@@ -96,16 +96,25 @@ class TrainingTask:
 
 
 class Trainer:
-    def __init__(self, task: TrainingTask, loop: LoopConfig, optim: OptimConfig,
-                 ctx: ParallelContext, run_dir: Path) -> None:
+    def __init__(
+        self,
+        task: TrainingTask,
+        loop: LoopConfig,
+        optim: OptimConfig,
+        ctx: ParallelContext,
+        run_dir: Path,
+    ) -> None:
         self.task, self.loop, self.optim, self.ctx, self.run_dir = task, loop, optim, ctx, run_dir
         self.model, self.engine = task.model, task.engine
         self.metrics = MetricsWriter(run_dir, enabled=ctx.is_main)
         self.evaluations: list[dict[str, float]] = []
         self.best_value = -math.inf
         self._sigterm = False
-        self.seconds: dict[str, float] = {"checkpoints": 0.0, "best_outputs": 0.0,
-                                          "metrics_close": 0.0}
+        self.seconds: dict[str, float] = {
+            "checkpoints": 0.0,
+            "best_outputs": 0.0,
+            "metrics_close": 0.0,
+        }
         """Wall time of what the run writes besides training and evaluating: checkpoints, the
         best evaluation's outputs (fine-tuning's test predictions), closing the metrics (the
         loss plot, TensorBoard). Fine-tuning's results.json reports it."""
@@ -116,31 +125,49 @@ class Trainer:
         """Forward (and backward when training) every micro-batch of global step `step`;
         returns the global-batch means of the objective's values, the step's token count and,
         for padded batches (an attention mask), the share of those tokens that is padding."""
-        parts = [(key, {k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()})
-                 for key, b in batches(step)]
+        parts = [
+            (key, {k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()})
+            for key, b in batches(step)
+        ]
         objective = self.task.objective
         local = [sum(c) for c in zip(*(objective.counts(b) for _, b in parts))]
         local.append(float(sum(b["input_ids"].numel() for _, b in parts)))
-        local.append(float(sum(int(b["attention_mask"].sum()) if "attention_mask" in b
-                               else b["input_ids"].numel() for _, b in parts)))
-        counts = all_reduce(torch.tensor(local, dtype=torch.float64, device=self.ctx.device),
-                            self.ctx.dp).tolist()
+        local.append(
+            float(
+                sum(
+                    int(b["attention_mask"].sum())
+                    if "attention_mask" in b
+                    else b["input_ids"].numel()
+                    for _, b in parts
+                )
+            )
+        )
+        counts = all_reduce(
+            torch.tensor(local, dtype=torch.float64, device=self.ctx.device), self.ctx.dp
+        ).tolist()
         counts, tokens, real = counts[:-2], counts[-2], counts[-1]
-        width = torch.tensor([max((b["input_ids"].shape[-1] for _, b in parts), default=0)],
-                             device=self.ctx.device)
-        self.ctx.rng.mask_width = int(all_reduce(width, self.ctx.dp, torch.distributed.ReduceOp.MAX))
+        width = torch.tensor(
+            [max((b["input_ids"].shape[-1] for _, b in parts), default=0)], device=self.ctx.device
+        )
+        self.ctx.rng.mask_width = int(
+            all_reduce(width, self.ctx.dp, torch.distributed.ReduceOp.MAX)
+        )
         dp = self.ctx.dp.size  # the engine averages gradients over DP: scale the global shares
         if self.task.pipeline is not None:
             self.engine.settle()  # the stages call the model's parts, not its forward (hooks)
             totals = self.task.pipeline.run(
-                step, [(key, objective.model_inputs(b)) for key, b in parts],
-                lambda out, b: objective.values(out, b, counts), len(objective.names),
-                lambda t, grad, sync: self.engine.backward(t * dp if grad is None else t,
-                                                           sync=sync, grad=grad), train=train)
+                step,
+                [(key, objective.model_inputs(b)) for key, b in parts],
+                lambda out, b: objective.values(out, b, counts),
+                len(objective.names),
+                lambda t, grad, sync: self.engine.backward(
+                    t * dp if grad is None else t, sync=sync, grad=grad
+                ),
+                train=train,
+            )
             all_reduce(totals, self.ctx.pp)  # the values live on the last stage
         else:
-            totals = torch.zeros(len(objective.names), dtype=torch.float64,
-                                 device=self.ctx.device)
+            totals = torch.zeros(len(objective.names), dtype=torch.float64, device=self.ctx.device)
             for i, (key, batch) in enumerate(parts):
                 self.ctx.rng.set_position(step, key)
                 with torch.set_grad_enabled(train):
@@ -150,8 +177,11 @@ class Trainer:
                 totals += torch.stack([v.detach().double() for v in values])
         masked = bool(parts) and "attention_mask" in parts[0][1]
         padded = {"pad_fraction": 1.0 - real / tokens} if masked else {}
-        return {**dict(zip(objective.names, all_reduce(totals, self.ctx.dp).tolist())),
-                "tokens": tokens, **padded}
+        return {
+            **dict(zip(objective.names, all_reduce(totals, self.ctx.dp).tolist())),
+            "tokens": tokens,
+            **padded,
+        }
 
     def evaluate(self, step: int) -> dict[str, float]:
         """The evaluator's metrics at `step`, logged (and kept for the best checkpoint)."""
@@ -163,8 +193,12 @@ class Trainer:
         log.info("eval at step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         nan = [k for k, v in metrics.items() if math.isnan(v)]
         if nan:
-            log.warning("eval at step %d: %s is NaN (e.g. a correlation of constant "
-                        "predictions); it counts as the worst value", step, ", ".join(nan))
+            log.warning(
+                "eval at step %d: %s is NaN (e.g. a correlation of constant "
+                "predictions); it counts as the worst value",
+                step,
+                ", ".join(nan),
+            )
         best = self.task.best
         if best is not None:
             value = metrics[best.metric]
@@ -198,21 +232,38 @@ class Trainer:
     def checkpoint_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def save(self, step: int, *, root: Path | None = None, keep_last: int | None = None,
-             weights_only: bool = False) -> Path:
+    def save(
+        self,
+        step: int,
+        *,
+        root: Path | None = None,
+        keep_last: int | None = None,
+        weights_only: bool = False,
+    ) -> Path:
         """The engine's logical state, this rank's RNG and the loop's own state, written by the
         ranks together through DCP; `weights_only` (the best checkpoint, for export and
         predictions): the parameters alone."""
         start = time.perf_counter()
         state: dict[str, object] = (
-            {"engine": self.engine.weights_state_dict()} if weights_only else
-            {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()})
+            {"engine": self.engine.weights_state_dict()}
+            if weights_only
+            else {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()}
+        )
         trainer_state = {"evaluations": self.evaluations, "best_value": self.best_value}
-        meta = {**self.task.meta, "trainer": trainer_state,
-                **({"weights_only": True} if weights_only else {})}
-        saved = store.save(root or self.checkpoint_root, step, state, self.ctx, meta=meta,
-                           keep_last=self.loop.keep_last if keep_last is None else keep_last,
-                           tokenizer_files=self.task.tokenizer_files)
+        meta = {
+            **self.task.meta,
+            "trainer": trainer_state,
+            **({"weights_only": True} if weights_only else {}),
+        }
+        saved = store.save(
+            root or self.checkpoint_root,
+            step,
+            state,
+            self.ctx,
+            meta=meta,
+            keep_last=self.loop.keep_last if keep_last is None else keep_last,
+            tokenizer_files=self.task.tokenizer_files,
+        )
         self.seconds["checkpoints"] += time.perf_counter() - start
         return saved
 
@@ -222,22 +273,29 @@ class Trainer:
         if choice == "none":
             return 0
         directory = store.choose_checkpoint(
-            self.checkpoint_root, None if choice == "auto" else Path(choice), self.ctx,
-            check=self.loop.verify_checkpoint)
+            self.checkpoint_root,
+            None if choice == "auto" else Path(choice),
+            self.ctx,
+            check=self.loop.verify_checkpoint,
+        )
         if directory is None:
-            log.info("trainer.resume=auto: no intact checkpoint in %s, starting at step 0",
-                     self.checkpoint_root)
+            log.info(
+                "trainer.resume=auto: no intact checkpoint in %s, starting at step 0",
+                self.checkpoint_root,
+            )
             return 0
         meta = store.read_meta(directory)
         if meta.get("weights_only"):
             raise store.CheckpointError(
                 f"{directory} holds the weights only (a fine-tuning run's best checkpoint, for "
                 f"export and predictions), no optimizer state to resume; resume from a "
-                f"checkpoint that trainer.save_every wrote into {self.checkpoint_root}")
+                f"checkpoint that trainer.save_every wrote into {self.checkpoint_root}"
+            )
         mismatched = store.model_mismatches(meta, self.task.model_config)
         if mismatched:
-            details = ", ".join(f"{k}: checkpoint {a} vs run {b}"
-                                for k, (a, b) in mismatched.items())
+            details = ", ".join(
+                f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items()
+            )
             raise ValueError(f"{directory} holds another model ({details})")
         same_world = meta.get("world_size") == self.ctx.layout.world_size
         template: dict[str, object] = {"engine": self.engine}
@@ -250,11 +308,17 @@ class Trainer:
         self.evaluations = list(state.get("evaluations", []))  # type: ignore[union-attr]
         self.best_value = float(state.get("best_value", -math.inf))  # type: ignore[union-attr]
         now = self.task.meta
-        changed = {k: (meta.get(k, 1 if k == "pipeline" else None), now[k])
-                   for k in ("world_size", "tensor", "data", "pipeline", "zero_stage", "precision")
-                   if meta.get(k, 1 if k == "pipeline" else None) != now[k]}
-        log.info("resumed from %s at step %d%s", directory, meta["step"],
-                 f", resharded {changed}" if changed else "")
+        changed = {
+            k: (meta.get(k, 1 if k == "pipeline" else None), now[k])
+            for k in ("world_size", "tensor", "data", "pipeline", "zero_stage", "precision")
+            if meta.get(k, 1 if k == "pipeline" else None) != now[k]
+        }
+        log.info(
+            "resumed from %s at step %d%s",
+            directory,
+            meta["step"],
+            f", resharded {changed}" if changed else "",
+        )
         return int(meta["step"])  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stopping
@@ -262,8 +326,10 @@ class Trainer:
     def _install_sigterm(self) -> None:
         """SIGTERM (preemption) asks for a checkpoint and a clean exit after the current step."""
         if threading.current_thread() is threading.main_thread():
+
             def request_stop(signum: int, frame: object) -> None:
                 self._sigterm = True
+
             signal.signal(signal.SIGTERM, request_stop)
 
     def _agreed(self, *flags: bool) -> list[bool]:
@@ -279,8 +345,9 @@ class Trainer:
     def train(self) -> list[dict]:
         """Run to the task's max_steps (or a stop); returns the logged training records."""
         loop, task = self.loop, self.task
-        peak = peak_tflops(loop.peak_tflops,
-                           "fp32" if self.engine.dtype == torch.float32 else "bf16")
+        peak = peak_tflops(
+            loop.peak_tflops, "fp32" if self.engine.dtype == torch.float32 else "bf16"
+        )
         records: list[dict] = []
         window: list[dict[str, float]] = []
         start = last = time.perf_counter()
@@ -289,17 +356,29 @@ class Trainer:
         first = self.resume()
         if self._due_for_eval(first) and not any(e["step"] == first for e in self.evaluations):
             self.evaluate(first)  # stopped by SIGTERM at an evaluation step: evaluate it now
-        bar = tqdm(total=task.max_steps, initial=first, desc=task.description, dynamic_ncols=True,
-                   disable=not (self.ctx.is_main and loop.progress))
+        bar = tqdm(
+            total=task.max_steps,
+            initial=first,
+            desc=task.description,
+            dynamic_ncols=True,
+            disable=not (self.ctx.is_main and loop.progress),
+        )
         step, reason, saved = first - 1, "done", None
         for step in range(first, task.max_steps):
             lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
             self.engine.set_lr(lr)
-            window.append({**self.run_step(step, task.train_batches, train=True),
-                           **self.engine.step(), "lr": lr})
+            window.append(
+                {
+                    **self.run_step(step, task.train_batches, train=True),
+                    **self.engine.step(),
+                    "lr": lr,
+                }
+            )
             done = step + 1 == task.max_steps
-            over_time = (loop.max_time_minutes > 0
-                         and time.perf_counter() - start > 60 * loop.max_time_minutes)
+            over_time = (
+                loop.max_time_minutes > 0
+                and time.perf_counter() - start > 60 * loop.max_time_minutes
+            )
             preempted, timed_out = self._agreed(self._sigterm, over_time)
             if (step + 1) % loop.log_every == 0 or done or timed_out or step == 0:
                 now = time.perf_counter()
@@ -310,22 +389,31 @@ class Trainer:
                 self.evaluate(step + 1)  # on SIGTERM the save comes first (30 s grace)
             if preempted or (loop.exit_at_step and step + 1 == loop.exit_at_step):
                 reason, saved = ("sigterm" if preempted else "exit_at_step"), self.save(step + 1)
-                log.info("%s: saved step %d and stopping",
-                         "SIGTERM" if preempted else "trainer.exit_at_step", step + 1)
+                log.info(
+                    "%s: saved step %d and stopping",
+                    "SIGTERM" if preempted else "trainer.exit_at_step",
+                    step + 1,
+                )
                 break
             if loop.save_every and ((step + 1) % loop.save_every == 0 or done or timed_out):
                 saved = self.save(step + 1)
             if timed_out:
                 reason = "time_limit"
-                log.info("trainer.max_time_minutes=%s reached at step %d", loop.max_time_minutes,
-                         step + 1)
+                log.info(
+                    "trainer.max_time_minutes=%s reached at step %d",
+                    loop.max_time_minutes,
+                    step + 1,
+                )
                 break
         bar.close()
         start_close = time.perf_counter()
         self.metrics.close()
         self.seconds["metrics_close"] = time.perf_counter() - start_close
-        self._record_stop(reason, step + 1, saved if saved and saved.name.endswith(
-            store.step_dir_name(step + 1)) else None)
+        self._record_stop(
+            reason,
+            step + 1,
+            saved if saved and saved.name.endswith(store.step_dir_name(step + 1)) else None,
+        )
         return records
 
     def _due_for_eval(self, step: int) -> bool:
@@ -335,30 +423,48 @@ class Trainer:
     def _record_stop(self, reason: str, step: int, checkpoint: Path | None) -> None:
         """stop.json: why training ended and what was saved then (read by the launcher)."""
         if self.ctx.is_main:
-            record = {"reason": reason, "step": step,
-                      "checkpoint": str(checkpoint) if checkpoint else None}
+            record = {
+                "reason": reason,
+                "step": step,
+                "checkpoint": str(checkpoint) if checkpoint else None,
+            }
             (self.run_dir / STOP_RECORD).write_text(json.dumps(record))
 
-    def _log(self, step: int, window: list[dict[str, float]], step_time: float, peak: float,
-             bar: tqdm) -> dict:
+    def _log(
+        self, step: int, window: list[dict[str, float]], step_time: float, peak: float, bar: tqdm
+    ) -> dict:
         """One metrics.jsonl line: the window's mean losses and metrics, LR, throughput, MFU."""
         names = [k for k in window[0] if k not in ("tokens", "lr", "grad_norm", "skipped")]
         tokens = sum(w["tokens"] for w in window) / len(window)
         config = self.task.model_config
         samples = self.task.global_batch
-        flops = flops_per_step(config, samples=samples, seq=max(1, round(tokens / samples)),
-                               head_tokens=int(tokens * self.task.objective.head_fraction))
+        flops = flops_per_step(
+            config,
+            samples=samples,
+            seq=max(1, round(tokens / samples)),
+            head_tokens=int(tokens * self.task.objective.head_fraction),
+        )
         tflops = flops / step_time / 1e12 / self.ctx.layout.world_size
         last = window[-1]
-        record = {"step": step, **self._epoch(step),
-                  **{k: sum(w[k] for w in window) / len(window) for k in names},
-                  "lr": last["lr"], "grad_norm": last["grad_norm"], "skipped": last["skipped"],
-                  "tokens_per_s": tokens / step_time, "tflops_per_device": tflops}
+        record = {
+            "step": step,
+            **self._epoch(step),
+            **{k: sum(w[k] for w in window) / len(window) for k in names},
+            "lr": last["lr"],
+            "grad_norm": last["grad_norm"],
+            "skipped": last["skipped"],
+            "tokens_per_s": tokens / step_time,
+            "tflops_per_device": tflops,
+        }
         if peak > 0:
             record["mfu"] = tflops / peak
         self.metrics.log(record)
-        shown = {"loss": f"{record['loss']:.3f}", "lr": f"{record['lr']:.2e}",
-                 "tok_s": f"{record['tokens_per_s']:.0f}", "tflops": f"{tflops:.3f}"}
+        shown = {
+            "loss": f"{record['loss']:.3f}",
+            "lr": f"{record['lr']:.2e}",
+            "tok_s": f"{record['tokens_per_s']:.0f}",
+            "tflops": f"{tflops:.3f}",
+        }
         if peak > 0:
             shown["mfu"] = f"{record['mfu']:.1%}"
         if self.evaluations:  # the latest evaluation's first metric (eval loss or dev metric)

@@ -66,8 +66,13 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
     for part in ("mlm_loss", "nsp_loss"):
         if train and part in train[0]:
-            ax.plot([r["step"] for r in train], [r[part] for r in train], lw=0.8, alpha=0.7,
-                    label=f"train {part.split('_')[0].upper()}")
+            ax.plot(
+                [r["step"] for r in train],
+                [r[part] for r in train],
+                lw=0.8,
+                alpha=0.7,
+                label=f"train {part.split('_')[0].upper()}",
+            )
     if evals and "loss" in evals[0]:
         ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval loss")
     ax.set_xlabel("step")
@@ -77,12 +82,14 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
     dev = [k for k in (evals[0] if evals else {}) if k not in ("step", "epoch", "eval")]
     if evals and "loss" not in evals[0]:
         for key in dev:
-            right.plot([r["step"] for r in evals], [r[key] for r in evals], "o--",
-                       label=f"dev {key}")
+            right.plot(
+                [r["step"] for r in evals], [r[key] for r in evals], "o--", label=f"dev {key}"
+            )
         right.set_ylabel("dev metric")
     else:
-        right.plot([r["step"] for r in train], [r["lr"] for r in train], color="gray", ls="--",
-                   label="lr")
+        right.plot(
+            [r["step"] for r in train], [r["lr"] for r in train], color="gray", ls="--", label="lr"
+        )
         right.set_ylabel("learning rate")
     lines = ax.get_legend_handles_labels()
     right_lines = right.get_legend_handles_labels()

@@ -32,8 +32,9 @@ class Objective(Protocol):
         output (computed by the last pipeline stage when there are several)."""
         ...
 
-    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
-                 counts: list[float]) -> list[Tensor]:
+    def __call__(
+        self, model: nn.Module, batch: dict[str, Tensor], counts: list[float]
+    ) -> list[Tensor]:
         """values(model(**model_inputs(batch)), ...)."""
         ...
 
@@ -45,8 +46,9 @@ class _Objective:
     def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
         raise NotImplementedError
 
-    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
-                 counts: list[float]) -> list[Tensor]:
+    def __call__(
+        self, model: nn.Module, batch: dict[str, Tensor], counts: list[float]
+    ) -> list[Tensor]:
         inputs = self.model_inputs(batch)
         return self.values(model(**inputs), inputs, counts)
 
@@ -108,5 +110,10 @@ def objective_for(task: str, *, mask_prob: float = 0.15) -> Objective:
     return CausalLMObjective() if task == "causal_lm" else ClassificationObjective()
 
 
-__all__ = ["CausalLMObjective", "ClassificationObjective", "MaskedLMObjective", "Objective",
-           "objective_for"]
+__all__ = [
+    "CausalLMObjective",
+    "ClassificationObjective",
+    "MaskedLMObjective",
+    "Objective",
+    "objective_for",
+]

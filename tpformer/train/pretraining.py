@@ -23,8 +23,8 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import logical_shape
 from tpformer.train.loop import StepBatches, Trainer, TrainingTask
 from tpformer.train.objectives import objective_for
-from tpformer.train.plan import format_plan
 from tpformer.train.schedule import scaled_lr
+from tpformer.train.startup_report import format_plan
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,9 @@ def prepare_data_on_rank0(config: Config, ctx: ParallelContext) -> tuple[Path, P
     outcome: object = None
     if ctx.is_main:
         try:
-            outcome = prepare_data(config.data, config.model.vocab_size,
-                                   progress=config.trainer.progress)
+            outcome = prepare_data(
+                config.data, config.model.vocab_size, progress=config.trainer.progress
+            )
         except Exception as err:
             broadcast_object((type(err).__name__, str(err)))
             raise
@@ -72,35 +73,71 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
 
     def batches(split: str) -> StepBatches:
         def of_step(step: int) -> list:
-            ranges = micro_batch_ranges(step, micro_batch_size=t.micro_batch_size,
-                                        grad_accum=t.grad_accum, dp_size=ctx.dp.size,
-                                        dp_rank=ctx.dp.rank)
+            ranges = micro_batch_ranges(
+                step,
+                micro_batch_size=t.micro_batch_size,
+                grad_accum=t.grad_accum,
+                dp_size=ctx.dp.size,
+                dp_rank=ctx.dp.rank,
+            )
             return [(r.start, data.batch(r, split=split)) for r in ranges]
+
         return of_step
 
-    sample = (objective.model_inputs({k: v.to(ctx.device) for k, v in batches("train")(0)[0][1]
-                                      .items()})
-              if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1 else None)
-    wrapped = parallelize(model, config.parallel, config.optim, ctx,
-                          head_fraction=objective.head_fraction, seq=config.data.seq_length,
-                          sample=sample)
+    sample = (
+        objective.model_inputs({k: v.to(ctx.device) for k, v in batches("train")(0)[0][1].items()})
+        if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1
+        else None
+    )
+    wrapped = parallelize(
+        model,
+        config.parallel,
+        config.optim,
+        ctx,
+        head_fraction=objective.head_fraction,
+        seq=config.data.seq_length,
+        sample=sample,
+    )
 
-    stage_params = [int(n) for n in all_gather_object(  # type: ignore[call-overload]
-        sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp)]
-    plan, warnings = format_plan(config, ctx.layout, stage_params, total_params,
-                                 wrapped.recomputed, wrapped.split, device_type=ctx.device.type)
+    stage_params = [
+        int(n)
+        for n in all_gather_object(  # type: ignore[call-overload]
+            sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp
+        )
+    ]
+    plan, warnings = format_plan(
+        config,
+        ctx.layout,
+        stage_params,
+        total_params,
+        wrapped.recomputed,
+        wrapped.split,
+        device_type=ctx.device.type,
+    )
     log.info("plan:\n%s", plan)
     for warning in warnings:
         log.warning("%s", warning)
     run_config = {k: v for k, v in asdict(config).items() if k != "model"}
-    return Trainer(TrainingTask(
-        model=model, engine=wrapped.engine,
-        objective=objective, pipeline=wrapped.pipeline,
-        train_batches=batches("train"), evaluator=HeldOutLoss(batches("eval"), t.eval_steps),
-        max_steps=t.max_steps, global_batch=global_batch,
-        peak_lr=scaled_lr(config.optim, global_batch), model_config=m,
-        meta=store.checkpoint_meta(m, config.parallel, ctx.layout, task=task,
-                                   run_config=run_config),
-        eval_every=t.eval_every,
-        tokenizer_files=Tokenizer(prepared[0]).files if prepared else []),
-        t, config.optim, ctx, run_dir)
+    return Trainer(
+        TrainingTask(
+            model=model,
+            engine=wrapped.engine,
+            objective=objective,
+            pipeline=wrapped.pipeline,
+            train_batches=batches("train"),
+            evaluator=HeldOutLoss(batches("eval"), t.eval_steps),
+            max_steps=t.max_steps,
+            global_batch=global_batch,
+            peak_lr=scaled_lr(config.optim, global_batch),
+            model_config=m,
+            meta=store.checkpoint_meta(
+                m, config.parallel, ctx.layout, task=task, run_config=run_config
+            ),
+            eval_every=t.eval_every,
+            tokenizer_files=Tokenizer(prepared[0]).files if prepared else [],
+        ),
+        t,
+        config.optim,
+        ctx,
+        run_dir,
+    )

@@ -19,8 +19,11 @@ def scaled_lr(optim: OptimConfig, global_batch: int) -> float:
 
 def warmup_steps(optim: OptimConfig, max_steps: int) -> int:
     """optim.warmup_steps when given, else optim.warmup_ratio of the run's steps."""
-    return optim.warmup_steps if optim.warmup_steps is not None else round(
-        optim.warmup_ratio * max_steps)
+    return (
+        optim.warmup_steps
+        if optim.warmup_steps is not None
+        else round(optim.warmup_ratio * max_steps)
+    )
 
 
 def lr_at(step: int, *, peak: float, optim: OptimConfig, max_steps: int) -> float:

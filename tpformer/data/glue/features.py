@@ -12,7 +12,6 @@ from tpformer.config.schema import GlueDataConfig
 from tpformer.data.glue.tasks import GlueTask, get_task, load_split
 from tpformer.data.tokenizer import Tokenizer
 
-
 FEATURES_VERSION = 2
 """Part of the cache key: 2 = transformers' longest_first truncation (ties trim segment b)."""
 
@@ -43,8 +42,9 @@ def encode(tokenizer: Tokenizer, rows: dict[str, list], max_length: int) -> list
     return examples
 
 
-def collate(examples: list[dict], pad_id: int, regression: bool,
-            multiple: int = 1) -> dict[str, torch.Tensor]:
+def collate(
+    examples: list[dict], pad_id: int, regression: bool, multiple: int = 1
+) -> dict[str, torch.Tensor]:
     """Pad to the longest row of this micro-batch (rounded up to `multiple`), not to max_length."""
     width = max(len(e["input_ids"]) for e in examples)
     width += -width % multiple
@@ -58,8 +58,9 @@ def collate(examples: list[dict], pad_id: int, regression: bool,
         mask[row, :n] = 1
     batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
     if "label" in examples[0]:
-        batch["labels"] = torch.tensor([e["label"] for e in examples],
-                                       dtype=torch.float if regression else torch.long)
+        batch["labels"] = torch.tensor(
+            [e["label"] for e in examples], dtype=torch.float if regression else torch.long
+        )
     return batch
 
 
@@ -84,24 +85,42 @@ def test_splits(task: GlueTask, data: GlueDataConfig) -> list[str]:
     return [s for s in task.test_splits if (folder / f"{s}.tsv").is_file()]
 
 
-def load_examples(task_name: str, data: GlueDataConfig, split: str, tokenizer: Tokenizer, *,
-                  rank: int) -> list[dict]:
+def load_examples(
+    task_name: str, data: GlueDataConfig, split: str, tokenizer: Tokenizer, *, rank: int
+) -> list[dict]:
     """Tokenized rows of a split, cached by file content, tokenizer and max_length."""
     task = get_task(task_name)
-    key = hashlib.sha256(repr((FEATURES_VERSION, task_name, split, data.glue_dir,
-                               data.max_length, tokenizer.fingerprint())).encode())
+    key = hashlib.sha256(
+        repr(
+            (
+                FEATURES_VERSION,
+                task_name,
+                split,
+                data.glue_dir,
+                data.max_length,
+                tokenizer.fingerprint(),
+            )
+        ).encode()
+    )
     kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
     files = split_files(data)
-    source = (Path(files[kind]) if files[kind]
-              else Path(data.glue_dir).expanduser() / task.directory / f"{split}.tsv")
+    source = (
+        Path(files[kind])
+        if files[kind]
+        else Path(data.glue_dir).expanduser() / task.directory / f"{split}.tsv"
+    )
     if source.is_file():  # a missing file fails in load_split, by name
         key.update(source.read_bytes())
-    cache = (Path(data.cache_dir).expanduser() / "glue"
-             / f"{task_name}-{split}-{key.hexdigest()[:16]}.pt")
+    cache = (
+        Path(data.cache_dir).expanduser()
+        / "glue"
+        / f"{task_name}-{split}-{key.hexdigest()[:16]}.pt"
+    )
     if cache.is_file():
         return torch.load(cache)
-    examples = encode(tokenizer, load_split(data.glue_dir, task_name, split, files),
-                      data.max_length)
+    examples = encode(
+        tokenizer, load_split(data.glue_dir, task_name, split, files), data.max_length
+    )
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp{rank}")
     torch.save(examples, tmp)

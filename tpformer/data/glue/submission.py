@@ -8,9 +8,17 @@ import torch
 
 from tpformer.data.glue.tasks import get_task
 
-SUBMISSION = {"cola": ["CoLA"], "sst2": ["SST-2"], "mrpc": ["MRPC"], "stsb": ["STS-B"],
-              "qqp": ["QQP"], "mnli": ["MNLI-m", "MNLI-mm"], "qnli": ["QNLI"], "rte": ["RTE"],
-              "wnli": ["WNLI"]}
+SUBMISSION = {
+    "cola": ["CoLA"],
+    "sst2": ["SST-2"],
+    "mrpc": ["MRPC"],
+    "stsb": ["STS-B"],
+    "qqp": ["QQP"],
+    "mnli": ["MNLI-m", "MNLI-mm"],
+    "qnli": ["QNLI"],
+    "rte": ["RTE"],
+    "wnli": ["WNLI"],
+}
 """File names of the GLUE benchmark's submission format, one per test split."""
 
 

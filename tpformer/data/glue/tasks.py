@@ -35,21 +35,37 @@ class GlueTask:
 
 
 TASKS: dict[str, GlueTask] = {
-    "cola": GlueTask("CoLA", "sentence", None, "label", ("0", "1"), ("mcc",),
-                     columns=("source", "label", "original", "sentence")),
+    "cola": GlueTask(
+        "CoLA",
+        "sentence",
+        None,
+        "label",
+        ("0", "1"),
+        ("mcc",),
+        columns=("source", "label", "original", "sentence"),
+    ),
     "sst2": GlueTask("SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",)),
     "mrpc": GlueTask("MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("accuracy", "f1")),
     "stsb": GlueTask("STS-B", "sentence1", "sentence2", "score", None, ("pearson", "spearman")),
-    "qqp": GlueTask("QQP", "question1", "question2", "is_duplicate", ("0", "1"),
-                    ("accuracy", "f1")),
-    "mnli": GlueTask("MNLI", "sentence1", "sentence2", "gold_label",
-                     ("contradiction", "entailment", "neutral"), ("accuracy",),
-                     dev_splits=("dev_matched", "dev_mismatched"),
-                     test_splits=("test_matched", "test_mismatched")),
-    "qnli": GlueTask("QNLI", "question", "sentence", "label", ("entailment", "not_entailment"),
-                     ("accuracy",)),
-    "rte": GlueTask("RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"),
-                    ("accuracy",)),
+    "qqp": GlueTask(
+        "QQP", "question1", "question2", "is_duplicate", ("0", "1"), ("accuracy", "f1")
+    ),
+    "mnli": GlueTask(
+        "MNLI",
+        "sentence1",
+        "sentence2",
+        "gold_label",
+        ("contradiction", "entailment", "neutral"),
+        ("accuracy",),
+        dev_splits=("dev_matched", "dev_mismatched"),
+        test_splits=("test_matched", "test_mismatched"),
+    ),
+    "qnli": GlueTask(
+        "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"), ("accuracy",)
+    ),
+    "rte": GlueTask(
+        "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"), ("accuracy",)
+    ),
     "wnli": GlueTask("WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
 }
 
@@ -68,30 +84,45 @@ def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, list]:
     task = get_task(task_name)
     path = Path(glue_dir).expanduser() / task.directory / f"{split}.tsv"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: data.glue_dir must hold the GLUE layout "
-                                f"<TASK>/{{train,{','.join(task.dev_splits)}}}.tsv for task={task_name}")
+        raise FileNotFoundError(
+            f"{path} is missing: data.glue_dir must hold the GLUE layout "
+            f"<TASK>/{{train,{','.join(task.dev_splits)}}}.tsv for task={task_name}"
+        )
     headerless = task.columns is not None and not split.startswith("test")
     options = {"column_names": list(task.columns), "header": None} if headerless else {}
-    table = datasets.load_dataset("csv", data_files=str(path), delimiter="\t",
-                                  quoting=csv.QUOTE_NONE, keep_default_na=False, split="train",
-                                  **options)
+    table = datasets.load_dataset(
+        "csv",
+        data_files=str(path),
+        delimiter="\t",
+        quoting=csv.QUOTE_NONE,
+        keep_default_na=False,
+        split="train",
+        **options,
+    )
     wanted = [task.text_a, *([task.text_b] if task.text_b else [])]
     if not split.startswith("test"):
         wanted.append(task.label)
     missing = [c for c in wanted if c not in table.column_names]
     if missing:
         raise ValueError(f"{path} has no column {missing[0]!r} (columns: {table.column_names})")
-    rows = {"text_a": [str(x) for x in table[task.text_a]],
-            "text_b": [str(x) for x in table[task.text_b]] if task.text_b else None,
-            "index": list(range(len(table)))}
+    rows = {
+        "text_a": [str(x) for x in table[task.text_a]],
+        "text_b": [str(x) for x in table[task.text_b]] if task.text_b else None,
+        "index": list(range(len(table))),
+    }
     if not split.startswith("test"):
         rows["label"] = _label_ids(task, [str(x) for x in table[task.label]], path)
     return rows
 
 
 HUB = "nyu-mll/glue"
-HUB_TEXT = {"cola": ("sentence", None), "sst2": ("sentence", None), "qqp": ("question1", "question2"),
-            "mnli": ("premise", "hypothesis"), "qnli": ("question", "sentence")}
+HUB_TEXT = {
+    "cola": ("sentence", None),
+    "sst2": ("sentence", None),
+    "qqp": ("question1", "question2"),
+    "mnli": ("premise", "hypothesis"),
+    "qnli": ("question", "sentence"),
+}
 
 
 def read_hub_split(task_name: str, split: str) -> dict[str, list]:
@@ -102,8 +133,11 @@ def read_hub_split(task_name: str, split: str) -> dict[str, list]:
     task = get_task(task_name)
     table = datasets.load_dataset(HUB, task_name, split=split.replace("dev", "validation"))
     a, b = HUB_TEXT.get(task_name, ("sentence1", "sentence2"))
-    rows = {"text_a": list(table[a]), "text_b": list(table[b]) if b else None,
-            "index": list(table["idx"])}
+    rows = {
+        "text_a": list(table[a]),
+        "text_b": list(table[b]) if b else None,
+        "index": list(table["idx"]),
+    }
     if not split.startswith("test"):
         labels = table["label"]
         if task.labels is not None and task.labels[0] not in ("0", "1"):
@@ -129,37 +163,47 @@ def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, list]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing")
     options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix == ".tsv" else {}
-    table = datasets.load_dataset(BUILDERS[path.suffix], data_files=str(path), split="train",
-                                  **options)
+    table = datasets.load_dataset(
+        BUILDERS[path.suffix], data_files=str(path), split="train", **options
+    )
     a, b = HUB_TEXT.get(task_name, ("sentence1", "sentence2"))
     wanted = [a, *([b] if b else []), *(["label"] if labeled else [])]
     missing = [c for c in wanted if c not in table.column_names]
     if missing:
         raise ValueError(f"{path} has no column {missing[0]!r} (columns: {table.column_names})")
-    rows = {"text_a": [str(x) for x in table[a]],
-            "text_b": [str(x) for x in table[b]] if b else None,
-            "index": list(table["idx"]) if "idx" in table.column_names else list(range(len(table)))}
+    rows = {
+        "text_a": [str(x) for x in table[a]],
+        "text_b": [str(x) for x in table[b]] if b else None,
+        "index": list(table["idx"]) if "idx" in table.column_names else list(range(len(table))),
+    }
     if labeled:
         values = table["label"]
         if task.labels is not None and all(isinstance(v, int) for v in values):
             bad = [v for v in values if not 0 <= v < task.num_labels]
             if bad:
-                raise ValueError(f"{path}: label {bad[0]} in column 'label' is not one of "
-                                 f"{list(range(task.num_labels))}")
+                raise ValueError(
+                    f"{path}: label {bad[0]} in column 'label' is not one of "
+                    f"{list(range(task.num_labels))}"
+                )
             rows["label"] = list(values)
         else:
             rows["label"] = _label_ids(task, [str(v) for v in values], path)
     return rows
 
 
-def load_split(glue_dir: str, task_name: str, split: str, files: dict[str, str] | None = None
-               ) -> dict[str, list]:
+def load_split(
+    glue_dir: str, task_name: str, split: str, files: dict[str, str] | None = None
+) -> dict[str, list]:
     """A split from its file in `files` ({"train"|"dev"|"test": path}), else data.glue_dir,
     else the hub."""
     kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
     if files and files.get(kind):
         return read_file(Path(files[kind]), task_name, labeled=kind != "test")
-    return read_split(Path(glue_dir), task_name, split) if glue_dir else read_hub_split(task_name, split)
+    return (
+        read_split(Path(glue_dir), task_name, split)
+        if glue_dir
+        else read_hub_split(task_name, split)
+    )
 
 
 def _label_ids(task: GlueTask, values: list[str], path: Path) -> list:
@@ -171,8 +215,10 @@ def _label_ids(task: GlueTask, values: list[str], path: Path) -> list:
     ids = {label: i for i, label in enumerate(task.labels)}
     for row, value in enumerate(values):
         if value not in ids:
-            raise ValueError(f"{path} row {row + 1}: label {value!r} in column {task.label!r} is "
-                             f"not one of {list(task.labels)}")
+            raise ValueError(
+                f"{path} row {row + 1}: label {value!r} in column {task.label!r} is "
+                f"not one of {list(task.labels)}"
+            )
     return [ids[v] for v in values]
 
 
@@ -211,7 +257,7 @@ def _ranks(values: torch.Tensor) -> torch.Tensor:
         j = i
         while j + 1 < len(sorted_values) and sorted_values[j + 1] == sorted_values[i]:
             j += 1
-        ranks[i:j + 1] = (i + j) / 2 + 1
+        ranks[i : j + 1] = (i + j) / 2 + 1
         i = j + 1
     out = torch.empty_like(ranks)
     out[order] = ranks

@@ -9,6 +9,7 @@ from FLOPs; `profile` feeds it times measured on this device (profile.py).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -30,7 +31,7 @@ class StageCosts:
     def of_split(self, split: list[int]) -> list[float]:
         """The cost of each stage of `split` (layers per stage)."""
         bounds = [sum(split[:i]) for i in range(len(split) + 1)]
-        return [self.stage_cost(a, b) for a, b in zip(bounds, bounds[1:])]
+        return [self.stage_cost(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def best_split(costs: StageCosts, stages: int) -> list[int]:
@@ -38,8 +39,10 @@ def best_split(costs: StageCosts, stages: int) -> list[int]:
     slowest stage, the most even one (so equal costs give the equal split)."""
     n = len(costs.layers)
     if not 1 <= stages <= n:
-        raise ValueError(f"cannot split {n} layers over {stages} pipeline stages; "
-                         f"parallel.pipeline must be between 1 and {n}")
+        raise ValueError(
+            f"cannot split {n} layers over {stages} pipeline stages; "
+            f"parallel.pipeline must be between 1 and {n}"
+        )
     inf = float("inf")
     # best[m][j]: (slowest stage, split) of layers [0, j) on m stages
     best: list[list[tuple[float, list[int]]]] = [[(inf, [])] * (n + 1) for _ in range(stages + 1)]
@@ -53,8 +56,13 @@ def best_split(costs: StageCosts, stages: int) -> list[int]:
                     continue
                 slowest = max(prev, costs.stage_cost(i, j))
                 # prefer the split whose stage sizes are most even among equal slowest stages
-                options.append((round(slowest, 9), max(split + [j - i]) - min(split + [j - i]),
-                                split + [j - i]))
+                options.append(
+                    (
+                        round(slowest, 9),
+                        max([*split, j - i]) - min([*split, j - i]),
+                        [*split, j - i],
+                    )
+                )
             if options:
                 slowest, _, split = min(options, key=lambda o: (o[0], o[1]))
                 best[m][j] = (slowest, split)
@@ -71,11 +79,15 @@ def equal_split(layers: int, parts: int) -> list[int]:
 def check_split(split: list[int], layers: int, parts: int, what: str) -> list[int]:
     """An explicit list: one positive count per stage (or virtual stage), summing to layers."""
     if len(split) != parts:
-        raise ValueError(f"parallel.pipeline_split={split} has {len(split)} entries; {what} "
-                         f"needs {parts} (one per stage)")
+        raise ValueError(
+            f"parallel.pipeline_split={split} has {len(split)} entries; {what} "
+            f"needs {parts} (one per stage)"
+        )
     if any(int(n) != n or n < 1 for n in split):
         raise ValueError(f"parallel.pipeline_split={split}: every stage needs at least one layer")
     if sum(split) != layers:
-        raise ValueError(f"parallel.pipeline_split={split} sums to {sum(split)} layers; the model "
-                         f"has model.num_layers={layers}")
+        raise ValueError(
+            f"parallel.pipeline_split={split} sums to {sum(split)} layers; the model "
+            f"has model.num_layers={layers}"
+        )
     return [int(n) for n in split]

@@ -43,8 +43,15 @@ def _duplicate_groups(ctx: ParallelContext) -> GroupHandle:
 class PipelineRunner:
     """Executes `schedule` for this rank's `stage`; activations are [b, s / seq_split, hidden]."""
 
-    def __init__(self, stage: PipelineStage, ctx: ParallelContext, *, schedule: str,
-                 hidden: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        stage: PipelineStage,
+        ctx: ParallelContext,
+        *,
+        schedule: str,
+        hidden: int,
+        dtype: torch.dtype,
+    ) -> None:
         self.stage, self.ctx, self.schedule = stage, ctx, schedule
         self.hidden, self.dtype = hidden, dtype
         self.seq_split = ctx.tp.size if ctx.sequence_parallel else 1
@@ -60,8 +67,16 @@ class PipelineRunner:
         b, s = batch["input_ids"].shape
         return b, s // self.seq_split, self.hidden
 
-    def run(self, step: int, parts: list[tuple[int, Batch]], values: Values, n_values: int,
-            backward: Backward, *, train: bool) -> Tensor:
+    def run(
+        self,
+        step: int,
+        parts: list[tuple[int, Batch]],
+        values: Values,
+        n_values: int,
+        backward: Backward,
+        *,
+        train: bool,
+    ) -> Tensor:
         """Forward (and backward) every micro-batch of the step through this stage; returns the
         summed objective values on the last stage, zeros elsewhere."""
         stage, ctx, m = self.stage, self.ctx, len(parts)
@@ -81,8 +96,12 @@ class PipelineRunner:
                 ctx.rng.set_position(step, key)
                 x = None
                 if vs > 0:
-                    x = recv(torch.empty(self._shape(batch), dtype=self.dtype, device=ctx.device),
-                             self.prev, self.activations, self._tag(0, action.micro, vs, m))
+                    x = recv(
+                        torch.empty(self._shape(batch), dtype=self.dtype, device=ctx.device),
+                        self.prev,
+                        self.activations,
+                        self._tag(0, action.micro, vs, m),
+                    )
                     x.requires_grad_(train)
                 with torch.set_grad_enabled(train):
                     y = stage.forward(action.chunk, x, batch)
@@ -91,20 +110,36 @@ class PipelineRunner:
                         totals += torch.stack([t.detach().double() for t in vals])
                         y = vals[0]
                 if vs < last_v:
-                    sends.append(send_async(y.detach(), self.next, self.activations,
-                                            self._tag(0, action.micro, vs + 1, m)))
+                    sends.append(
+                        send_async(
+                            y.detach(),
+                            self.next,
+                            self.activations,
+                            self._tag(0, action.micro, vs + 1, m),
+                        )
+                    )
                 if train:
                     inputs[slot], outputs[slot] = x, y
                 continue
             x, y = inputs.pop(slot), outputs.pop(slot)
             grad = None
             if vs < last_v:
-                grad = recv(torch.empty_like(y), self.next, self.gradients,
-                            self._tag(1, action.micro, vs, m))
+                grad = recv(
+                    torch.empty_like(y),
+                    self.next,
+                    self.gradients,
+                    self._tag(1, action.micro, vs, m),
+                )
             backward(y, grad, index == last_backward)
             if vs > 0:
-                sends.append(send_async(x.grad, self.prev, self.gradients,  # type: ignore[union-attr]
-                                        self._tag(1, action.micro, vs - 1, m)))
+                sends.append(
+                    send_async(
+                        x.grad,
+                        self.prev,
+                        self.gradients,  # type: ignore[union-attr]
+                        self._tag(1, action.micro, vs - 1, m),
+                    )
+                )
         for work in sends:
             work.wait()
         return totals

@@ -52,8 +52,10 @@ def one_f_one_b(stages: int, micro: int, stage: int) -> list[Action]:
 def interleaved(stages: int, micro: int, stage: int, chunks: int) -> list[Action]:
     """Megatron's interleaved 1F1B; needs micro a multiple of stages."""
     if micro % stages:
-        raise ValueError(f"interleaved_1f1b needs the micro-batches per step ({micro}) to be a "
-                         f"multiple of parallel.pipeline={stages}")
+        raise ValueError(
+            f"interleaved_1f1b needs the micro-batches per step ({micro}) to be a "
+            f"multiple of parallel.pipeline={stages}"
+        )
     total = micro * chunks
 
     def unit(k: int, backward: bool) -> Action:
@@ -69,8 +71,9 @@ def interleaved(stages: int, micro: int, stage: int, chunks: int) -> list[Action
     return actions + [unit(k, True) for k in range(total - warmup, total)]
 
 
-def actions_for(name: str, stages: int, micro: int, stage: int, chunks: int = 1,
-                *, train: bool = True) -> list[Action]:
+def actions_for(
+    name: str, stages: int, micro: int, stage: int, chunks: int = 1, *, train: bool = True
+) -> list[Action]:
     """Stage `stage`'s actions for one step; forward-only (evaluation) keeps the forwards."""
     if name == "gpipe":
         actions = gpipe(stages, micro, stage)
@@ -98,9 +101,16 @@ class Simulation:
         return 1.0 - sum(self.busy) / (self.makespan * len(self.busy))
 
 
-def simulate(name: str, stages: int, micro: int, chunks: int = 1, *,
-             forward_time: list[float] | None = None, backward_ratio: float = 2.0,
-             transfer: float = 0.0) -> Simulation:
+def simulate(
+    name: str,
+    stages: int,
+    micro: int,
+    chunks: int = 1,
+    *,
+    forward_time: list[float] | None = None,
+    backward_ratio: float = 2.0,
+    transfer: float = 0.0,
+) -> Simulation:
     """Run every stage's list under the runner's rules (a forward waits for the previous
     virtual stage's forward, a backward for the next one's backward; sends never block) with
     per-virtual-stage forward times (default 1) and backward = ratio x forward. Raises

@@ -64,22 +64,31 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
     embedding = _timed(lambda: through(lambda _: model.embed(**sample), None))  # type: ignore[operator]
     layers = []
     for block in blocks:
-        layers.append(_timed(lambda: through(lambda inp: block(inp, mask), x)))
+        layers.append(_timed(lambda: through(lambda inp: block(inp, mask), x)))  # noqa: B023 - timed now
         x = block(x, mask).detach()
     head = _timed(lambda: through(lambda inp: model.head(inp, **sample), x))  # type: ignore[operator]
     model.zero_grad(set_to_none=True)
     return StageCosts(layers, embedding, head, x.nbytes / LINK_BYTES_PER_S)
 
 
-def choose_split(model: nn.Module, setting: object, stages: int, chunks: int, *,
-                 head_fraction: float, seq: int, sample: dict[str, Tensor] | None) -> SplitChoice:
+def choose_split(
+    model: nn.Module,
+    setting: object,
+    stages: int,
+    chunks: int,
+    *,
+    head_fraction: float,
+    seq: int,
+    sample: dict[str, Tensor] | None,
+) -> SplitChoice:
     """The split of `model`'s blocks for parallel.pipeline_split=`setting`."""
     config = model.config  # type: ignore[attr-defined]
     layers, parts = config.num_layers, stages * chunks
     flops = flop_costs(config.hidden_size, seq, config.vocab_size, head_fraction, layers)
     if not isinstance(setting, str):
-        return SplitChoice(check_split(list(setting), layers, parts, f"{parts} stages"), flops,
-                           "layers")
+        return SplitChoice(
+            check_split(list(setting), layers, parts, f"{parts} stages"), flops, "layers"
+        )
     if setting == "profile":
         if sample is None:
             raise ValueError("parallel.pipeline_split=profile needs a sample micro-batch")

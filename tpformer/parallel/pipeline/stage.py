@@ -12,6 +12,7 @@ each stage holds exactly the TP=1 model's values of its own parameters.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -71,7 +72,7 @@ class PipelineStage:
 def split_bounds(split: list[int]) -> list[tuple[int, int]]:
     """[start, stop) of each (virtual) stage's layers."""
     starts = [sum(split[:i]) for i in range(len(split) + 1)]
-    return list(zip(starts, starts[1:]))
+    return list(itertools.pairwise(starts))
 
 
 def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> PipelineStage:
@@ -81,19 +82,24 @@ def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> P
             raise ValueError(f"{type(model).__name__} cannot be pipelined: it defines no {attr}()")
     blocks = list(model.blocks())  # type: ignore[operator]
     if sum(split) != len(blocks) or len(split) % stages:
-        raise ValueError(f"pipeline split {split} does not cover the model's {len(blocks)} "
-                         f"blocks in a multiple of {stages} stages")
+        raise ValueError(
+            f"pipeline split {split} does not cover the model's {len(blocks)} "
+            f"blocks in a multiple of {stages} stages"
+        )
     bounds = split_bounds(split)
-    chunks = [blocks[slice(*bounds[virtual_stage(c, rank, stages)])]
-              for c in range(len(split) // stages)]
+    chunks = [
+        blocks[slice(*bounds[virtual_stage(c, rank, stages)])] for c in range(len(split) // stages)
+    ]
     if stages == 1:
         return PipelineStage(model, chunks, rank, stages)
     first, last = rank == 0, rank == stages - 1
     kept = {id(p) for chunk in chunks for b in chunk for p in b.parameters()}
     named = dict(model.named_modules())
     tied = set(getattr(model, "pipeline_tied", ()))
-    for prefix, keep in ((getattr(model, "pipeline_embedding", ()), first),
-                         (getattr(model, "pipeline_head", ()), last)):
+    for prefix, keep in (
+        (getattr(model, "pipeline_embedding", ()), first),
+        (getattr(model, "pipeline_head", ()), last),
+    ):
         for name in prefix:
             if keep:
                 kept.update(id(p) for p in _module_params(model, named, name))
@@ -107,8 +113,10 @@ def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> P
             owned_anywhere.update(id(p) for p in _module_params(model, named, name))
     stray = [n for n, p in model.named_parameters() if id(p) not in owned_anywhere]
     if stray:
-        raise ValueError(f"{type(model).__name__}: parameters {stray} belong to no pipeline part "
-                         "(blocks, pipeline_embedding or pipeline_head)")
+        raise ValueError(
+            f"{type(model).__name__}: parameters {stray} belong to no pipeline part "
+            "(blocks, pipeline_embedding or pipeline_head)"
+        )
     for module in model.modules():
         for pname, param in list(module._parameters.items()):
             if param is not None and id(param) not in kept:

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from tpformer.cli.shell import console_script
 from tpformer.config.schema import PlanConfig
 from tpformer.config.store import CONF_DIR, register_configs, to_config
 from tpformer.config.validate import validate, validate_model
@@ -29,10 +30,19 @@ from tpformer.planner.cluster import Cluster, calibration_path, device_kind, res
 from tpformer.planner.memory import stage_params
 from tpformer.planner.search import GB, Evaluated, PlanResult, best_per_family, search, why_not
 
-LAYOUT_KEYS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.zero_stage",
-               "parallel.cpu_offload", "parallel.sequence_parallel",
-               "parallel.activation_checkpointing", "parallel.pipeline_schedule",
-               "trainer.micro_batch_size", "trainer.grad_accum", "launcher.nproc_per_node")
+LAYOUT_KEYS = (
+    "parallel.tensor",
+    "parallel.pipeline",
+    "parallel.data",
+    "parallel.zero_stage",
+    "parallel.cpu_offload",
+    "parallel.sequence_parallel",
+    "parallel.activation_checkpointing",
+    "parallel.pipeline_schedule",
+    "trainer.micro_batch_size",
+    "trainer.grad_accum",
+    "launcher.nproc_per_node",
+)
 
 
 def _compose(overrides: list[str]) -> PlanConfig:
@@ -51,8 +61,12 @@ def default_global_batch(config: PlanConfig, world: int) -> int:
 
 def _user_overrides(overrides: list[str]) -> list[str]:
     """The user's overrides that a pretraining run takes (not the planner's or the layout's)."""
-    return [o for o in overrides if not o.startswith(("cluster", "plan."))
-            and o.split("=")[0].lstrip("+~") not in LAYOUT_KEYS]
+    return [
+        o
+        for o in overrides
+        if not o.startswith(("cluster", "plan."))
+        and o.split("=")[0].lstrip("+~") not in LAYOUT_KEYS
+    ]
 
 
 def launch_line(c: Candidate, cluster: Cluster, base: list[str], layout: bool = True) -> str:
@@ -61,8 +75,10 @@ def launch_line(c: Candidate, cluster: Cluster, base: list[str], layout: bool = 
     if cluster.nodes == 1 or world <= cluster.gpus_per_node:
         return f"tpformer-pretrain {args} launcher.nproc_per_node={world}"
     nodes = world // cluster.gpus_per_node
-    return (f"torchrun --nnodes {nodes} --nproc_per_node {cluster.gpus_per_node} "
-            f"--rdzv_backend c10d --rdzv_endpoint $HEAD:29500 -m tpformer.pretrain {args}")
+    return (
+        f"torchrun --nnodes {nodes} --nproc_per_node {cluster.gpus_per_node} "
+        f"--rdzv_backend c10d --rdzv_endpoint $HEAD:29500 -m tpformer.cli.pretrain {args}"
+    )
 
 
 def confirm_lines(top: list[Evaluated], cluster: Cluster, base: list[str]) -> list[str]:
@@ -76,24 +92,33 @@ def confirm_lines(top: list[Evaluated], cluster: Cluster, base: list[str]) -> li
         key = differing.pop()
         values = [next(o.split("=", 1)[1] for o in r if o.startswith(key + "=")) for r in runs]
         line = [o for o in runs[0] if not o.startswith(key + "=")] + [f"{key}={','.join(values)}"]
-        return [launch_line(top[0].candidate, cluster, [*base, *line], layout=False)
-                .replace("tpformer-pretrain ", "tpformer-pretrain -m ", 1)]
+        return [
+            launch_line(top[0].candidate, cluster, [*base, *line], layout=False).replace(
+                "tpformer-pretrain ", "tpformer-pretrain -m ", 1
+            )
+        ]
     return [launch_line(e.candidate, cluster, [*base, "trainer.max_steps=20"]) for e in top]
 
 
 def _row(i: int, e: Evaluated, result: PlanResult) -> str:
     t = e.time
     assert t is not None
-    return (f"{i:>3}  {e.candidate.label():<34} {e.memory.total / GB:>8.2f} GB "
-            f"{t.step:>9.4g} s {t.tokens_per_s(result.work):>11,.0f} {t.mfu(result.cluster):>6.1%}"
-            f"  {'-' if i == 1 else why_not(result, e)}")
+    return (
+        f"{i:>3}  {e.candidate.label():<34} {e.memory.total / GB:>8.2f} GB "
+        f"{t.step:>9.4g} s {t.tokens_per_s(result.work):>11,.0f} {t.mfu(result.cluster):>6.1%}"
+        f"  {'-' if i == 1 else why_not(result, e)}"
+    )
 
 
-def format_result(result: PlanResult, top: int, base: list[str], model_name: str,
-                  seconds: float) -> str:
+def format_result(
+    result: PlanResult, top: int, base: list[str], model_name: str, seconds: float
+) -> str:
     w, cl = result.work, result.cluster
     params = sum(s.total for s in stage_params(w, Candidate(1, 1, 1, 1, 1)))
-    link = f"intra-node {cl.intra.bandwidth / 1e9:g} GB/s, inter-node {cl.inter.bandwidth / 1e9:g} GB/s"
+    link = (
+        f"intra-node {cl.intra.bandwidth / 1e9:g} GB/s, "
+        f"inter-node {cl.inter.bandwidth / 1e9:g} GB/s"
+    )
     lines = [
         f"workload: {model_name} ({w.model.num_layers} layers, hidden {w.model.hidden_size}, "
         f"{params / 1e6:,.0f}M parameters), seq {w.seq}, global batch {w.global_batch}, "
@@ -108,10 +133,14 @@ def format_result(result: PlanResult, top: int, base: list[str], model_name: str
     ]
     lines += [_row(i, e, result) for i, e in enumerate(result.ranked[:top], 1)]
     best = result.best
-    lines += ["", f"run #1: {launch_line(best.candidate, cl, base)}",
-              f"confirm the top {min(top, 3)} (20 steps each):",
-              *(f"  {line}" for line in confirm_lines(result.ranked[:3], cl, base)), "",
-              "the best of each tensor x pipeline degree:"]
+    lines += [
+        "",
+        f"run #1: {launch_line(best.candidate, cl, base)}",
+        f"confirm the top {min(top, 3)} (20 steps each):",
+        *(f"  {line}" for line in confirm_lines(result.ranked[:3], cl, base)),
+        "",
+        "the best of each tensor x pipeline degree:",
+    ]
     for (tp, pp), e in sorted(best_per_family(result).items()):
         verdict = "best" if e is best else why_not(result, e)
         lines.append(f"  tp {tp} x pp {pp}: {e.candidate.label():<34} {verdict}")
@@ -121,28 +150,63 @@ def format_result(result: PlanResult, top: int, base: list[str], model_name: str
 def result_json(result: PlanResult, top: int, base: list[str]) -> dict:
     def entry(e: Evaluated) -> dict:
         t = e.time
-        return {"layout": asdict(e.candidate), "overrides": e.candidate.overrides(),
-                "memory_bytes": {**{k: getattr(e.memory, k) for k in (
-                    "params", "grads", "optimizer", "activations", "buffers", "overhead",
-                    "host")}, "total": e.memory.total},
-                "fits": e.fits,
-                **({"step_s": t.step, "tokens_per_s": t.tokens_per_s(result.work),
+        return {
+            "layout": asdict(e.candidate),
+            "overrides": e.candidate.overrides(),
+            "memory_bytes": {
+                **{
+                    k: getattr(e.memory, k)
+                    for k in (
+                        "params",
+                        "grads",
+                        "optimizer",
+                        "activations",
+                        "buffers",
+                        "overhead",
+                        "host",
+                    )
+                },
+                "total": e.memory.total,
+            },
+            "fits": e.fits,
+            **(
+                {
+                    "step_s": t.step,
+                    "tokens_per_s": t.tokens_per_s(result.work),
                     "mfu": t.mfu(result.cluster),
-                    "parts_s": {"compute": t.compute, "tensor_comm": t.tensor_comm,
-                                "bubble": t.bubble, "data_comm": t.data_comm,
-                                "optimizer": t.optimizer}} if t else {})}
+                    "parts_s": {
+                        "compute": t.compute,
+                        "tensor_comm": t.tensor_comm,
+                        "bubble": t.bubble,
+                        "data_comm": t.data_comm,
+                        "optimizer": t.optimizer,
+                    },
+                }
+                if t
+                else {}
+            ),
+        }
 
-    return {"workload": {"seq": result.work.seq, "global_batch": result.work.global_batch,
-                         "precision": result.work.precision,
-                         "model": asdict(result.work.model)},
-            "cluster": {"name": result.cluster.name, "nodes": result.cluster.nodes,
-                        "gpus_per_node": result.cluster.gpus_per_node,
-                        "device_memory_bytes": result.cluster.device_memory,
-                        "calibration": result.cluster.calibrated},
-            "searched": len(result.evaluated), "fit": len(result.ranked),
-            "top": [entry(e) for e in result.ranked[:top]],
-            "launch": launch_line(result.best.candidate, result.cluster, base),
-            "confirm": confirm_lines(result.ranked[:3], result.cluster, base)}
+    return {
+        "workload": {
+            "seq": result.work.seq,
+            "global_batch": result.work.global_batch,
+            "precision": result.work.precision,
+            "model": asdict(result.work.model),
+        },
+        "cluster": {
+            "name": result.cluster.name,
+            "nodes": result.cluster.nodes,
+            "gpus_per_node": result.cluster.gpus_per_node,
+            "device_memory_bytes": result.cluster.device_memory,
+            "calibration": result.cluster.calibrated,
+        },
+        "searched": len(result.evaluated),
+        "fit": len(result.ranked),
+        "top": [entry(e) for e in result.ranked[:top]],
+        "launch": launch_line(result.best.candidate, result.cluster, base),
+        "confirm": confirm_lines(result.ranked[:3], result.cluster, base),
+    }
 
 
 def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrate: bool) -> str:
@@ -155,13 +219,25 @@ def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrat
         kind = device_kind()
         name = kind if config.cluster.name == "auto" else config.cluster.name
         if name != kind:
-            raise ValueError(f"--calibrate measures this machine ({kind}); cluster={name} "
-                             f"describes other hardware: use cluster=auto or cluster={kind}")
-        base = resolve_cluster(OmegaConf.to_object(OmegaConf.merge(  # type: ignore[arg-type]
-            OmegaConf.structured(config.cluster), {"calibration": "none"})), precision,
-            cache_dir=config.data.cache_dir)
-        measured = calibrate(base, precision, torch.device("cuda" if kind != "cpu" else "cpu"),
-                             collectives=kind == "cpu")
+            raise ValueError(
+                f"--calibrate measures this machine ({kind}); cluster={name} "
+                f"describes other hardware: use cluster=auto or cluster={kind}"
+            )
+        base = resolve_cluster(
+            OmegaConf.to_object(
+                OmegaConf.merge(  # type: ignore[arg-type]
+                    OmegaConf.structured(config.cluster), {"calibration": "none"}
+                )
+            ),
+            precision,
+            cache_dir=config.data.cache_dir,
+        )
+        measured = calibrate(
+            base,
+            precision,
+            torch.device("cuda" if kind != "cpu" else "cpu"),
+            collectives=kind == "cpu",
+        )
         path = calibration_path(config.data.cache_dir, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measured, indent=1))
@@ -169,41 +245,47 @@ def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrat
     cluster = resolve_cluster(config.cluster, precision, cache_dir=config.data.cache_dir)
     validate_model(config.model, 1)
     if config.data.seq_length > config.model.max_position_embeddings:
-        raise ValueError(f"data.seq_length={config.data.seq_length} exceeds "
-                         f"model.max_position_embeddings={config.model.max_position_embeddings}")
+        raise ValueError(
+            f"data.seq_length={config.data.seq_length} exceeds "
+            f"model.max_position_embeddings={config.model.max_position_embeddings}"
+        )
     device_type = "cpu" if cluster.name == "cpu" else "cuda"
     global_batch = config.plan.global_batch or default_global_batch(config, cluster.world_size)
-    model_name = next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")),
-                      "bert_mini")
+    model_name = next(
+        (o.split("=", 1)[1] for o in overrides if o.startswith("model=")), "bert_mini"
+    )
     work = Workload.of(config, global_batch, model_name)
     start = time.perf_counter()
-    result = search(work, cluster, max_micro_batch=config.plan.max_micro_batch,
-                    device_type=device_type)
+    result = search(
+        work, cluster, max_micro_batch=config.plan.max_micro_batch, device_type=device_type
+    )
     seconds = time.perf_counter() - start
-    for e in result.ranked[:config.plan.top]:  # what is recommended, the run itself accepts
+    for e in result.ranked[: config.plan.top]:  # what is recommended, the run itself accepts
         c = e.candidate
-        validate(c.apply(config), resolve_layout(c.tp, c.dp, cluster.world_size, c.pp),
-                 device_type=device_type)
+        validate(
+            c.apply(config),
+            resolve_layout(c.tp, c.dp, cluster.world_size, c.pp),
+            device_type=device_type,
+        )
     base = _user_overrides(overrides)
     if as_json:
         return json.dumps(result_json(result, config.plan.top, base), indent=1)
     return format_result(result, config.plan.top, base, model_name, seconds)
 
 
+@console_script
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="tpformer-plan", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="measure this machine's constants and store them for its preset")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this machine's constants and store them for its preset",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (key=value)")
     args = parser.parse_args(argv)
-    try:
-        config = _compose(args.overrides)
-        print(plan(config, args.overrides, as_json=args.json, do_calibrate=args.calibrate))
-    except Exception as err:  # noqa: BLE001 - Hydra composition and validation errors alike
-        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        print(f"error: {message or type(err).__name__}", file=sys.stderr)
-        sys.exit(2)
+    config = _compose(args.overrides)
+    print(plan(config, args.overrides, as_json=args.json, do_calibrate=args.calibrate))
 
 
 if __name__ == "__main__":

@@ -22,49 +22,69 @@ SLOWER_WARNING = 1.5
 """Warn when the chosen layout is predicted this many times slower than the best that fits."""
 
 
-def pipeline_lines(config: Config, layout: Layout, choice: SplitChoice,
-                   stage_memory: list[MemoryPrediction]) -> list[str]:
+def pipeline_lines(
+    config: Config, layout: Layout, choice: SplitChoice, stage_memory: list[MemoryPrediction]
+) -> list[str]:
     """The split, each stage's predicted time, the bubble and memory per stage."""
     p, t = config.parallel, config.trainer
     chunks = len(choice.split) // layout.pp
     costs = choice.stage_costs(layout.pp)
     per_virtual = choice.costs.of_split(choice.split)
     # the simulation's forward = 1/3 of forward+backward (backward twice the forward)
-    sim = simulate(p.pipeline_schedule, layout.pp, t.grad_accum, chunks,
-                   forward_time=[c / 3 for c in per_virtual])
+    sim = simulate(
+        p.pipeline_schedule,
+        layout.pp,
+        t.grad_accum,
+        chunks,
+        forward_time=[c / 3 for c in per_virtual],
+    )
     ideal = t.grad_accum * max(costs)
-    lines = [f"pipeline: {layout.pp} stages, schedule {p.pipeline_schedule}"
-             + (f" x {chunks} virtual" if chunks > 1 else "")
-             + f", {t.grad_accum} micro-batches; split {choice.split} "
-             f"(pipeline_split={p.pipeline_split})",
-             f"  PP groups: {layout.pp_groups()}",
-             f"  predicted bubble {sim.bubble:.1%}; step {sim.makespan:.3g} {choice.unit} vs "
-             f"{ideal:.3g} without bubble ((m + p - 1) / m = "
-             f"{(t.grad_accum + layout.pp - 1) / t.grad_accum:.2f})"]
+    lines = [
+        f"pipeline: {layout.pp} stages, schedule {p.pipeline_schedule}"
+        + (f" x {chunks} virtual" if chunks > 1 else "")
+        + f", {t.grad_accum} micro-batches; split {choice.split} "
+        f"(pipeline_split={p.pipeline_split})",
+        f"  PP groups: {layout.pp_groups()}",
+        f"  predicted bubble {sim.bubble:.1%}; step {sim.makespan:.3g} {choice.unit} vs "
+        f"{ideal:.3g} without bubble ((m + p - 1) / m = "
+        f"{(t.grad_accum + layout.pp - 1) / t.grad_accum:.2f})",
+    ]
     for r in range(layout.pp):
-        layers = sum(choice.split[r::layout.pp])
+        layers = sum(choice.split[r :: layout.pp])
         memory = stage_memory[r]
-        lines.append(f"  stage {r}: {layers} layers, {costs[r]:.3g} {choice.unit} per micro-batch, "
-                     f"{sim.peak_in_flight[r]} micro-batches in flight, memory per rank "
-                     f"{memory.total / MB:.1f} MB (activations {memory.activations / MB:.1f} MB)")
+        lines.append(
+            f"  stage {r}: {layers} layers, {costs[r]:.3g} {choice.unit} per micro-batch, "
+            f"{sim.peak_in_flight[r]} micro-batches in flight, memory per rank "
+            f"{memory.total / MB:.1f} MB (activations {memory.activations / MB:.1f} MB)"
+        )
     return lines
 
 
 def run_cluster(config: Config, layout: Layout) -> Cluster:
     """The cluster this run is on (cluster=auto: this launch's devices)."""
-    return resolve_cluster(config.cluster, str(config.parallel.precision),
-                           cache_dir=config.data.cache_dir, world_size=layout.world_size)
+    return resolve_cluster(
+        config.cluster,
+        str(config.parallel.precision),
+        cache_dir=config.data.cache_dir,
+        world_size=layout.world_size,
+    )
 
 
 def predict_memory_of(config: Config, layout: Layout, cluster: Cluster) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage of this run."""
     global_batch = config.trainer.micro_batch_size * config.trainer.grad_accum * layout.dp
-    return predict_stage_memory(Workload.of(config, global_batch), candidate_of(config, layout.dp),
-                                cluster)
+    return predict_stage_memory(
+        Workload.of(config, global_batch), candidate_of(config, layout.dp), cluster
+    )
 
 
-def prediction_lines(config: Config, layout: Layout, cluster: Cluster, device_type: str,
-                     stage_memory: list[MemoryPrediction]) -> tuple[list[str], list[str]]:
+def prediction_lines(
+    config: Config,
+    layout: Layout,
+    cluster: Cluster,
+    device_type: str,
+    stage_memory: list[MemoryPrediction],
+) -> tuple[list[str], list[str]]:
     """(plan lines, warnings): this layout's predicted memory (`stage_memory`, per pipeline
     stage) and step time, and how it compares with the best layout for the same world size
     and global batch."""
@@ -87,9 +107,11 @@ def prediction_lines(config: Config, layout: Layout, cluster: Cluster, device_ty
     ]
     warnings = []
     if memory.total > device:
-        warnings.append(f"this layout is predicted to run out of memory: {memory.total / MB:,.0f} "
-                        f"MB per rank > {device / MB:,.0f} MB (cluster.device_memory_gb); "
-                        "`tpformer-plan` lists layouts that fit")
+        warnings.append(
+            f"this layout is predicted to run out of memory: {memory.total / MB:,.0f} "
+            f"MB per rank > {device / MB:,.0f} MB (cluster.device_memory_gb); "
+            "`tpformer-plan` lists layouts that fit"
+        )
     try:
         best = search(work, cluster, device_type=device_type).best
     except ValueError as err:  # no layout fits: the memory warning above says so
@@ -97,17 +119,28 @@ def prediction_lines(config: Config, layout: Layout, cluster: Cluster, device_ty
         return lines, warnings
     assert best.time is not None
     ratio = time.step / best.time.step
-    lines.append(f"best layout for world {layout.world_size}, global batch {global_batch}: "
-                 f"{best.candidate.label()} ({best.time.step:.3g} s; this one {ratio:.2f}x)")
+    lines.append(
+        f"best layout for world {layout.world_size}, global batch {global_batch}: "
+        f"{best.candidate.label()} ({best.time.step:.3g} s; this one {ratio:.2f}x)"
+    )
     if ratio > SLOWER_WARNING:
-        warnings.append(f"this layout is predicted {ratio:.1f}x slower than the best that fits: "
-                        f"{' '.join(best.candidate.overrides())}")
+        warnings.append(
+            f"this layout is predicted {ratio:.1f}x slower than the best that fits: "
+            f"{' '.join(best.candidate.overrides())}"
+        )
     return lines, warnings
 
 
-def format_plan(config: Config, layout: Layout, stage_params: list[int], total_params: int,
-                checkpointed: list[str], split: SplitChoice | None = None, *,
-                device_type: str = "cpu") -> tuple[str, list[str]]:
+def format_plan(
+    config: Config,
+    layout: Layout,
+    stage_params: list[int],
+    total_params: int,
+    checkpointed: list[str],
+    split: SplitChoice | None = None,
+    *,
+    device_type: str = "cpu",
+) -> tuple[str, list[str]]:
     """(the startup plan, warnings); `stage_params`: parameters per rank on each stage."""
     t = config.trainer
     global_batch = t.micro_batch_size * t.grad_accum * layout.dp

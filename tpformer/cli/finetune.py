@@ -1,7 +1,8 @@
 """`tpformer-finetune`: fine-tune BERT on a GLUE task at any layout.
 
-    tpformer-finetune task=rte init=runs/bert/checkpoints/step00000500 data.glue_dir=glue
-    tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=2 launcher.nproc_per_node=2
+tpformer-finetune task=rte init=runs/bert/checkpoints/step00000500 data.glue_dir=glue
+tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=2 \
+        launcher.nproc_per_node=2
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.schema import FinetuneConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import validate_finetune
 from tpformer.parallel.context import ParallelContext
-from tpformer.run import hydra_exit_codes, run_entry_point
 from tpformer.train.finetuning import finetuning_trainer, write_results
 
 log = logging.getLogger("tpformer")
@@ -30,15 +31,19 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
     trainer.train()
     results = write_results(trainer, config, time.perf_counter() - start)
     best = results.get("best", {})
-    log.info("done: best dev %s at step %s in %.0f s; results in %s",
-             {k: round(v, 4) for k, v in best.items() if k not in ("step", "epoch")},
-             best.get("step"), results["wall_time_s"], run_dir / "results.json")
+    log.info(
+        "done: best dev %s at step %s in %.0f s; results in %s",
+        {k: round(v, 4) for k, v in best.items() if k not in ("step", "epoch")},
+        best.get("step"),
+        results["wall_time_s"],
+        run_dir / "results.json",
+    )
 
 
-@hydra_exit_codes
+@console_script
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="finetune")
 def main(cfg: DictConfig) -> None:
-    run_entry_point(cfg, "tpformer.finetune", finetune, check=validate_finetune)
+    run_entry_point(cfg, "tpformer.cli.finetune", finetune, check=validate_finetune)
 
 
 if __name__ == "__main__":

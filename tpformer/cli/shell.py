@@ -1,21 +1,26 @@
-"""What every entry point does around its job: launch, agree on the run directory, validate,
-set up logging, save the config once, and turn bad input into exit code 2 with one line."""
+"""The one shell every console script runs in: bad input (a Hydra typo, an invalid value, a
+missing file) exits 2 with one line; a bug keeps its traceback and exits 1. For the training
+entry points it also does what surrounds the job: launch, agree on the run directory, validate,
+set up logging and save the config once."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from tpformer.cli.launch import launch_local
 from tpformer.config.store import to_config
 from tpformer.config.validate import validate
-from tpformer.launch import launch_local
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv
@@ -28,8 +33,9 @@ def setup_logging(run_dir: Path, rank: int) -> None:
     """Rank 0 logs INFO to the console and run_dir/train.log; other ranks only warnings."""
     root = logging.getLogger()
     root.handlers.clear()
-    fmt = logging.Formatter(f"[%(asctime)s rank {rank}] %(levelname)s %(name)s: %(message)s",
-                            "%H:%M:%S")
+    fmt = logging.Formatter(
+        f"[%(asctime)s rank {rank}] %(levelname)s %(name)s: %(message)s", "%H:%M:%S"
+    )
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(fmt)
     root.addHandler(console)
@@ -43,11 +49,12 @@ def setup_logging(run_dir: Path, rank: int) -> None:
 def resolve(config: Any, world_size: int) -> Layout:
     """The run's layout for this world size (parallel.data=auto resolved): the one place the
     layout keys are read, before any process group exists."""
-    return resolve_layout(config.parallel.tensor, config.parallel.data, world_size,
-                          config.parallel.pipeline)
+    return resolve_layout(
+        config.parallel.tensor, config.parallel.data, world_size, config.parallel.pipeline
+    )
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -58,24 +65,46 @@ class _JobState:
     started = False
 
 
-def hydra_exit_codes(hydra_main: Callable[[], None]) -> Callable[[], None]:
-    """Wrap a @hydra.main function so a config Hydra rejects while composing (a typo, a wrong
-    type, a value outside a key's choices) exits with 2 like every other config error, not
-    with Hydra's 1. Hydra has already printed its one-line message."""
+USAGE_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    ModuleNotFoundError,
+    HydraException,
+    OmegaConfBaseException,
+)
+"""What a console script raises for bad input before it starts its work: exit 2, one line."""
 
-    def main() -> None:
+
+def console_script(main: Callable[..., None]) -> Callable[..., None]:
+    """The wrapper of every console script (`[project.scripts]` points at its result).
+
+    A config that Hydra rejects while composing (a typo, a wrong type, a value outside a key's
+    choices) exits 2, not Hydra's 1; Hydra has already printed its one-line message. A
+    USAGE_ERRORS exception that reaches here exits 2 with its message on one line. Anything
+    else is a bug: it keeps its traceback and exits 1.
+    """
+
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> None:
         try:
-            hydra_main()
+            main(*args, **kwargs)
         except SystemExit as exit_:
             if exit_.code == 1 and not _JobState.started:
                 sys.exit(2)
             raise
+        except USAGE_ERRORS as err:
+            message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+            _fail(message or type(err).__name__)
 
-    return main
+    return wrapped
 
 
-def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelContext, Path], None],
-                    check: Callable[..., None] = validate) -> None:
+def run_entry_point(
+    cfg: DictConfig,
+    module: str,
+    job: Callable[[Any, ParallelContext, Path], None],
+    check: Callable[..., None] = validate,
+) -> None:
     """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. The layout
     is resolved once, here, and `check` validates the typed config at that layout before any
     process group exists."""
@@ -84,24 +113,34 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         config = to_config(cfg)
-    except Exception as err:  # noqa: BLE001 - OmegaConf validation errors, shown as one line
+    except Exception as err:
         _fail(str(err).splitlines()[0])
     env = LaunchEnv.read()  # the one read of the launcher's variables
     if not env.under_launcher and config.launcher.nproc_per_node > 1:
         _checked_layout(config, config.launcher.nproc_per_node, check)
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
-        code = launch_local(module, overrides, nproc_per_node=config.launcher.nproc_per_node,
-                            max_restarts=config.launcher.max_restarts, run_dir=run_dir)
+        code = launch_local(
+            module,
+            overrides,
+            nproc_per_node=config.launcher.nproc_per_node,
+            max_restarts=config.launcher.max_restarts,
+            run_dir=run_dir,
+        )
         if code:
             sys.exit(code)
         return
     layout = _checked_layout(config, env.world_size, check)
     if env.under_launcher:
         die_with_parent()
-        ctx = ParallelContext.create(layout.tp, layout.dp, seed=config.parallel.seed, env=env,
-                                     timeout_s=config.launcher.timeout_s,
-                                     sequence_parallel=config.parallel.sequence_parallel,
-                                     pipeline=config.parallel.pipeline)
+        ctx = ParallelContext.create(
+            layout.tp,
+            layout.dp,
+            seed=config.parallel.seed,
+            env=env,
+            timeout_s=config.launcher.timeout_s,
+            sequence_parallel=config.parallel.sequence_parallel,
+            pipeline=config.parallel.pipeline,
+        )
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed)
     try:
@@ -112,9 +151,12 @@ def run_entry_point(cfg: DictConfig, module: str, job: Callable[[Any, ParallelCo
     except RuntimeError as err:
         if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
             raise
-        log.error("a collective timed out after launcher.timeout_s=%s s: another rank of this "
-                  "job stopped making progress (stopped, deadlocked, or stuck in I/O) [%s]",
-                  config.launcher.timeout_s, str(err).strip().splitlines()[-1])
+        log.error(
+            "a collective timed out after launcher.timeout_s=%s s: another rank of this "
+            "job stopped making progress (stopped, deadlocked, or stuck in I/O) [%s]",
+            config.launcher.timeout_s,
+            str(err).strip().splitlines()[-1],
+        )
         sys.exit(1)
     finally:
         ctx.destroy()

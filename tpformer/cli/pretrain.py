@@ -1,7 +1,7 @@
 """`tpformer-pretrain`: pretrain BERT (MLM + NSP) or GPT at any layout.
 
-    tpformer-pretrain model=bert_mini parallel.tensor=2 launcher.nproc_per_node=2
-    torchrun --nproc_per_node 8 -m tpformer.pretrain model=bert_base parallel.tensor=2
+tpformer-pretrain model=bert_mini parallel.tensor=2 launcher.nproc_per_node=2
+torchrun --nproc_per_node 8 -m tpformer.cli.pretrain model=bert_base parallel.tensor=2
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.parallel.context import ParallelContext
-from tpformer.run import hydra_exit_codes, run_entry_point
 from tpformer.train.pretraining import pretraining_trainer
 
 log = logging.getLogger("tpformer")
@@ -25,15 +25,19 @@ register_configs()
 def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
     records = pretraining_trainer(config, ctx, run_dir).train()
     if records:
-        log.info("done: step %d, loss %.4f (first logged %.4f); metrics in %s",
-                 records[-1]["step"], records[-1]["loss"], records[0]["loss"],
-                 run_dir / "metrics.jsonl")
+        log.info(
+            "done: step %d, loss %.4f (first logged %.4f); metrics in %s",
+            records[-1]["step"],
+            records[-1]["loss"],
+            records[0]["loss"],
+            run_dir / "metrics.jsonl",
+        )
 
 
-@hydra_exit_codes
+@console_script
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    run_entry_point(cfg, "tpformer.pretrain", pretrain)
+    run_entry_point(cfg, "tpformer.cli.pretrain", pretrain)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""The one shell of every console script: bad input exits 2 with one line, a bug exits 1 with
+its traceback, and every console script of pyproject.toml is built on it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from tpformer.cli.shell import console_script
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_usage_error_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    @console_script
+    def main() -> None:
+        raise ValueError("parallel.tensor=3 must divide\n  model.num_heads=4 (1, 2, 4)")
+
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr().err
+        == "error: parallel.tensor=3 must divide model.num_heads=4 (1, 2, 4)\n"
+    )
+
+
+def test_a_bug_keeps_its_traceback() -> None:
+    @console_script
+    def main() -> None:
+        raise KeyError("a bug, not bad input")
+
+    with pytest.raises(KeyError, match="a bug"):
+        main()
+
+
+def test_every_console_script_is_on_the_shell() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {
+        "tpformer-pretrain",
+        "tpformer-finetune",
+        "tpformer-plan",
+        "tpformer-tokenizer",
+        "tpformer-preprocess",
+        "tpformer-convert",
+    } <= set(scripts)
+    for name, target in scripts.items():
+        module, _, attr = target.partition(":")
+        assert module.startswith("tpformer.cli."), f"{name} lives outside tpformer/cli: {target}"
+        main = getattr(importlib.import_module(module), attr)
+        assert getattr(main, "__wrapped__", None) is not None, f"{name} is not on console_script"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tpformer.cli.convert", "to-hf", "{tmp}/missing", "{tmp}/out"], "missing"),
+        (["tpformer.cli.plan", "parallel.tensr=2"], "tensr"),
+        (["tpformer.cli.data", "data=synthetic"], "synthetic"),
+    ],
+)
+def test_console_scripts_exit_2_on_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    code = (
+        "import sys; from tpformer.cli import data; "
+        "sys.argv = sys.argv[:1] + sys.argv[2:]; data.preprocess_main()"
+        if args[0] == "tpformer.cli.data"
+        else None
+    )
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and message in result.stderr

@@ -1,0 +1,36 @@
+"""`tpformer-convert`: between tpformer checkpoints and Hugging Face directories.
+
+tpformer-convert to-hf   runs/bert/checkpoints/step00000300  hf/bert-mini
+tpformer-convert from-hf hf/bert-mini  runs/from-hf
+tpformer-pretrain trainer.resume=runs/from-hf/checkpoints/step00000000 ...   # continue it
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tpformer.cli.shell import console_script
+
+
+@console_script
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="tpformer-convert", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "direction",
+        choices=["to-hf", "from-hf"],
+        help="to-hf: checkpoint -> save_pretrained directory; from-hf: the reverse",
+    )
+    parser.add_argument(
+        "source", type=Path, help="a checkpoint directory (stepN) or an HF directory"
+    )
+    parser.add_argument("target", type=Path, help="the directory to write")
+    args = parser.parse_args(argv)
+    from tpformer.convert import from_hf, to_hf  # torch and transformers: after argument parsing
+
+    convert = to_hf if args.direction == "to-hf" else from_hf
+    print(f"wrote {convert(args.source, args.target)}")
+
+
+if __name__ == "__main__":
+    main()

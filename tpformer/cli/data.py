@@ -1,0 +1,84 @@
+"""`tpformer-tokenizer` and `tpformer-preprocess` (tools/train_tokenizer.py and
+tools/preprocess_data.py are aliases): the data steps of a pretraining run, on their own, with
+the same Hydra overrides as `tpformer-pretrain`, so the run that follows finds their output in
+the cache.
+
+    tpformer-tokenizer data=text data.paths=[corpus.txt] model.vocab_size=8000 [--out DIR]
+    tpformer-preprocess data=text data.paths=[corpus.txt] model.vocab_size=8000 data.workers=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from tpformer.cli.shell import console_script
+from tpformer.config.schema import Config
+from tpformer.config.store import CONF_DIR, register_configs, to_config
+from tpformer.config.validate import validate_data
+
+
+def _config(overrides: list[str]) -> Config:
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        config = to_config(compose("config", overrides=overrides))
+    validate_data(config.data)
+    if config.data.source == "synthetic":
+        raise ValueError(
+            "data.source=synthetic needs no tokenizer or preprocessing; pick a corpus "
+            "(data=shakespeare, data=text data.paths=[...], data=jsonl, data=hf)"
+        )
+    return config
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+@console_script
+def train_tokenizer_main(argv: list[str] | None = None) -> None:
+    """Train the sentencepiece model a run with these overrides would use."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write tokenizer.model here instead of the cache")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for tpformer-pretrain")
+    args = parser.parse_args(argv)
+    _setup_logging()
+    from tpformer.data import corpus_spec
+    from tpformer.data.preprocess import cache_dir, corpus_sentences, prepare_tokenizer
+    from tpformer.data.tokenizer import train_sentencepiece
+
+    config = _config(args.overrides)
+    data = config.data
+    if args.out:
+        path = train_sentencepiece(
+            corpus_sentences(corpus_spec(data)),
+            args.out,
+            vocab_size=config.model.vocab_size,
+            model_type=data.tokenizer_type,
+        )
+    else:
+        path = prepare_tokenizer(
+            corpus_spec(data),
+            tokenizer=data.tokenizer,
+            vocab_size=config.model.vocab_size,
+            model_type=data.tokenizer_type,
+            cache=cache_dir(data.cache_dir),
+        ).path
+    print(path)
+
+
+@console_script
+def preprocess_main(argv: list[str] | None = None) -> None:
+    """Tokenizer (trained if needed) and the memory-mapped corpus a run would use."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for tpformer-pretrain")
+    args = parser.parse_args(argv)
+    _setup_logging()
+    from tpformer.data import prepare_data
+
+    config = _config(args.overrides)
+    tokenizer, corpus = prepare_data(config.data, config.model.vocab_size)
+    print(f"tokenizer {tokenizer}\ncorpus {corpus}")
