@@ -11,7 +11,14 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from tpformer.cli.shell import resolve
 from tpformer.config.presets import PRESETS
-from tpformer.config.schema import Config, FinetuneConfig
+from tpformer.config.reference import (
+    FINETUNE_GROUPS,
+    PRETRAIN_GROUPS,
+    config_reference_markdown,
+    default_of,
+    field_docstrings,
+)
+from tpformer.config.schema import Config, FinetuneConfig, PlanOptions
 from tpformer.config.store import register_configs, to_config
 from tpformer.config.validate import validate, validate_finetune
 
@@ -139,15 +146,53 @@ def compose_config(*overrides: str) -> Config:
 
 
 def test_public_key_set_is_deliberate() -> None:
-    """Adding a key is a change to this list and to README's table."""
+    """Adding a key is a change to this list and to its docstring in the schema, from which the
+    docs' configuration reference is generated."""
     register_configs()
     with initialize_config_dir(config_dir=CONF, version_base=None):
         cfg = compose("config")
     assert {group: sorted(cfg[group]) for group in PUBLIC_KEYS} == PUBLIC_KEYS
-    readme = (Path(CONF).parent / "README.md").read_text()
+    reference = config_reference_markdown()
     for group, keys in PUBLIC_KEYS.items():
+        cls = PRETRAIN_GROUPS[group]
+        docs = field_docstrings(cls)
         for key in keys:
-            assert f"`{group}.{key}`" in readme, f"README does not document {group}.{key}"
+            assert docs.get(key), f"{cls.__name__}.{key} has no docstring in schema.py"
+            assert f"| `{group}.{key}` |" in reference
+
+
+def test_the_reference_lists_finetune_and_plan_keys() -> None:
+    reference = config_reference_markdown()
+    for group, cls in {**FINETUNE_GROUPS, "plan": PlanOptions}.items():
+        docs = field_docstrings(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring in schema.py"
+            assert f"| `{group}.{f.name}` |" in reference
+    assert "| `parallel.zero_stage` | 0 | `0`, `1`, `2`, `3` |" in reference
+    assert "| `optim.warmup_steps` | null | int >= 0 or null |" in reference
+
+
+OPTION_NAMING_KEYS = {"name", "source"}
+"""What a preset file sets to say which option it is, even where that equals the default."""
+
+
+@pytest.mark.parametrize("path", sorted(Path(CONF).glob("*/*.yaml")), ids=lambda p: p.stem)
+def test_yaml_never_repeats_a_schema_default(path: Path) -> None:
+    """The schema holds every default; a group's YAML sets only what differs (or the keys that
+    name its option), so a default is written once."""
+    import yaml
+
+    cls = PRETRAIN_GROUPS[path.parent.name]
+    defaults = {f.name: default_of(f) for f in dataclasses.fields(cls)}
+    values = yaml.safe_load(path.read_text()) or {}
+    repeated = {k: v for k, v in values.items() if k not in OPTION_NAMING_KEYS and defaults[k] == v}
+    assert repeated == {}, f"{path.name} repeats the schema's defaults {repeated}"
+
+
+def test_the_default_options_compose_to_the_schema_defaults() -> None:
+    config = compose_config()
+    for group in ("parallel", "optim", "data", "trainer", "launcher"):
+        assert getattr(config, group) == PRETRAIN_GROUPS[group](), group
 
 
 def test_overrides_reach_the_typed_config() -> None:

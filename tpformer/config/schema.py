@@ -209,7 +209,7 @@ class ParallelConfig:
 
 @dataclass
 class ModelConfig:
-    """Architecture hyper-parameters; presets live in conf/model and tpformer.config.presets."""
+    """Architecture hyper-parameters; `model=<preset>` picks one of tpformer.config.presets."""
 
     arch: Arch = Arch.bert
     """bert (post-LayerNorm encoder) or gpt (pre-LayerNorm causal decoder)."""
@@ -218,11 +218,13 @@ class ModelConfig:
     hidden_size: int = ranged(768, 1)
     """Must be divisible by num_heads."""
     num_layers: int = ranged(12, 1)
+    """Transformer layers."""
     num_heads: int = ranged(12, 1)
     """parallel.tensor must divide it: each TP rank holds num_heads / tp whole heads."""
     intermediate_size: int = ranged(3072, 1)
     """FFN width; parallel.tensor must divide it."""
     max_position_embeddings: int = ranged(512, 1)
+    """Longest sequence (learned position embeddings); data.seq_length must not exceed it."""
     type_vocab_size: int = ranged(2, 0)
     """Segment embeddings (BERT only)."""
     dropout: float = ranged(0.1, 0, 1, hi_open=True)
@@ -232,7 +234,9 @@ class ModelConfig:
     activation: Activation = Activation.gelu
     """gelu (erf, BERT) or gelu_tanh (GPT-2's gelu_new)."""
     layer_norm_eps: float = ranged(1e-12, 0, lo_open=True)
+    """LayerNorm epsilon (BERT 1e-12, GPT-2 1e-5)."""
     init_std: float = ranged(0.02, 0, lo_open=True)
+    """Standard deviation of the normal init of weight matrices and embeddings."""
     pad_vocab_to: int = ranged(128, 0)
     """Pad the vocabulary to a multiple of this times tp (0: no padding, tp must divide vocab)."""
 
@@ -248,9 +252,13 @@ class OptimConfig:
     """Peak learning rate. 5e-4 suits the small presets at the default global batch of 8;
     BERT-base/large at batch 256 use 1e-4 (or set optim.lr_scaling)."""
     weight_decay: float = ranged(0.01, 0)
+    """Decoupled weight decay; biases and LayerNorm parameters are not decayed."""
     beta1: float = ranged(0.9, 0, 1, hi_open=True)
+    """First-moment decay (AdamW, LAMB, NovoGrad)."""
     beta2: float = ranged(0.999, 0, 1, hi_open=True)
+    """Second-moment decay (AdamW, LAMB, NovoGrad)."""
     eps: float = ranged(1e-8, 0, lo_open=True)
+    """Added to the denominator (AdamW, LAMB, NovoGrad)."""
     momentum: float = ranged(0.9, 0, 1, hi_open=True)
     """lars: heavy-ball momentum."""
     trust_coefficient: float = ranged(0.001, 0, lo_open=True)
@@ -261,6 +269,7 @@ class OptimConfig:
     """fp16 only: starting loss scale; halved on inf/nan, doubled after loss_scale_window clean
     steps."""
     loss_scale_window: int = ranged(1000, 1)
+    """fp16 only: clean steps before the loss scale doubles."""
     max_nonfinite_steps: int = ranged(10, 1)
     """Stop with an error after this many consecutive steps with non-finite gradients."""
     warmup_ratio: float = ranged(0.1, 0, 1)
@@ -270,6 +279,7 @@ class OptimConfig:
     decay: Decay = Decay.linear
     """linear or cosine decay from lr to min_lr at trainer.max_steps."""
     min_lr: float = ranged(0.0, 0)
+    """Learning rate at the end of the decay."""
     lr_scaling: LrScaling = LrScaling.none
     """none, linear or sqrt: scale lr by (global batch / base_batch_size) or its square root."""
     base_batch_size: int = ranged(256, 1)
@@ -401,9 +411,11 @@ class ClusterConfig:
     intra_node_gbps: float = ranged(0.0, 0)
     """Per-device bandwidth of collectives inside a node (NVLink), GB/s."""
     intra_node_latency_us: float = ranged(0.0, 0)
+    """Latency of one collective step inside a node, microseconds."""
     inter_node_gbps: float = ranged(0.0, 0)
     """Per-device bandwidth between nodes (InfiniBand), GB/s."""
     inter_node_latency_us: float = ranged(0.0, 0)
+    """Latency of one collective step between nodes, microseconds."""
     host_gbps: float = ranged(0.0, 0)
     """Device <-> host bandwidth (PCIe) for CPU offload, GB/s."""
     comm_overlap: float = ranged(0.0, 0, 1)
@@ -459,7 +471,9 @@ class GlueDataConfig:
     train_file: str = ""
     """A CSV/TSV/JSON(L)/parquet file with the hub's column names, instead of glue_dir/hub."""
     dev_file: str = ""
+    """Dev split file, as train_file."""
     test_file: str = ""
+    """Test split file, as train_file (predictions written in GLUE's submission format)."""
     max_length: int = ranged(128, 8, 512)
     """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
     group_by_length: bool = True
@@ -478,6 +492,7 @@ class FinetuneTrainerConfig(LoopConfig):
     checkpoint by the task's first dev metric is kept in <run dir>/best."""
 
     epochs: float = ranged(3.0, 0, lo_open=True)
+    """Passes over the training split (fractions allowed); the LR schedule ends here."""
     batch_size: int = ranged(32, 1)
     """Global batch (examples per optimizer step, over all DP ranks)."""
     micro_batch_size: int = ranged(0, 0)

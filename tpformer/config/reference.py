@@ -1,0 +1,121 @@
+"""The configuration reference, generated from the schema: every key of every group with its
+type, allowed values, default and the attribute docstring written under the field in schema.py.
+The docs build (docs/hooks.py) renders it, so the reference cannot drift from the code."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import inspect
+import types
+import typing
+from dataclasses import MISSING, Field
+
+from tpformer.config.schema import (
+    ClusterConfig,
+    DataConfig,
+    FinetuneTrainerConfig,
+    GlueDataConfig,
+    LauncherConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    PlanOptions,
+    Range,
+    TrainerConfig,
+)
+
+PRETRAIN_GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "optim": OptimConfig,
+    "data": DataConfig,
+    "trainer": TrainerConfig,
+    "launcher": LauncherConfig,
+    "cluster": ClusterConfig,
+}
+"""tpformer-pretrain's groups (tpformer-plan adds `plan`)."""
+
+FINETUNE_GROUPS: dict[str, type] = {"data": GlueDataConfig, "trainer": FinetuneTrainerConfig}
+"""Where tpformer-finetune's groups differ from pretraining's (parallel, optim, launcher are
+shared)."""
+
+
+def field_docstrings(cls: type) -> dict[str, str]:
+    """The string literal under each annotated field of cls and of its dataclass bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for node, after in zip(body.body, body.body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def default_of(f: Field[typing.Any]) -> object:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def _format_value(value: object) -> str:
+    if value is MISSING:
+        return "required"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return value if value else '""'
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def allowed_values(cls: type, f: Field[typing.Any]) -> str:
+    """The values a key accepts: an Enum's members, a numeric range, or its type."""
+    hint = typing.get_type_hints(cls)[f.name]
+    rng = f.metadata.get("range")
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return ", ".join(f"`{m.value}`" for m in hint)
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    base = typing.get_args(hint)[0] if optional else hint
+    name = getattr(base, "__name__", str(base).replace("typing.", ""))
+    if isinstance(rng, Range):
+        return f"{name} {rng}" + (" or null" if optional else "")
+    return name + (" or null" if optional else "")
+
+
+def group_table(group: str, cls: type) -> str:
+    docs = field_docstrings(cls)
+    rows = ["| key | default | values | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
+        key = f"{group}.{f.name}" if group else f.name
+        rows.append(f"| `{key}` | {_format_value(default_of(f))} | {allowed_values(cls, f)} | "
+                    f"{meaning} |")
+    return "\n".join(rows)
+
+
+def config_reference_markdown() -> str:
+    """Markdown: one section per group of tpformer-pretrain, then what tpformer-finetune and
+    tpformer-plan use differently."""
+    parts = []
+    for group, cls in PRETRAIN_GROUPS.items():
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        parts += [f"### `{group}`", "", " ".join(doc.split()), "", group_table(group, cls), ""]
+    parts += ["### `plan` (tpformer-plan)", "", group_table("plan", PlanOptions), ""]
+    parts += ["## tpformer-finetune", "",
+              "`task` and `init` are required; `parallel`, `optim` and `launcher` are the groups "
+              "above (`optim` defaults to the `finetune` preset).", ""]
+    for group, cls in FINETUNE_GROUPS.items():
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        parts += [f"### `{group}` (fine-tuning)", "", " ".join(doc.split()), "",
+                  group_table(group, cls), ""]
+    return "\n".join(parts)
