@@ -51,9 +51,13 @@ def field_docstrings(cls: type) -> dict[str, str]:
         body = ast.parse(inspect.getsource(klass)).body[0]
         assert isinstance(body, ast.ClassDef)
         for node, after in zip(body.body, body.body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
@@ -98,8 +102,9 @@ def group_table(group: str, cls: type) -> str:
     for f in dataclasses.fields(cls):
         meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
         key = f"{group}.{f.name}" if group else f.name
-        rows.append(f"| `{key}` | {_format_value(default_of(f))} | {allowed_values(cls, f)} | "
-                    f"{meaning} |")
+        rows.append(
+            f"| `{key}` | {_format_value(default_of(f))} | {allowed_values(cls, f)} | {meaning} |"
+        )
     return "\n".join(rows)
 
 
@@ -111,11 +116,21 @@ def config_reference_markdown() -> str:
         doc = inspect.cleandoc(cls.__doc__ or "")
         parts += [f"### `{group}`", "", " ".join(doc.split()), "", group_table(group, cls), ""]
     parts += ["### `plan` (tpformer-plan)", "", group_table("plan", PlanOptions), ""]
-    parts += ["## tpformer-finetune", "",
-              "`task` and `init` are required; `parallel`, `optim` and `launcher` are the groups "
-              "above (`optim` defaults to the `finetune` preset).", ""]
+    parts += [
+        "## tpformer-finetune",
+        "",
+        "`task` and `init` are required; `parallel`, `optim` and `launcher` are the groups "
+        "above (`optim` defaults to the `finetune` preset).",
+        "",
+    ]
     for group, cls in FINETUNE_GROUPS.items():
         doc = inspect.cleandoc(cls.__doc__ or "")
-        parts += [f"### `{group}` (fine-tuning)", "", " ".join(doc.split()), "",
-                  group_table(group, cls), ""]
+        parts += [
+            f"### `{group}` (fine-tuning)",
+            "",
+            " ".join(doc.split()),
+            "",
+            group_table(group, cls),
+            "",
+        ]
     return "\n".join(parts)
