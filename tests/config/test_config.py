@@ -105,6 +105,7 @@ PUBLIC_KEYS = {
         "grad_accum",
         "keep_last",
         "log_every",
+        "loggers",
         "max_steps",
         "max_time_minutes",
         "micro_batch_size",

@@ -82,6 +82,11 @@ class TokenizerType(Choice):
     unigram = "unigram"
 
 
+class Logger(Choice):
+    tensorboard = "tensorboard"
+    wandb = "wandb"
+
+
 class SentencePairs(Choice):
     nsp = "nsp"
     sop = "sop"
@@ -330,7 +335,11 @@ class LoopConfig:
     log_every: int = ranged(10, 1)
     """Steps per metrics.jsonl line and progress-bar update."""
     progress: bool = True
-    """Rank 0 shows a progress bar."""
+    """Rank 0 shows a progress bar; off a terminal, a plain log line every log_every steps."""
+    loggers: list[Logger] = field(default_factory=lambda: [Logger.tensorboard])
+    """Where the scalars of metrics.jsonl also go: tensorboard (<run dir>/tensorboard), wandb
+    (Weights & Biases, with the composed config; pip install 'tpformer[wandb]'; WANDB_PROJECT,
+    WANDB_MODE=offline and its other variables apply). [] for metrics.jsonl alone."""
     peak_tflops: float = ranged(0.0, 0)
     """Peak TFLOP/s of one device for the MFU estimate (0: auto on known GPUs, else not shown)."""
     max_time_minutes: float = ranged(0.0, 0)

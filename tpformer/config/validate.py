@@ -180,8 +180,20 @@ def validate_data(data: DataConfig) -> None:
         )
 
 
+def validate_loggers(loggers: list[str]) -> None:
+    """A logger whose package is missing stops the run before it starts, not at the first log."""
+    import importlib.util
+
+    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
+        raise ValueError(
+            "trainer.loggers includes wandb, but the wandb package is not installed: "
+            "pip install 'tpformer[wandb]' (or drop wandb from trainer.loggers)"
+        )
+
+
 def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> None:
     """Every rule of a pretraining run at `layout`, checked before the first collective."""
+    validate_loggers(config.trainer.loggers)
     validate_model(config.model, config.parallel.tensor)
     validate_engine(config.parallel, config.optim, device_type)
     validate_recompute_granularity(config.parallel, config.model.num_layers)
@@ -198,6 +210,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
 
 def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: str = "cpu") -> None:
     """The rules of a fine-tuning run at `layout` that do not need its checkpoint."""
+    validate_loggers(config.trainer.loggers)
     validate_engine(config.parallel, config.optim, device_type)
     validate_sequence_parallel(config.parallel, None)  # batches are padded to a multiple instead
     check_choices(config)

@@ -16,11 +16,10 @@ import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 
-from tqdm import tqdm
-
 from tpformer.data.corpus import CorpusSpec, fingerprint, read_documents, split_sentences
 from tpformer.data.indexed import IndexedCorpus, IndexedWriter
 from tpformer.data.tokenizer import SP_FILE, Tokenizer, train_sentencepiece
+from tpformer.progress import progress as progress_display
 
 log = logging.getLogger(__name__)
 FORMAT = "tpformer-indexed-1"
@@ -62,8 +61,8 @@ def prepare_tokenizer(
         vocab_size,
         spec.source,
     )
-    sentences = tqdm(
-        corpus_sentences(spec), desc="tokenizer: reading", unit=" sentences", disable=not progress
+    sentences = progress_display(
+        corpus_sentences(spec), desc="tokenizer: reading", unit=" sentences", enabled=progress
     )
     counted = _nonempty(sentences, spec)
     return Tokenizer(
@@ -102,7 +101,7 @@ def preprocess(
         return IndexedCorpus(prefix)
     writer = IndexedWriter(prefix, tokenizer.vocab_size)
     documents = read_documents(spec)
-    bar = tqdm(desc="preprocess", unit=" docs", disable=not progress)
+    bar = progress_display(desc="preprocess", unit=" docs", enabled=progress)
     try:
         if workers > 1:
             context = multiprocessing.get_context("spawn")
@@ -112,7 +111,8 @@ def preprocess(
                 for sentences in pool.imap(_tokenize, documents, chunksize=4):
                     writer.add(sentences)
                     bar.update(1)
-                    bar.set_postfix(tokens=writer.num_tokens)
+                    # shown with the next update, not drawn per document
+                    bar.set_postfix(tokens=writer.num_tokens, refresh=False)
         else:
             for document in documents:
                 writer.add(tokenizer.encode(split_sentences(document)))

@@ -28,7 +28,6 @@ from typing import Protocol
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import LoopConfig, ModelConfig, OptimConfig
@@ -37,6 +36,7 @@ from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.planner.step_time import flops_per_step
+from tpformer.progress import Progress, progress
 from tpformer.train.metrics import MetricsWriter, peak_tflops
 from tpformer.train.objectives import Objective
 from tpformer.train.schedule import lr_at
@@ -106,7 +106,13 @@ class Trainer:
     ) -> None:
         self.task, self.loop, self.optim, self.ctx, self.run_dir = task, loop, optim, ctx, run_dir
         self.model, self.engine = task.model, task.engine
-        self.metrics = MetricsWriter(run_dir, enabled=ctx.is_main)
+        config = task.meta.get("config")
+        self.metrics = MetricsWriter(
+            run_dir,
+            enabled=ctx.is_main,
+            loggers=[str(logger) for logger in loop.loggers],
+            config=config if isinstance(config, dict) else None,
+        )
         self.evaluations: list[dict[str, float]] = []
         self.best_value = -math.inf
         self._sigterm = False
@@ -356,12 +362,13 @@ class Trainer:
         first = self.resume()
         if self._due_for_eval(first) and not any(e["step"] == first for e in self.evaluations):
             self.evaluate(first)  # stopped by SIGTERM at an evaluation step: evaluate it now
-        bar = tqdm(
+        bar = progress(
             total=task.max_steps,
             initial=first,
             desc=task.description,
-            dynamic_ncols=True,
-            disable=not (self.ctx.is_main and loop.progress),
+            unit=" steps",
+            enabled=self.ctx.is_main and loop.progress,
+            every=loop.log_every,
         )
         step, reason, saved = first - 1, "done", None
         for step in range(first, task.max_steps):
@@ -431,7 +438,12 @@ class Trainer:
             (self.run_dir / STOP_RECORD).write_text(json.dumps(record))
 
     def _log(
-        self, step: int, window: list[dict[str, float]], step_time: float, peak: float, bar: tqdm
+        self,
+        step: int,
+        window: list[dict[str, float]],
+        step_time: float,
+        peak: float,
+        bar: Progress,
     ) -> dict:
         """One metrics.jsonl line: the window's mean losses and metrics, LR, throughput, MFU."""
         names = [k for k in window[0] if k not in ("tokens", "lr", "grad_norm", "skipped")]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,33 +21,85 @@ def peak_tflops(given: float, precision: str) -> float:
     return next((v for (gpu, d), v in KNOWN_PEAKS.items() if gpu in name and d == dtype), 0.0)
 
 
-class MetricsWriter:
-    """Rank 0 appends one JSON object per logged step to metrics.jsonl and mirrors it to
-    TensorBoard; `close()` draws loss and LR against steps into loss_curve.png."""
+class TensorBoardSink:
+    """Scalars into <run dir>/tensorboard."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool) -> None:
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """Scalars and the composed config into a Weights & Biases run (its files under <run dir>/
+    wandb). The environment configures it as wandb documents: WANDB_PROJECT (default
+    "tpformer"), WANDB_ENTITY, WANDB_MODE=offline for a run that never touches the network."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "tpformer"),
+            dir=str(run_dir),
+            name=run_dir.name,
+            config=config,
+        )
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsWriter:
+    """Rank 0 appends one JSON object per logged step to metrics.jsonl and sends its numbers to
+    each of trainer.loggers as train/<key> or eval/<key>; `close()` draws loss and LR against
+    steps into loss_curve.png."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        loggers: list[str] | tuple[str, ...] = ("tensorboard",),
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.run_dir, self.enabled = run_dir, enabled
         self.path = run_dir / "metrics.jsonl"
-        self.tb = None
+        self.sinks: list[TensorBoardSink | WandbSink] = []
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+            if "tensorboard" in loggers:
+                self.sinks.append(TensorBoardSink(run_dir))
+            if "wandb" in loggers:
+                self.sinks.append(WandbSink(run_dir, config or {}))
 
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-
-    def log(self, record: dict) -> None:
+    def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         prefix = "eval" if record.get("eval") else "train"
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
-                self.tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+        values = {
+            f"{prefix}/{key}": value
+            for key, value in record.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"
+        }
+        for sink in self.sinks:
+            sink.scalars(values, record["step"])
 
     def close(self) -> None:
         if not self.enabled:
             return
-        self.tb.close()
+        for sink in self.sinks:
+            sink.close()
         if self.path.exists():
             plot_loss_curve(self.path, self.run_dir / "loss_curve.png")
 
@@ -62,7 +116,7 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     train = [r for r in rows if not r.get("eval")]
     evals = [r for r in rows if r.get("eval")]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
     for part in ("mlm_loss", "nsp_loss"):
         if train and part in train[0]:
@@ -93,7 +147,8 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
         right.set_ylabel("learning rate")
     lines = ax.get_legend_handles_labels()
     right_lines = right.get_legend_handles_labels()
-    ax.legend(lines[0] + right_lines[0], lines[1] + right_lines[1], loc="upper right")
-    fig.tight_layout()
+    handles, labels = lines[0] + right_lines[0], lines[1] + right_lines[1]
+    # below the axes, so it never covers the end of a curve
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize=9)
     fig.savefig(png, dpi=100)
     plt.close(fig)
