@@ -11,14 +11,13 @@ from_hf: a HF directory -> the tpformer model -> a step-0 checkpoint (fresh opti
 from __future__ import annotations
 
 from pathlib import Path
-
-from torch import nn
+from typing import cast
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from tpformer.engine import parallelize
 from tpformer.engine.state import parameter_template
-from tpformer.models import build_model
+from tpformer.models import BertForSequenceClassification, TPModel, build_model
 from tpformer.models.hf import load_hf_model, save_hf_checkpoint, task_of
 from tpformer.parallel.context import ParallelContext
 
@@ -32,15 +31,15 @@ def checkpoint_model_config(directory: Path) -> ModelConfig:
         raise ValueError(
             f"{directory}/meta.json has no resolved config; re-save it with this tpformer"
         )
-    return ModelConfig(**meta["config"]["model"])  # type: ignore[index]
+    return ModelConfig(**meta["config"]["model"])
 
 
-def load_checkpoint_model(checkpoint: Path, ctx: ParallelContext) -> nn.Module:
+def load_checkpoint_model(checkpoint: Path, ctx: ParallelContext) -> TPModel:
     """The model a checkpoint trained, at ctx's layout, with its saved parameters."""
     meta = store.read_meta(checkpoint)
     config = checkpoint_model_config(checkpoint)
     task = str(meta.get("task", DEFAULT_TASK[config.arch]))
-    extra = {"num_labels": int(meta["num_labels"])} if task == "classification" else {}  # type: ignore[arg-type]
+    extra = {"num_labels": int(meta["num_labels"])} if task == "classification" else {}
     model = build_model(config, ctx, task=task, initialize=False, **extra)
     params = list(model.named_parameters())
     template = {"engine": parameter_template(params)}
@@ -60,7 +59,7 @@ def to_hf(checkpoint: Path, out: Path) -> Path:
     save_hf_checkpoint(model, ctx, out, id2label=id2label)
     tokenizer = checkpoint / store.TOKENIZER_DIR
     if (tokenizer / "vocab.txt").is_file():  # WordPiece: a tokenizer AutoTokenizer loads
-        from transformers import BertTokenizerFast
+        from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # lazy module
 
         BertTokenizerFast.from_pretrained(str(tokenizer)).save_pretrained(str(out))
     else:  # a tpformer sentencepiece model travels as it is
@@ -81,7 +80,7 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
             model.config,
             parallel,
             ctx.layout,
-            task=task,  # type: ignore[arg-type]
+            task=task,
             run_config={},
             **extra,
         ),
@@ -109,7 +108,9 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
     )
 
 
-def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tuple[nn.Module, Path]:
+def load_classifier(
+    init: Path, ctx: ParallelContext, *, num_labels: int
+) -> tuple[BertForSequenceClassification, Path]:
     """BertForSequenceClassification at ctx's layout from a tpformer checkpoint (its encoder and
     pooler; the classifier is freshly initialized) or a Hugging Face BERT directory. Returns the
     model and its tokenizer location (the checkpoint's tokenizer/ or the HF directory)."""
@@ -118,7 +119,10 @@ def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tup
         config = checkpoint_model_config(init)
         if config.arch != "bert":
             raise ValueError(f"init={init} holds a {config.arch} model; fine-tuning needs BERT")
-        model = build_model(config, ctx, task="classification", num_labels=num_labels)
+        model = cast(
+            BertForSequenceClassification,
+            build_model(config, ctx, task="classification", num_labels=num_labels),
+        )
         encoder = [(f"bert.{n}", p) for n, p in model.bert.named_parameters()]
         template = {"engine": parameter_template(encoder)}
         store.load(init, template)
@@ -131,4 +135,5 @@ def load_classifier(init: Path, ctx: ParallelContext, *, num_labels: int) -> tup
             f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
             f"Hugging Face directory (config.json)"
         )
-    return load_hf_model(init, ctx, task="classification", num_labels=num_labels), init
+    classifier = load_hf_model(init, ctx, task="classification", num_labels=num_labels)
+    return cast(BertForSequenceClassification, classifier), init

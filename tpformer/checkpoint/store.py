@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,9 +46,9 @@ def checkpoint_meta(
     layout: Layout,
     *,
     task: str,
-    run_config: dict[str, object],
-    **extra: object,
-) -> dict[str, object]:
+    run_config: dict[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
     """What meta.json records besides the step: the model's shape and task (what export
     builds), the layout it was saved at, and the run's resolved config ({"model": ..., ...})."""
     return {
@@ -64,9 +65,7 @@ def checkpoint_meta(
     }
 
 
-def model_mismatches(
-    meta: dict[str, object], model: ModelConfig
-) -> dict[str, tuple[object, object]]:
+def model_mismatches(meta: dict[str, Any], model: ModelConfig) -> dict[str, tuple[object, object]]:
     """{field: (checkpoint value, run value)} for the model fields that differ."""
     return {
         k: (meta.get(k), getattr(model, k)) for k in MODEL_KEYS if meta.get(k) != getattr(model, k)
@@ -119,10 +118,10 @@ def _one_line(err: BaseException) -> str:
 def save(
     root: Path,
     step: int,
-    state: dict[str, object],
+    state: dict[str, Any],
     ctx: ParallelContext,
     *,
-    meta: dict[str, object],
+    meta: dict[str, Any],
     keep_last: int,
     tokenizer_files: Sequence[Path] = (),
 ) -> Path:
@@ -139,7 +138,9 @@ def save(
     rank = dist.get_rank() if dist.is_initialized() else 0
     try:  # DCP reports a failed write as CheckpointException, a BaseException
         dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
-        outcome: object = _checksums(tmp, sorted(p.name for p in tmp.glob(f"__{rank}_*")))
+        outcome: dict[str, list] | str = _checksums(
+            tmp, sorted(p.name for p in tmp.glob(f"__{rank}_*"))
+        )
     except (OSError, CheckpointException) as err:
         outcome = _one_line(err)
     outcomes = _all_ranks(outcome)
@@ -155,7 +156,8 @@ def save(
         copy_tokenizer(tokenizer_files, tmp / TOKENIZER_DIR)
         sums: dict[str, list] = {}
         for part in outcomes:
-            sums.update(part)  # type: ignore[arg-type]
+            assert isinstance(part, dict)  # a failure (a str) was raised above
+            sums.update(part)
         sums.update(
             _checksums(tmp, [".metadata", *(f"{TOKENIZER_DIR}/{f.name}" for f in tokenizer_files)])
         )
@@ -196,11 +198,11 @@ def find_latest(root: Path) -> Path | None:
     return candidates[0] if candidates else None
 
 
-def verify(directory: Path) -> dict[str, object]:
+def verify(directory: Path) -> dict[str, Any]:
     """meta.json of a complete checkpoint whose files all match their recorded checksums;
     raises CheckpointError naming the first file that does not."""
     meta = read_meta(directory)
-    for name, (size, digest) in dict(meta.get("checksums", {})).items():  # type: ignore[arg-type]
+    for name, (size, digest) in dict(meta.get("checksums", {})).items():
         path = directory / name
         if not path.is_file():
             raise CheckpointError(f"{path} is missing: the checkpoint {directory} is damaged")
@@ -249,7 +251,7 @@ def _choose(root: Path, explicit: Path | None, *, check: bool) -> Path | None:
     return None
 
 
-def read_meta(directory: Path) -> dict[str, object]:
+def read_meta(directory: Path) -> dict[str, Any]:
     path = directory / META
     if not directory.is_dir() or not path.exists():
         raise CheckpointError(
@@ -272,7 +274,7 @@ def read_meta(directory: Path) -> dict[str, object]:
     return meta
 
 
-def load(directory: Path, template: dict[str, object]) -> dict[str, object]:
+def load(directory: Path, template: dict[str, Any]) -> dict[str, Any]:
     """Fill `template` (this rank's keys, shaped as saved) in place from `directory`.
 
     NOTE: DCP's .metadata is a pickle: load only checkpoints you trust."""

@@ -24,7 +24,7 @@ from tpformer.config.validate import validate_data
 def _config(overrides: list[str]) -> Config:
     register_configs()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        config = to_config(compose("config", overrides=overrides))
+        config: Config = to_config(compose("config", overrides=overrides))
     validate_data(config.data)
     if config.data.source == "synthetic":
         raise ValueError(

@@ -12,13 +12,13 @@ printed as the overrides that run them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from dataclasses import asdict
 
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from tpformer.cli.shell import console_script
 from tpformer.config.schema import PlanConfig
@@ -49,7 +49,7 @@ def _compose(overrides: list[str]) -> PlanConfig:
     register_configs()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("plan", overrides=overrides)
-    return to_config(cfg)  # type: ignore[return-value]
+    return to_config(cfg)
 
 
 def default_global_batch(config: PlanConfig, world: int) -> int:
@@ -87,7 +87,7 @@ def confirm_lines(top: list[Evaluated], cluster: Cluster, base: list[str]) -> li
     micro-batch x accumulation, change the global batch). Where the layouts differ in one key
     only, that sweep is exact and is given instead."""
     runs = [[*e.candidate.overrides(explicit=True), "trainer.max_steps=20"] for e in top]
-    differing = {o.split("=")[0] for r in runs for o in r} - set.intersection(*map(set, runs))
+    differing = {o.split("=")[0] for r in runs for o in r} - set(runs[0]).intersection(*runs[1:])
     if len(top) > 1 and len(differing) == 1 and cluster.world_size <= cluster.gpus_per_node:
         key = differing.pop()
         values = [next(o.split("=", 1)[1] for o in r if o.startswith(key + "=")) for r in runs]
@@ -223,17 +223,13 @@ def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrat
                 f"--calibrate measures this machine ({kind}); cluster={name} "
                 f"describes other hardware: use cluster=auto or cluster={kind}"
             )
-        base = resolve_cluster(
-            OmegaConf.to_object(
-                OmegaConf.merge(  # type: ignore[arg-type]
-                    OmegaConf.structured(config.cluster), {"calibration": "none"}
-                )
-            ),
+        uncalibrated = resolve_cluster(
+            dataclasses.replace(config.cluster, calibration="none"),
             precision,
             cache_dir=config.data.cache_dir,
         )
         measured = calibrate(
-            base,
+            uncalibrated,
             precision,
             torch.device("cuda" if kind != "cpu" else "cpu"),
             collectives=kind == "cpu",

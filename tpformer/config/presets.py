@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-from tpformer.config.schema import ModelConfig
+from tpformer.config.schema import Activation, Arch, ModelConfig
 
 
 def _bert(layers: int, hidden: int, heads: int) -> ModelConfig:
     return ModelConfig(
-        arch="bert",
+        arch=Arch.bert,
         num_layers=layers,
         hidden_size=hidden,
         num_heads=heads,
@@ -19,7 +20,7 @@ def _bert(layers: int, hidden: int, heads: int) -> ModelConfig:
 
 def _gpt2(layers: int, hidden: int, heads: int) -> ModelConfig:
     return ModelConfig(
-        arch="gpt",
+        arch=Arch.gpt,
         vocab_size=50257,
         num_layers=layers,
         hidden_size=hidden,
@@ -27,7 +28,7 @@ def _gpt2(layers: int, hidden: int, heads: int) -> ModelConfig:
         intermediate_size=4 * hidden,
         max_position_embeddings=1024,
         type_vocab_size=0,
-        activation="gelu_tanh",
+        activation=Activation.gelu_tanh,
         layer_norm_eps=1e-5,
     )
 
@@ -46,7 +47,7 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def preset(name: str, **overrides: object) -> ModelConfig:
+def preset(name: str, **overrides: Any) -> ModelConfig:
     """A copy of preset `name` with fields overridden; unknown names list the valid ones."""
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; valid presets are {sorted(PRESETS)}")

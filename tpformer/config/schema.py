@@ -175,9 +175,9 @@ class ParallelConfig:
     """DP degree, or "auto" = world_size / tensor."""
     seed: int = ranged(1234, 0)
     """Seeds weight init and every dropout mask; masks do not depend on the layout."""
-    zero_stage: ZeroStage = ZeroStage["0"]
+    zero_stage: ZeroStage = field(default=ZeroStage(0))
     """0: plain DP; 1: shard optimizer state; 2: + gradients; 3: + parameters (over DP)."""
-    cpu_offload: CpuOffload = CpuOffload["none"]
+    cpu_offload: CpuOffload = field(default=CpuOffload("none"))
     """none, optimizer (state, master weights and step on CPU) or optimizer+params (ZeRO-3)."""
     precision: Precision = Precision.fp32
     """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
@@ -201,7 +201,7 @@ class ParallelConfig:
     (needs tensor > 1 and a sequence length divisible by tensor); same losses as without."""
     pipeline: int = ranged(1, 1)
     """PP degree: pipeline stages, the outermost mesh dim (put it across nodes)."""
-    pipeline_schedule: PipelineSchedule = PipelineSchedule["1f1b"]
+    pipeline_schedule: PipelineSchedule = field(default=PipelineSchedule("1f1b"))
     """gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (virtual_stages
     model chunks per stage). Micro-batches per step: trainer.grad_accum."""
     virtual_stages: int = ranged(2, 2)

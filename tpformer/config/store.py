@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -26,6 +27,7 @@ def register_configs() -> None:
         cs.store(group="model", name=name, node=preset)
 
 
-def to_config(cfg: DictConfig) -> Config | FinetuneConfig:
-    """The typed Config of a composed DictConfig; after this, nobody sees a DictConfig."""
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+def to_config(cfg: DictConfig) -> Any:
+    """The typed config object (Config, FinetuneConfig or PlanConfig: the schema registered for
+    the composed file) of a composed DictConfig; after this, nobody sees a DictConfig."""
+    return OmegaConf.to_object(cfg)

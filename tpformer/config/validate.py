@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from enum import Enum
 
 from tpformer.config.schema import (
@@ -180,7 +181,7 @@ def validate_data(data: DataConfig) -> None:
         )
 
 
-def validate_loggers(loggers: list[str]) -> None:
+def validate_loggers(loggers: Sequence[str]) -> None:
     """A logger whose package is missing stops the run before it starts, not at the first log."""
     import importlib.util
 

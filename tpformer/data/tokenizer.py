@@ -74,10 +74,12 @@ class Tokenizer:
                 f"the WordPiece vocabulary in {path} lacks {missing}; a BERT "
                 f"vocabulary holds {list(SPECIAL_TOKENS)}"
             )
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            int(i) for i in ids if i is not None
+        )
         self.vocab_size = tok.get_vocab_size()
         pieces = [tok.id_to_token(i) for i in range(self.vocab_size)]
-        self.word_start = torch.tensor([not p.startswith("##") for p in pieces])
+        self.word_start = torch.tensor([not (p or "").startswith("##") for p in pieces])
         self.files = [
             path / f
             for f in os.listdir(path)
@@ -140,7 +142,7 @@ def _wordpiece_backend(path: Path) -> tokenizers.Tokenizer:
             if key in config
         ):
             return Backend.from_file(str(file))
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # lazy module
 
     return BertTokenizerFast.from_pretrained(str(path)).backend_tokenizer
 

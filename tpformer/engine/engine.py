@@ -160,7 +160,7 @@ class ZeroEngine:
         self._ready = [0] * len(self.buckets)
         for module in model.modules():  # the hooks add row-sparse gradients into the buffers
             if isinstance(getattr(module, "sparse", None), bool):
-                module.sparse = True
+                module.sparse = True  # type: ignore[assignment]  # torch types attributes as Module
         for i, bucket in enumerate(self.buckets):
             for seg in bucket.segments:
                 seg.param.register_post_accumulate_grad_hook(self._grad_hook(i, seg))
@@ -182,7 +182,9 @@ class ZeroEngine:
             if not self._callback_queued:
                 self._callback_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-            self.grads.accumulate(i, seg, param.grad)
+            grad = param.grad
+            assert grad is not None  # a post-accumulate-grad hook runs after one was written
+            self.grads.accumulate(i, seg, grad)
             param.grad = None
             self._ready[i] += 1
             if self._ready[i] == len(self.buckets[i].segments):
@@ -227,10 +229,10 @@ class ZeroEngine:
             self.grads.zero()
             self.nonfinite_steps += 1
             if self.nonfinite_steps >= self.max_nonfinite_steps:
-                scale = f", loss scale now {self.scaler.scale:g}" if self.scaler.enabled else ""
+                now = f", loss scale now {self.scaler.scale:g}" if self.scaler.enabled else ""
                 raise FloatingPointError(
                     f"non-finite gradients for {self.nonfinite_steps} consecutive steps "
-                    f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}{scale}); the loss "
+                    f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}{now}); the loss "
                     "diverged: lower optim.lr or check the data"
                 )
             return {"grad_norm": norm, "skipped": 1.0}

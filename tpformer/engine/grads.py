@@ -20,6 +20,7 @@ from torch import Tensor
 from tpformer.engine.compression import Bf16Reduction, PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.parallel.comm import (
+    Pending,
     all_reduce_async,
     all_reduce_coalesced,
     reduce_scatter_async,
@@ -34,7 +35,7 @@ from tpformer.parallel.pipeline.stage import is_pipeline_tied
 class PendingReduction:
     """A bucket's reduction in flight: launched once per step, waited for before the update."""
 
-    work: object = None
+    work: Pending | None = None
     launched: bool = False
 
 
@@ -63,12 +64,18 @@ class ReplicatedGrads:
         the first gradient of a step is copied over them (no zeroing pass over every buffer),
         and the reduction zeroes those that got none."""
 
+    def _whole(self, i: int) -> Tensor:
+        """Bucket i's full gradient buffer, which exists once a gradient reached the bucket."""
+        whole = self.whole[i]
+        assert whole is not None, f"bucket {i} has no gradient buffer yet"
+        return whole
+
     def accumulate(self, i: int, seg: Segment, grad: Tensor) -> None:
         if self.whole[i] is None:
             self.whole[i] = self.pool.take(
                 self.buckets[i].padded_numel, torch.float32, self.device, zero=True
             )
-        view = self.buckets[i].view(self.whole[i], seg)
+        view = self.buckets[i].view(self._whole(i), seg)
         if seg.offset not in self.stale[i]:
             view.add_(grad)
             return
@@ -90,11 +97,11 @@ class ReplicatedGrads:
     def _zero_stale(self, i: int) -> None:
         for seg in self.buckets[i].segments:
             if seg.offset in self.stale[i]:
-                self.buckets[i].view(self.whole[i], seg).zero_()
+                self.buckets[i].view(self._whole(i), seg).zero_()
         self.stale[i].clear()
 
-    def _reduce(self, i: int) -> object:
-        whole = self.whole[i]
+    def _reduce(self, i: int) -> Pending | None:
+        whole = self._whole(i)
         if self.powersgd is not None:  # synchronous: the whole buffer gets the (approximate) sum
             self.powersgd.reduce(i, whole)
             return None
@@ -125,7 +132,8 @@ class ReplicatedGrads:
         return self._result(i)
 
     def _result(self, i: int) -> Tensor:
-        return self.buckets[i].shard_of(self.whole[i]) if self.sharded else self.whole[i]
+        whole = self._whole(i)
+        return self.buckets[i].shard_of(whole) if self.sharded else whole
 
     def zero(self) -> None:
         """Clear the accumulators for the next step (the buffers stay allocated): each
@@ -161,11 +169,12 @@ class ShardedGrads(ReplicatedGrads):
             torch.zeros(b.shard_size, dtype=torch.float32, device=device) for b in buckets
         ]
 
-    def _reduce(self, i: int) -> object:
+    def _reduce(self, i: int) -> Pending | None:
+        work: Pending | None
         if self.bf16:
-            work: object = Bf16Reduction(self.whole[i], self.shard[i], self.buckets[i], self.dp)
+            work = Bf16Reduction(self._whole(i), self.shard[i], self.buckets[i], self.dp)
         else:
-            work = reduce_scatter_async(self.shard[i], self.whole[i], self.dp)
+            work = reduce_scatter_async(self.shard[i], self._whole(i), self.dp)
         self._retire_reductions()
         return work
 
@@ -183,7 +192,7 @@ class ShardedGrads(ReplicatedGrads):
                 self._release(i)
 
     def _release(self, i: int) -> None:
-        self.pool.give(self.whole[i])
+        self.pool.give(self._whole(i))
         self.whole[i] = None
 
     def _result(self, i: int) -> Tensor:

@@ -12,6 +12,8 @@ it reshards like the rest.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -74,9 +76,11 @@ class FlatLayerwise(torch.optim.Optimizer):
         """(segment id, start, stop) of the logical parameters inside view p."""
         return [(sid, a, b) for sid, a, b, _ in self.pieces[p]]
 
-    def stepped(self) -> list[tuple[dict, Tensor]]:
-        """(group, view) of every view with a gradient this step."""
-        return [(g, p) for g in self.param_groups for p in g["params"] if p.grad is not None]
+    def stepped(self) -> list[tuple[dict, Tensor, Tensor]]:
+        """(group, view, gradient) of every view with a gradient this step."""
+        return [
+            (g, p, p.grad) for g in self.param_groups for p in g["params"] if p.grad is not None
+        ]
 
 
 def trust_ratios(numerator: Tensor, denominator: Tensor) -> list[float]:
@@ -101,22 +105,22 @@ class FlatLamb(FlatLayerwise):
         lr: float,
         betas: tuple[float, float],
         eps: float,
-        **layout: object,
+        **layout: Any,
     ) -> None:
         super().__init__(
             groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0}, **layout
-        )  # type: ignore[arg-type]
+        )
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         updates: dict[Tensor, tuple[Tensor, ...]] = {}
-        for group, p in self.stepped():
+        for group, p, grad in self.stepped():
             beta1, beta2 = group["betas"]
             state = self.slots(p)
             state["step"] += 1
             t = float(state["step"])
-            state["exp_avg"].lerp_(p.grad, 1 - beta1)
-            state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            state["exp_avg"].lerp_(grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
             update = state["exp_avg"] / (1 - beta1**t) / denom
             if group["weight_decay"]:
@@ -126,7 +130,7 @@ class FlatLamb(FlatLayerwise):
             return
         norms = self.segment_norms(updates)
         ratio = trust_ratios(norms[:, 0], norms[:, 1])
-        for group, p in self.stepped():
+        for group, p, _ in self.stepped():
             for sid, a, b in self.per_segment(p):
                 p[a:b].add_(updates[p][1][a:b], alpha=-group["lr"] * ratio[sid])
 
@@ -140,25 +144,25 @@ class FlatLars(FlatLayerwise):
     SLOTS = ("momentum_buffer",)
 
     def __init__(
-        self, groups: list[dict], *, lr: float, momentum: float, eta: float, **layout: object
+        self, groups: list[dict], *, lr: float, momentum: float, eta: float, **layout: Any
     ) -> None:
         super().__init__(
             groups,
             {"lr": lr, "momentum": momentum, "eta": eta, "weight_decay": 0.0, "decayed": False},
             **layout,
-        )  # type: ignore[arg-type]
+        )
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         stepped = self.stepped()
         if not stepped:
             return
-        norms = self.segment_norms({p: (p, p.grad) for _, p in stepped})
-        for group, p in stepped:
+        norms = self.segment_norms({p: (p, grad) for _, p, grad in stepped})
+        for group, p, grad in stepped:
             state = self.slots(p)
             state["step"] += 1
             wd, lr = group["weight_decay"], group["lr"]
-            direction = p.grad.add(p, alpha=wd) if wd else p.grad.clone()
+            direction = grad.add(p, alpha=wd) if wd else grad.clone()
             if group["decayed"]:
                 w_norm, g_norm = norms[:, 0], norms[:, 1]
                 ratio = trust_ratios(group["eta"] * w_norm, g_norm + wd * w_norm)
@@ -185,24 +189,24 @@ class FlatNovoGrad(FlatLayerwise):
         lr: float,
         betas: tuple[float, float],
         eps: float,
-        **layout: object,
+        **layout: Any,
     ) -> None:
         super().__init__(
             groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0}, **layout
-        )  # type: ignore[arg-type]
+        )
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         stepped = self.stepped()
         if not stepped:
             return
-        g_norm = self.segment_norms({p: (p.grad,) for _, p in stepped})[:, 0]
-        for group, p in stepped:
+        g_norm = self.segment_norms({p: (grad,) for _, p, grad in stepped})[:, 0]
+        for group, p, grad in stepped:
             beta1, beta2 = group["betas"]
             state = self.slots(p)
             first = int(state["step"]) == 0
             state["step"] += 1
-            scaled = p.grad.clone()
+            scaled = grad.clone()
             for sid, a, b in self.per_segment(p):
                 square = float(g_norm[sid]) ** 2
                 v = (

@@ -14,6 +14,7 @@ here reaches all of them at once. Order:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -83,14 +84,15 @@ def parallelize(
         stage = build_stage(model, split.split, ctx.pp.rank, ctx.pp.size)
     recomputed = apply_recompute(model, parallel, ctx.rng)
     engine = build_engine(model, optim, parallel, ctx)
+    architecture: Any = model.config  # the model's ModelConfig (engine/ imports no model class)
     runner = (
         PipelineRunner(
             stage,
             ctx,
             schedule=parallel.pipeline_schedule,
-            hidden=model.config.hidden_size,
+            hidden=architecture.hidden_size,
             dtype=engine.dtype,
-        )  # type: ignore[union-attr]
+        )
         if stage is not None
         else None
     )

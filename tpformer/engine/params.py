@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket
-from tpformer.parallel.comm import all_gather_async, wait
+from tpformer.parallel.comm import Pending, all_gather_async, wait
 from tpformer.parallel.context import GroupHandle
 
 
@@ -28,7 +28,7 @@ from tpformer.parallel.context import GroupHandle
 class PendingGather:
     """An all-gather in flight into `full`; `shard` is its source, kept alive until it is done."""
 
-    work: object
+    work: Pending | None
     full: Tensor
     shard: Tensor
 
@@ -180,6 +180,7 @@ class PartitionedParams:
             return
         self._prefetch(i)
         pending = self.pending[i]
+        assert pending is not None, f"bucket {i}: no gather was started"
         wait(pending.work)
         self.pending[i], self.full[i] = None, pending.full
         bucket = self.buckets[i]
@@ -195,6 +196,7 @@ class PartitionedParams:
             after = blocks[k + 1] if k + 1 < len(blocks) else None
             before = blocks[k - 1] if k > 0 else None
             module = self.buckets[i].module
+            assert module is not None  # blocks are the buckets with a module
             module.register_forward_pre_hook(self._pre_forward(i, after))
             module.register_forward_hook(self._post_forward(i, before))
 

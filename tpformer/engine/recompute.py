@@ -36,18 +36,17 @@ def _recomputed(
 ) -> Callable[..., Tensor]:
     """fn under non-reentrant checkpoint, replaying the RNG position of its forward."""
 
-    def run(*args: Tensor | None) -> Tensor:
+    def run(x: Tensor, *rest: Tensor | None) -> Tensor:
         state = rng.state_dict()
+        device = x.device
 
-        def replay(*inner: Tensor | None) -> Tensor:
+        def replay(inner: Tensor, *inner_rest: Tensor | None) -> Tensor:
             if offload:  # the kept input lives on the CPU; compute on the original device
-                inner = (inner[0].to(device, non_blocking=True), *inner[1:])
+                inner = inner.to(device, non_blocking=True)
             with rng.restored(state):
-                return fn(*inner)
+                return fn(inner, *inner_rest)
 
-        device = args[0].device
-        if offload:
-            args = (args[0].to("cpu", non_blocking=True), *args[1:])
+        args = (x.to("cpu", non_blocking=True) if offload else x, *rest)
         return checkpoint(replay, *args, use_reentrant=False, preserve_rng_state=False)
 
     return run
@@ -76,7 +75,7 @@ def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker)
     for i in indices:
         blocks[i].forward = _recomputed(
             blocks[i].forward,
-            rng,  # type: ignore[method-assign]
+            rng,
             offload=parallel.checkpoint_offload,
         )
     return [names[id(blocks[i])] for i in indices]

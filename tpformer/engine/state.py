@@ -54,14 +54,22 @@ def _valid_rows(seg: Segment, ctx: ParallelContext) -> int | None:
     return max(0, min(chunk, logical - ctx.tp.rank * chunk))
 
 
+def _tp_dim(seg: Segment) -> int:
+    """The dim TP shards this segment's parameter along (only asked of sharded parameters)."""
+    dim = sharded_dim(seg.param)
+    assert dim is not None, f"{seg.name} is not TP-sharded"
+    return dim
+
+
 def _as_dtensor(local: Tensor, seg: Segment, ctx: ParallelContext) -> DTensor:
     shape = logical_shape(_like(seg))
     stride = torch.empty(shape, device="meta").stride()
     mesh = ctx.stage_mesh  # a pipeline stage's parameters span its own (dp, tp) ranks only
+    assert mesh is not None, "DTensor checkpoints need the device mesh of a distributed run"
     return DTensor.from_local(
         local.to(mesh.device_type),
-        mesh,  # type: ignore[union-attr]
-        [Replicate(), Shard(sharded_dim(seg.param))],
+        mesh,
+        [Replicate(), Shard(_tp_dim(seg))],
         run_check=False,
         shape=shape,
         stride=stride,
@@ -73,14 +81,14 @@ def _saved_form(local: Tensor, seg: Segment, ctx: ParallelContext) -> Tensor:
     rows = _valid_rows(seg, ctx)
     if rows is None:
         return gather_full(seg.param, ctx.tp, local).cpu()
-    return _as_dtensor(local.narrow(sharded_dim(seg.param), 0, rows).contiguous(), seg, ctx)
+    return _as_dtensor(local.narrow(_tp_dim(seg), 0, rows).contiguous(), seg, ctx)
 
 
 def _local_chunk(value: Tensor, seg: Segment, ctx: ParallelContext) -> Tensor:
     """The inverse of `_saved_form`: this rank's chunk, zero-padded as the parameter is."""
     if not isinstance(value, DTensor):
         return shard_full(value, _like(seg), ctx.tp)
-    local, dim = value.to_local().cpu(), sharded_dim(seg.param)
+    local, dim = value.to_local().cpu(), _tp_dim(seg)
     missing = seg.shape[dim] - local.shape[dim]
     if missing:
         pad = list(local.shape)

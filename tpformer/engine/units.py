@@ -36,7 +36,8 @@ def split_units(model: nn.Module) -> list[Unit]:
     """One unit per block, then the pipeline-tied unit and the root unit (if they have
     parameters)."""
     names = {id(m): n for n, m in model.named_modules()}
-    units, in_block = [], set()
+    units: list[Unit] = []
+    in_block: set[int] = set()
     for block in model_blocks(model):
         params = [(f"{names[id(block)]}.{n}", p) for n, p in block.named_parameters()]
         in_block.update(id(p) for _, p in params)

@@ -13,6 +13,8 @@ independent) or `load_full_state_dict`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -42,7 +44,7 @@ class _SequenceGatheredLinear(torch.autograd.Function):
         ctx,
         x: Tensor,
         weight: Tensor,
-        bias: Tensor | None,  # type: ignore[override]
+        bias: Tensor | None,
         tp: GroupHandle,
     ) -> Tensor:
         ctx.save_for_backward(x, weight)
@@ -50,7 +52,7 @@ class _SequenceGatheredLinear(torch.autograd.Function):
         return F.linear(SequenceGather(x, tp).result(), weight, bias)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
         gather = SequenceGather(x, ctx.tp)
         scatter = SequenceReduceScatter(grad.matmul(weight), ctx.tp)
@@ -93,7 +95,7 @@ class ColumnParallelLinear(TPModule):
         self.tp, self.gather_output, self.sequence_parallel = tp, gather_output, sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.out_per_rank = divide(out_features, tp.size, what="out_features")
-        kw = {"device": device, "dtype": dtype}
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.weight = mark_sharded(
             nn.Parameter(torch.zeros(self.out_per_rank, in_features, **kw)), 0, out_features
         )
@@ -140,7 +142,7 @@ class RowParallelLinear(TPModule):
         self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         self.in_per_rank = divide(in_features, tp.size, what="in_features")
-        kw = {"device": device, "dtype": dtype}
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.weight = mark_sharded(
             nn.Parameter(torch.zeros(out_features, self.in_per_rank, **kw)), 1, in_features
         )

@@ -22,10 +22,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         logits: Tensor,
         target: Tensor,
         tp: GroupHandle,
-        vocab_size: int,  # type: ignore[override]
+        vocab_size: int,
         ignore_index: int,
         smoothing: float,
-    ) -> Tensor:
+    ) -> tuple[Tensor, Tensor]:
         logits = logits.float()  # [N, V/tp]
         per_rank = logits.shape[-1]
         start = tp.rank * per_rank
@@ -70,7 +70,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return loss, correct
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_correct: Tensor | None = None):  # type: ignore[override]
+    def backward(ctx, grad_loss: Tensor, grad_correct: Tensor | None = None):
         probs, local_target, outside, ignored = ctx.saved_tensors
         grad = probs  # softmax, reused in place
         hit = (~outside).to(grad.dtype)

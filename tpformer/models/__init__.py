@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from torch import nn
+from typing import Any
 
 from tpformer.config.schema import ModelConfig
 from tpformer.layers.dropout import assign_dropout_sites
+from tpformer.models.base import TPModel
 from tpformer.models.bert import BertForPreTraining, BertForSequenceClassification, BertModel
 from tpformer.models.gpt import GPTForCausalLM, GPTModel
 from tpformer.parallel.context import ParallelContext
@@ -26,8 +27,8 @@ def build_model(
     *,
     task: str,
     initialize: bool = True,
-    **kwargs: object,
-) -> nn.Module:
+    **kwargs: Any,
+) -> TPModel:
     """Construct, key the dropout sites by module name and (optionally) initialize.
 
     The initialization is layout independent: the same seed gives the TP=1 weights' slices.
@@ -50,5 +51,6 @@ __all__ = [
     "BertModel",
     "GPTForCausalLM",
     "GPTModel",
+    "TPModel",
     "build_model",
 ]

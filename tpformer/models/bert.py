@@ -5,20 +5,22 @@ Models know only layers and the context; they never import torch.distributed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
-from tpformer.layers.base import TPModule
 from tpformer.layers.block import TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
 from tpformer.layers.sequence import first_token, labeled_rows, local_positions
+from tpformer.models.base import TPModel
 from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
@@ -76,7 +78,7 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
-class BertModel(TPModule):
+class BertModel(TPModel):
     """Embeddings, post-LayerNorm encoder and the tanh pooler over the first token."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pooler: bool = True) -> None:
@@ -113,7 +115,7 @@ class BertModel(TPModule):
         return self.finish(x)
 
 
-class _PipelinedBert(TPModule):
+class _PipelinedBert(TPModel):
     """What a BERT task model tells a pipeline: the modules of its first stage (`embed`) and of
     its last (`head`); the word embedding is used by both (tied MLM decoder, or not at all)."""
 
@@ -132,10 +134,10 @@ class _PipelinedBert(TPModule):
     def block_mask(self, attention_mask: Tensor | None = None, **_: Tensor | None) -> Tensor | None:
         return padding_mask(attention_mask)
 
-    def head(self, hidden: Tensor, **batch: Tensor | None) -> object:
-        raise NotImplementedError
+    head: Callable[..., Any]
+    """The task's output from the last block's hidden states and the batch (each subclass's)."""
 
-    def forward(self, **batch: Tensor | None) -> object:
+    def _forward_all(self, **batch: Any) -> Any:
         x, mask = self.embed(**batch), self.block_mask(**batch)
         for block in self.blocks():
             x = block(x, mask)
@@ -193,24 +195,24 @@ class BertForPreTraining(_PipelinedBert):
     def forward(
         self,
         input_ids: Tensor,
-        token_type_ids: Tensor | None = None,  # type: ignore[override]
+        token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         mlm_labels: Tensor | None = None,
         nsp_labels: Tensor | None = None,
     ) -> PretrainingOutput:
-        return super().forward(
+        return self._forward_all(
             input_ids=input_ids,
             token_type_ids=token_type_ids,
             attention_mask=attention_mask,
             mlm_labels=mlm_labels,
             nsp_labels=nsp_labels,
-        )  # type: ignore[return-value]
+        )
 
     def head(
         self,
         hidden: Tensor,
         input_ids: Tensor,
-        mlm_labels: Tensor | None = None,  # type: ignore[override]
+        mlm_labels: Tensor | None = None,
         nsp_labels: Tensor | None = None,
         **_: Tensor | None,
     ) -> PretrainingOutput:
@@ -233,7 +235,7 @@ class BertForPreTraining(_PipelinedBert):
         out.mlm_correct = hits.sum()
         out.mlm_loss = out.mlm_loss_sum / max(labels.numel(), 1)
         out.loss = out.mlm_loss
-        if nsp_labels is not None:
+        if nsp_labels is not None and out.nsp_logits is not None:
             out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), nsp_labels)
             out.nsp_correct = (out.nsp_logits.argmax(-1) == nsp_labels).sum()
             out.loss = out.loss + out.nsp_loss
@@ -263,24 +265,24 @@ class BertForSequenceClassification(_PipelinedBert):
     def forward(
         self,
         input_ids: Tensor,
-        token_type_ids: Tensor | None = None,  # type: ignore[override]
+        token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         labels: Tensor | None = None,
     ) -> ClassificationOutput:
-        return super().forward(
+        return self._forward_all(
             input_ids=input_ids,
             token_type_ids=token_type_ids,
             attention_mask=attention_mask,
             labels=labels,
-        )  # type: ignore[return-value]
+        )
 
     def head(
         self,
         hidden: Tensor,
-        labels: Tensor | None = None,  # type: ignore[override]
+        labels: Tensor | None = None,
         **_: Tensor | None,
     ) -> ClassificationOutput:
-        _, pooled = self.bert.finish(hidden)
+        _sequence, pooled = self.bert.finish(hidden)
         logits = self.classifier(self.dropout(pooled))
         if labels is None:
             return ClassificationOutput(logits)

@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
-from tpformer.layers.base import TPModule
-from tpformer.layers.block import TransformerStack
+from tpformer.layers.block import TransformerLayer, TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.linear import sequence_gathered_linear
 from tpformer.layers.loss import vocab_parallel_cross_entropy
 from tpformer.layers.sequence import local_positions
+from tpformer.models.base import TPModel
 from tpformer.models.bert import check_sequence_length
 from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import mark_sequence_parallel, normal_init, set_init
 
 
-class GPTModel(TPModule):
+class GPTModel(TPModel):
     """Token (vocab-parallel) + position embeddings, pre-LN causal stack, final LayerNorm."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
@@ -46,7 +47,7 @@ class GPTModel(TPModule):
             mark_sequence_parallel(self.wpe, self.norm)
         # GPT-2: residual output projections start at std / sqrt(2 * layers).
         scaled = normal_init(config.init_std / math.sqrt(2 * config.num_layers))
-        for layer in self.decoder.layers:
+        for layer in cast("list[TransformerLayer]", list(self.decoder.layers)):
             set_init(layer.attention.out.weight, scaled)
             set_init(layer.mlp.fc_out.weight, scaled)
 
@@ -84,7 +85,7 @@ class CausalLMOutput:
     loss: Tensor | None = None
 
 
-class GPTForCausalLM(TPModule):
+class GPTForCausalLM(TPModel):
     """LM head tied to wte; labels are aligned with input_ids and shifted inside, as in HF."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
+from tpformer.models.base import TPModel
 from tpformer.models.hf_keys import (
     HF_TIED,
     KEY_MAPS,
@@ -83,7 +85,9 @@ class CheckpointFiles:
         file = self._files[name]
         if file == "pytorch_model.bin":
             t = self._bin[name]
-            return (t if dim is None else t.narrow(dim, start, stop - start)).clone()
+            if dim is None or stop is None:
+                return t.clone()
+            return t.narrow(dim, start, stop - start).clone()
         if file not in self._handles:
             from safetensors import safe_open
 
@@ -99,7 +103,7 @@ class CheckpointFiles:
         if self._files[name] == "pytorch_model.bin":
             return list(self._bin[name].shape)
         self.read(name, 0, 0, 0)  # opens the handle
-        return list(self._handles[self._files[name]].get_slice(name).get_shape())  # type: ignore
+        return list(self._handles[self._files[name]].get_slice(name).get_shape())  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------------- loading
@@ -243,8 +247,8 @@ def _rule_keys(rule: Rule) -> tuple[str, ...]:
 
 
 def load_hf_model(
-    directory: str | Path, ctx: ParallelContext, *, task: str | None = None, **kwargs: object
-) -> nn.Module:
+    directory: str | Path, ctx: ParallelContext, *, task: str | None = None, **kwargs: Any
+) -> TPModel:
     """Build the tpformer model of a HF directory at ctx's layout and load its weights.
 
     `task` defaults to the checkpoint's own (BertForMaskedLM -> pretraining, ...); classifiers
@@ -328,10 +332,10 @@ def save_hf_checkpoint(
     state = to_hf_state_dict(model, ctx, architecture)
     if not ctx.is_main:
         return
-    extra = {}
+    extra: dict[str, Any] = {}
     if architecture == "BertForSequenceClassification":
-        extra["num_labels"] = model.num_labels  # type: ignore[attr-defined]
-        if model.num_labels == 1:  # type: ignore[attr-defined]
+        extra["num_labels"] = model.num_labels
+        if model.num_labels == 1:
             extra["problem_type"] = "regression"
         if id2label is not None:
             extra["id2label"] = id2label

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from tpformer.config.schema import ModelConfig
+from tpformer.config.schema import Activation, Arch, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
         if hf.get("hidden_act", "gelu") != "gelu":
             raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported; only 'gelu'")
         return ModelConfig(
-            arch="bert",
+            arch=Arch.bert,
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
             num_layers=hf["num_hidden_layers"],
@@ -139,13 +140,13 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
             type_vocab_size=hf["type_vocab_size"],
             dropout=hf["hidden_dropout_prob"],
             attention_dropout=hf["attention_probs_dropout_prob"],
-            activation="gelu",
+            activation=Activation.gelu,
             layer_norm_eps=hf["layer_norm_eps"],
             init_std=hf.get("initializer_range", 0.02),
         )
     if hf.get("model_type") == "gpt2":
         return ModelConfig(
-            arch="gpt",
+            arch=Arch.gpt,
             vocab_size=hf["vocab_size"],
             hidden_size=hf["n_embd"],
             num_layers=hf["n_layer"],
@@ -155,7 +156,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
             type_vocab_size=0,
             dropout=hf["resid_pdrop"],
             attention_dropout=hf["attn_pdrop"],
-            activation="gelu_tanh",
+            activation=Activation.gelu_tanh,
             layer_norm_eps=hf["layer_norm_epsilon"],
             init_std=hf.get("initializer_range", 0.02),
         )
@@ -164,7 +165,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     )
 
 
-def hf_config_from_model(config: ModelConfig, architecture: str, **extra: object):
+def hf_config_from_model(config: ModelConfig, architecture: str, **extra: Any) -> Any:
     """A transformers config object for `config` (used by export)."""
     from transformers import BertConfig, GPT2Config
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -35,10 +36,30 @@ class CollectiveCounts(Counter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bytes: Counter[str] = Counter()
+        self.bytes: dict[str, float] = cast("dict[str, float]", Counter())  # float bytes
 
 
 _active_counters: list[CollectiveCounts] = []
+T = TypeVar("T")
+
+
+class Pending(Protocol):
+    """Work in flight that `wait()` completes: a torch.distributed Work, or one of this module's
+    composite operations (a pair swap, an all-reduce then slice)."""
+
+    def wait(self) -> Any: ...
+
+
+def _started(work: dist.Work | None) -> dist.Work:
+    """An async_op=True call's Work (torch types it Optional; it is None only without async_op)."""
+    assert work is not None
+    return work
+
+
+def process_group(handle: GroupHandle) -> dist.ProcessGroup:
+    """The handle's group; only a size-1 handle has none, and callers return before this."""
+    assert handle.group is not None, "a size-1 group has no process group"
+    return handle.group
 
 
 @contextmanager
@@ -118,44 +139,44 @@ def _split_last_dim(x: Tensor, handle: GroupHandle) -> Tensor:
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:
         ctx.handle = handle
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return all_reduce(grad.contiguous(), ctx.handle), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:
         return summed(x.contiguous(), handle)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return grad, None
 
 
 class _ScatterToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:
         ctx.handle = handle
         return _split_last_dim(x, handle)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return all_gather_dim(grad, ctx.handle), None
 
 
 class _GatherFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:
         ctx.handle = handle
         return all_gather_dim(x, handle)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return _split_last_dim(grad, ctx.handle), None
 
 
@@ -187,13 +208,13 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def all_reduce_async(x: Tensor, handle: GroupHandle) -> dist.Work | None:
+def all_reduce_async(x: Tensor, handle: GroupHandle) -> Pending | None:
     """Start an in-place SUM all-reduce of a flat buffer."""
     if handle.size == 1:
         return None
     _record("all_reduce", x.nbytes, handle.size)
     if _swaps(x, handle):
-        return _swap_sum(x, handle)  # type: ignore[return-value]
+        return _swap_sum(x, handle)
     return dist.all_reduce(x, group=handle.group, async_op=True)
 
 
@@ -222,12 +243,12 @@ class _PairExchange:
         send: Tensor,
         recv: Tensor,
         handle: GroupHandle,
-        finish: Callable[[], None] | None = None,
+        finish: Callable[[], object] | None = None,
     ) -> None:
         peer = 1 - handle.rank  # plain isend/irecv: 0.2 ms less per 1.3 MB swap than batched
         self.works = [
-            dist.isend(send, group=handle.group, group_dst=peer),
-            dist.irecv(recv, group=handle.group, group_src=peer),
+            _started(dist.isend(send, group=handle.group, group_dst=peer)),
+            _started(dist.irecv(recv, group=handle.group, group_src=peer)),
         ]
         self.finish = finish
 
@@ -262,7 +283,7 @@ def _swap_sum(x: Tensor, handle: GroupHandle) -> _PairExchange:
     return _PairExchange(x, theirs, handle, finish=lambda: x.add_(theirs))
 
 
-def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Work | None:
+def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> Pending | None:
     """Start a SUM reduce-scatter: `out` (numel x.numel() / size) gets this rank's chunk.
 
     `out` may be this rank's own chunk of `x` (in place, as NCCL allows). The rest of `x` is
@@ -280,16 +301,16 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> dist.Wo
         return _PairExchange(
             theirs,
             recv,
-            handle,  # type: ignore[return-value]
+            handle,
             finish=lambda: out.add_(addend),
         )
     if dist.get_backend(handle.group) == "gloo":
         work = dist.all_reduce(x, group=handle.group, async_op=True)
-        return _AllReduceThenSlice(work, out, x, handle.rank)  # type: ignore[return-value]
+        return _AllReduceThenSlice(work, out, x, handle.rank)
     return _reduce_scatter(out, x, group=handle.group, async_op=True)
 
 
-def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> dist.Work | None:
+def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> Pending | None:
     """Start an all-gather of equal flat shards into `out` (numel shard.numel() * size)."""
     if handle.size == 1:
         out.copy_(shard)
@@ -298,11 +319,11 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> dist.Wo
     if _pairwise(handle):
         chunks = out.chunk(2)
         chunks[handle.rank].copy_(shard)
-        return _PairExchange(shard, chunks[1 - handle.rank], handle)  # type: ignore[return-value]
+        return _PairExchange(shard, chunks[1 - handle.rank], handle)
     return _all_gather(out, shard, group=handle.group, async_op=True)
 
 
-def wait(work: dist.Work | None) -> None:
+def wait(work: Pending | None) -> None:
     if work is not None:
         work.wait()
 
@@ -367,12 +388,12 @@ class SequenceReduceScatter:
 
 class _ReduceScatterSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:
         ctx.handle = handle
         return SequenceReduceScatter(x, handle).result()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return SequenceGather(grad, ctx.handle).result(), None
 
 
@@ -381,7 +402,7 @@ class _GatherRows(torch.autograd.Function):
     def forward(
         ctx,
         rows: Tensor,
-        counts: list[int],  # type: ignore[override]
+        counts: list[int],
         handle: GroupHandle,
     ) -> Tensor:
         ctx.start = sum(counts[: handle.rank])
@@ -394,13 +415,13 @@ class _GatherRows(torch.autograd.Function):
         return torch.cat([out[r, :n] for r, n in enumerate(counts)])
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         return grad[ctx.start : ctx.start + ctx.count], None, None
 
 
 class _FromFirstRank(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:
         ctx.first = handle.rank == 0
         y = x.contiguous().clone()
         _record("broadcast", y.nbytes, handle.size)
@@ -408,7 +429,7 @@ class _FromFirstRank(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return (grad if ctx.first else torch.zeros_like(grad)), None
 
 
@@ -443,31 +464,31 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     return box[0]
 
 
-def all_gather_object(obj: object, handle: GroupHandle) -> list[object]:
+def all_gather_object(obj: T, handle: GroupHandle) -> list[T]:
     """Every rank's picklable object of the group, in group-rank order."""
     if handle.size == 1:
         return [obj]
     _record("all_gather_object")
-    out: list[object] = [None] * handle.size
+    out: list[Any] = [None] * handle.size
     dist.all_gather_object(out, obj, group=handle.group)
     return out
 
 
-def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> dist.Work:
+def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> Pending:
     """Point-to-point send of x to group rank `peer` (a pipeline neighbour); keep x alive until
     the returned work is waited on. `tag` tells gloo's messages apart; NCCL matches by order."""
     _record("send")
     for counter in _active_counters:
         counter.bytes["send"] += x.nbytes
-    return dist.isend(
-        x.contiguous(), dst=dist.get_global_rank(handle.group, peer), group=handle.group, tag=tag
+    group = process_group(handle)
+    return _started(
+        dist.isend(x.contiguous(), dst=dist.get_global_rank(group, peer), group=group, tag=tag)
     )
 
 
 def recv(out: Tensor, peer: int, handle: GroupHandle, tag: int) -> Tensor:
     """Receive into `out` from group rank `peer`, waiting (up to the group's timeout)."""
     _record("recv")
-    dist.irecv(
-        out, src=dist.get_global_rank(handle.group, peer), group=handle.group, tag=tag
-    ).wait()
+    group = process_group(handle)
+    _started(dist.irecv(out, src=dist.get_global_rank(group, peer), group=group, tag=tag)).wait()
     return out

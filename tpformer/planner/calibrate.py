@@ -235,9 +235,9 @@ def calibrate(cluster: Cluster, precision: str, device: torch.device, *, collect
         )
         result.update(layer_constants(measured, device, precision))
         if collectives:
-            measured = collective_constants()
-            result["collectives"] = measured
-            result["intra_node_gbps"], result["intra_node_latency_us"] = measured["all_reduce"]
+            links = collective_constants()
+            result["collectives"] = links
+            result["intra_node_gbps"], result["intra_node_latency_us"] = links["all_reduce"]
         return result
     finally:
         torch.set_num_threads(threads)

@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from tpformer.config.schema import Config, ModelConfig
+from tpformer.config.schema import (
+    Config,
+    CpuOffload,
+    ModelConfig,
+    PipelineSchedule,
+    Recompute,
+    ZeroStage,
+)
 from tpformer.parallel.layout import divisors
 from tpformer.parallel.pipeline.partition import best_split, equal_split
 from tpformer.parallel.pipeline.split import flop_costs
@@ -118,13 +125,13 @@ class Candidate:
             tensor=self.tp,
             pipeline=self.pp,
             data=str(self.dp),
-            zero_stage=self.zero_stage,
-            cpu_offload=self.cpu_offload,
+            zero_stage=ZeroStage(self.zero_stage),
+            cpu_offload=CpuOffload(self.cpu_offload),
             sequence_parallel=self.sequence_parallel,
-            activation_checkpointing=self.recompute,
+            activation_checkpointing=Recompute(self.recompute),
             checkpoint_num_layers=0,
             checkpoint_every=1,
-            pipeline_schedule=self.schedule,
+            pipeline_schedule=PipelineSchedule(self.schedule),
             virtual_stages=self.virtual_stages,
             pipeline_split="balanced",
         )

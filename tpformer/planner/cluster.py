@@ -166,7 +166,7 @@ def _fill_from_device(
         filled = replace(filled, nodes=-(-world // filled.gpus_per_node))
     if not config.device_memory_gb:
         if kind != "cpu":
-            memory = torch.cuda.get_device_properties(0).total_memory
+            memory: float = torch.cuda.get_device_properties(0).total_memory
         else:
             # the host's RAM, less a fifth for the system, shared by the local ranks
             memory = (

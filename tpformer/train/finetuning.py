@@ -74,7 +74,7 @@ class GluePredictor:
             done += zip(indices, out.float().cpu().tolist())
         preds = torch.empty(len(examples))
         for part in all_gather_object(done, dp):
-            for i, p in part:  # type: ignore[union-attr]
+            for i, p in part:
                 preds[i] = p
         return preds, [e["index"] for e in examples]
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -82,7 +82,7 @@ class TrainingTask:
     global_batch: int
     peak_lr: float
     model_config: ModelConfig
-    meta: dict[str, object]
+    meta: dict[str, Any]
     """What checkpoints record beside the step (store.checkpoint_meta)."""
     eval_every: int = 0
     """Evaluate every N steps (0: only at the end); always at the end."""
@@ -250,7 +250,7 @@ class Trainer:
         ranks together through DCP; `weights_only` (the best checkpoint, for export and
         predictions): the parameters alone."""
         start = time.perf_counter()
-        state: dict[str, object] = (
+        state: dict[str, Any] = (
             {"engine": self.engine.weights_state_dict()}
             if weights_only
             else {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()}
@@ -304,15 +304,15 @@ class Trainer:
             )
             raise ValueError(f"{directory} holds another model ({details})")
         same_world = meta.get("world_size") == self.ctx.layout.world_size
-        template: dict[str, object] = {"engine": self.engine}
+        template: dict[str, Any] = {"engine": self.engine}
         if same_world:  # per-rank RNG states only mean something for the same ranks
             template[f"rng_rank{self.ctx.rank}"] = store.rng_state()
         store.load(directory, template)
         if same_world:
-            torch.set_rng_state(template[f"rng_rank{self.ctx.rank}"]["cpu"])  # type: ignore[index]
+            torch.set_rng_state(template[f"rng_rank{self.ctx.rank}"]["cpu"])
         state = meta.get("trainer", {})
-        self.evaluations = list(state.get("evaluations", []))  # type: ignore[union-attr]
-        self.best_value = float(state.get("best_value", -math.inf))  # type: ignore[union-attr]
+        self.evaluations = list(state.get("evaluations", []))
+        self.best_value = float(state.get("best_value", -math.inf))
         now = self.task.meta
         changed = {
             k: (meta.get(k, 1 if k == "pipeline" else None), now[k])
@@ -325,7 +325,7 @@ class Trainer:
             meta["step"],
             f", resharded {changed}" if changed else "",
         )
-        return int(meta["step"])  # type: ignore[arg-type]
+        return int(meta["step"])
 
     # ------------------------------------------------------------------ stopping
 
@@ -482,5 +482,5 @@ class Trainer:
         if self.evaluations:  # the latest evaluation's first metric (eval loss or dev metric)
             name = next(k for k in self.evaluations[-1] if k not in ("step", "epoch"))
             shown[f"eval_{name}"] = f"{self.evaluations[-1][name]:.4f}"
-        bar.set_postfix(**shown)
+        bar.set_postfix(refresh=True, **shown)
         return record

@@ -57,7 +57,7 @@ class MaskedLMObjective(_Objective):
     """BERT pretraining: MLM loss over the masked tokens of the global batch plus NSP/SOP loss
     over its samples; MLM accuracy (argmax over the full vocabulary) and NSP/SOP accuracy."""
 
-    names = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+    names: tuple[str, ...] = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
 
     def __init__(self, mask_prob: float) -> None:
         self.head_fraction = mask_prob
@@ -75,7 +75,7 @@ class MaskedLMObjective(_Objective):
 class CausalLMObjective(_Objective):
     """GPT pretraining: next-token loss over every predicted token of the global batch."""
 
-    names = ("loss",)
+    names: tuple[str, ...] = ("loss",)
     head_fraction = 1.0
 
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
@@ -93,7 +93,7 @@ class CausalLMObjective(_Objective):
 class ClassificationObjective(_Objective):
     """Sequence classification (cross-entropy) or regression (MSE), mean over the examples."""
 
-    names = ("loss",)
+    names: tuple[str, ...] = ("loss",)
     head_fraction = 0.0
 
     def counts(self, batch: dict[str, Tensor]) -> list[float]:

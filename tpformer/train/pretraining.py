@@ -101,7 +101,7 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
 
     stage_params = [
         int(n)
-        for n in all_gather_object(  # type: ignore[call-overload]
+        for n in all_gather_object(
             sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp
         )
     ]

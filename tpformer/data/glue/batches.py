@@ -76,7 +76,8 @@ class GlueTrainSteps:
         self.pad_multiple = pad_multiple
         self.lengths = [len(e["input_ids"]) for e in examples]
         self.steps_per_epoch = math.ceil(len(examples) / batch_size)
-        self._epoch, self._batches = -1, []
+        self._epoch = -1
+        self._batches: list[list[int]] = []
 
     def global_batch(self, step: int) -> list[int]:
         """Example indices of global step `step`, sorted by length (the same at every layout)."""

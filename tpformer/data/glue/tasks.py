@@ -9,6 +9,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -76,7 +77,7 @@ def get_task(name: str) -> GlueTask:
     return TASKS[name]
 
 
-def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, list]:
+def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, Any]:
     """{"text_a", "text_b", "label", "index"} of one split; labels are ids (or floats for STS-B)
     and are absent from test splits. Errors name the file and the column."""
     import datasets
@@ -89,7 +90,9 @@ def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, list]:
             f"<TASK>/{{train,{','.join(task.dev_splits)}}}.tsv for task={task_name}"
         )
     headerless = task.columns is not None and not split.startswith("test")
-    options = {"column_names": list(task.columns), "header": None} if headerless else {}
+    options: dict[str, Any] = (
+        {"column_names": list(task.columns or ()), "header": None} if headerless else {}
+    )
     table = datasets.load_dataset(
         "csv",
         data_files=str(path),
@@ -125,7 +128,7 @@ HUB_TEXT = {
 }
 
 
-def read_hub_split(task_name: str, split: str) -> dict[str, list]:
+def read_hub_split(task_name: str, split: str) -> dict[str, Any]:
     """The same rows from the hub dataset (needs network): dev -> validation, labels mapped by
     name where the hub orders them differently (MNLI)."""
     import datasets
@@ -150,7 +153,7 @@ def read_hub_split(task_name: str, split: str) -> dict[str, list]:
 BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, list]:
+def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, Any]:
     """A split from one CSV/TSV/JSON(L)/parquet file with the hub's column names (sentence,
     sentence1/sentence2, question/sentence, premise/hypothesis, question1/question2, label);
     labels may be ids or the task's label strings."""
@@ -193,7 +196,7 @@ def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, list]:
 
 def load_split(
     glue_dir: str, task_name: str, split: str, files: dict[str, str] | None = None
-) -> dict[str, list]:
+) -> dict[str, Any]:
     """A split from its file in `files` ({"train"|"dev"|"test": path}), else data.glue_dir,
     else the hub."""
     kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpformer.parallel.comm import recv, send_async
+from tpformer.parallel.comm import Pending, process_group, recv, send_async
 from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.parallel.pipeline.schedule import actions_for, virtual_stage
 from tpformer.parallel.pipeline.stage import PipelineStage
@@ -28,6 +28,12 @@ Values = Callable[[object, Batch], list[Tensor]]
 """(the model's output on the last stage, the micro-batch) -> the objective's values."""
 Backward = Callable[[Tensor, Tensor | None, bool], None]
 """(tensor, its gradient or None for the loss, last backward of the step) -> None."""
+
+
+def _grad_of(x: Tensor | None) -> Tensor:
+    """The gradient backward left on a stage's received input (sent back to the previous one)."""
+    assert x is not None and x.grad is not None, "the stage input got no gradient"
+    return x.grad
 
 
 def _duplicate_groups(ctx: ParallelContext) -> GroupHandle:
@@ -87,7 +93,7 @@ class PipelineRunner:
         totals = torch.zeros(n_values, dtype=torch.float64, device=ctx.device)
         inputs: dict[tuple[int, int], Tensor | None] = {}
         outputs: dict[tuple[int, int], Tensor] = {}
-        sends: list[dist.Work] = []
+        sends: list[Pending] = []
         for index, action in enumerate(actions):
             key, batch = parts[action.micro]
             vs = virtual_stage(action.chunk, stage.rank, p)
@@ -134,9 +140,9 @@ class PipelineRunner:
             if vs > 0:
                 sends.append(
                     send_async(
-                        x.grad,
+                        _grad_of(x),
                         self.prev,
-                        self.gradients,  # type: ignore[union-attr]
+                        self.gradients,
                         self._tag(1, action.micro, vs - 1, m),
                     )
                 )
@@ -155,6 +161,6 @@ class PipelineRunner:
 
         self.run(0, [(0, batch)], keep, 1, lambda *_: None, train=False)
         box = [out[0].cpu() if out else None]
-        src = dist.get_global_rank(self.ctx.pp.group, self.ctx.pp.size - 1)
+        src = dist.get_global_rank(process_group(self.ctx.pp), self.ctx.pp.size - 1)
         dist.broadcast_object_list(box, src=src, group=self.ctx.pp.group)
         return box[0].to(self.ctx.device)  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -73,7 +74,7 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
 
 def choose_split(
     model: nn.Module,
-    setting: object,
+    setting: Any,
     stages: int,
     chunks: int,
     *,
@@ -82,7 +83,7 @@ def choose_split(
     sample: dict[str, Tensor] | None,
 ) -> SplitChoice:
     """The split of `model`'s blocks for parallel.pipeline_split=`setting`."""
-    config = model.config  # type: ignore[attr-defined]
+    config: Any = model.config  # a model's ModelConfig (parallel/ does not import config/)
     layers, parts = config.num_layers, stages * chunks
     flops = flop_costs(config.hidden_size, seq, config.vocab_size, head_fraction, layers)
     if not isinstance(setting, str):

@@ -118,8 +118,8 @@ def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> P
             "(blocks, pipeline_embedding or pipeline_head)"
         )
     for module in model.modules():
-        for pname, param in list(module._parameters.items()):
-            if param is not None and id(param) not in kept:
+        for pname, owned in list(module._parameters.items()):
+            if owned is not None and id(owned) not in kept:
                 module._parameters[pname] = None  # another stage's: dropped
     return PipelineStage(model, chunks, rank, stages)
 
