@@ -78,3 +78,29 @@ def test_console_scripts_exit_2_on_bad_input(tmp_path: Path, args: list[str], me
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and message in result.stderr
+
+
+def test_a_user_config_dir_composes_through_the_search_path(tmp_path: Path) -> None:
+    """The package's configs are found through the package; `--config-dir` adds the user's."""
+    (tmp_path / "parallel").mkdir()
+    (tmp_path / "parallel" / "mine.yaml").write_text("tensor: 2\nzero_stage: 1\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpformer.cli.pretrain",
+            "--config-dir",
+            str(tmp_path),
+            "parallel=mine",
+            "--cfg",
+            "job",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "tensor: 2" in result.stdout and "zero_stage: '1'" in result.stdout
+    assert "seed: 1234" in result.stdout  # the rest of the group from the schema's defaults

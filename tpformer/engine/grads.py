@@ -192,7 +192,7 @@ class ShardedGrads(ReplicatedGrads):
                 self._release(i)
 
     def _release(self, i: int) -> None:
-        self.pool.give(self._whole(i))
+        self.pool.give(self.whole[i])  # None when already released after its reduction
         self.whole[i] = None
 
     def _result(self, i: int) -> Tensor:

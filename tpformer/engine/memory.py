@@ -57,9 +57,13 @@ def measure_saved_activations(
     per_layer = [0] * len(layers)
     current: list[int] = []
     handles = []
+
+    def leave(module: torch.nn.Module, args: object, output: object) -> None:
+        current.pop()
+
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(lambda m, a, i=i: current.append(i)))
-        handles.append(layer.register_forward_hook(lambda m, a, o: None))
+        handles.append(layer.register_forward_hook(leave))
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
