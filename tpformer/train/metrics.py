@@ -107,7 +107,8 @@ class MetricsWriter:
 def plot_loss_curve(metrics: Path, png: Path) -> None:
     """Training loss (with its MLM/NSP parts) and evaluation against steps, from a
     metrics.jsonl; the right axis shows the LR, or the dev metrics when evaluation reports
-    metrics rather than a loss (fine-tuning)."""
+    metrics rather than a loss (fine-tuning). Pretraining adds a panel of the MLM/NSP
+    accuracies, train and held-out: where a loss flattens, they show what is being learned."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,7 +117,14 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     train = [r for r in rows if not r.get("eval")]
     evals = [r for r in rows if r.get("eval")]
-    fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
+    accuracies = [k for k in (train[0] if train else {}) if k.endswith("_accuracy")]
+    if accuracies:
+        fig, (ax, acc_ax) = plt.subplots(
+            2, 1, figsize=(8, 7.5), layout="constrained", sharex=True, height_ratios=[3, 2]
+        )
+        _plot_accuracies(acc_ax, train, evals, accuracies)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
     for part in ("mlm_loss", "nsp_loss"):
         if train and part in train[0]:
@@ -129,7 +137,8 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
             )
     if evals and "loss" in evals[0]:
         ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval loss")
-    ax.set_xlabel("step")
+    if not accuracies:
+        ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     right = ax.twinx()
@@ -152,3 +161,25 @@ def plot_loss_curve(metrics: Path, png: Path) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize=9)
     fig.savefig(png, dpi=100)
     plt.close(fig)
+
+
+def _plot_accuracies(
+    ax: Any, train: list[dict[str, Any]], evals: list[dict[str, Any]], keys: list[str]
+) -> None:
+    for key in keys:
+        name = key.split("_")[0].upper()
+        line = ax.plot(
+            [r["step"] for r in train], [r[key] for r in train], lw=0.8, label=f"train {name}"
+        )[0]
+        if evals and key in evals[0]:
+            ax.plot(
+                [r["step"] for r in evals],
+                [r[key] for r in evals],
+                "o-",
+                color=line.get_color(),
+                label=f"eval {name}",
+            )
+    ax.set_xlabel("step")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", fontsize=9, ncol=2)
