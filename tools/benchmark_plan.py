@@ -7,8 +7,8 @@ per-device compute, memory and link bandwidths, since gloo's collectives copy an
 CPU, and the memory of a device). A spread of the ranked layouts (the top ones, the
 best of each tensor x pipeline degree, and evenly spaced others) is run for real: one warm-up
 step and `--steps` timed ones (median), on fresh processes per layout. Printed: per layout
-predicted and measured seconds, the Spearman rank
-correlation of the two orders, and where the planner's first choice lands among the measured.
+predicted and measured seconds, the Spearman rank correlation of the two orders, and where the
+planner's first choice lands among the measured.
 
     python tools/benchmark_plan.py                       # ~15 minutes on 2 cores
     python tools/benchmark_plan.py --models bert_small --worlds 2 --layouts 6

@@ -58,24 +58,29 @@ def test_every_console_script_is_on_the_shell() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("script", "args", "message"),
     [
-        (["tpformer.cli.convert", "to-hf", "{tmp}/missing", "{tmp}/out"], "missing"),
-        (["tpformer.cli.plan", "parallel.tensr=2"], "tensr"),
-        (["tpformer.cli.data", "data=synthetic"], "synthetic"),
+        ("tpformer.cli.convert:main", ["to-hf", "{tmp}/missing", "{tmp}/out"], "missing"),
+        ("tpformer.cli.plan:main", ["parallel.tensr=2"], "tensr"),
+        ("tpformer.cli.data:preprocess_main", ["data=synthetic"], "synthetic"),
     ],
 )
-def test_console_scripts_exit_2_on_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    code = (
-        "import sys; from tpformer.cli import data; "
-        "sys.argv = sys.argv[:1] + sys.argv[2:]; data.preprocess_main()"
-        if args[0] == "tpformer.cli.data"
-        else None
-    )
-    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", *args]
+def test_console_scripts_exit_2_on_bad_input(
+    tmp_path: Path, script: str, args: list[str], message: str
+) -> None:
+    """Run as the console script runs: import the entry point and call it with argv."""
+    module, _, function = script.partition(":")
+    code = f"from {module} import {function}; {function}()"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and message in result.stderr
 

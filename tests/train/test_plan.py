@@ -1,6 +1,6 @@
 """The planner's per-layer activation estimate (which the startup plan prints) against
-activations measured with saved-tensor hooks,
-at every TP / sequence-parallel / recomputation combination it models."""
+activations measured with saved-tensor hooks, at every TP / sequence-parallel / recomputation
+combination it models."""
 
 import pytest
 import torch

@@ -280,7 +280,7 @@ def load(directory: Path, template: dict[str, Any]) -> dict[str, Any]:
     NOTE: DCP's .metadata is a pickle: load only checkpoints you trust."""
     try:
         dcp.load(template, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
-    except (CheckpointException, Exception) as err:
+    except (CheckpointException, Exception) as err:  # DCP's errors, named once
         raise CheckpointError(
             f"reading the checkpoint {directory} failed ({_one_line(err)}); "
             f"its files may be damaged (trainer.verify_checkpoint=true names "

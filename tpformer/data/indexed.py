@@ -91,7 +91,7 @@ class IndexedCorpus:
             self.sentence_offsets = index["sentence_offsets"]
             self.doc_offsets = index["doc_offsets"]
             dtype = np.dtype(self.meta["dtype"])
-        except Exception as err:
+        except Exception as err:  # JSON, zip, numpy: one message for all
             raise ValueError(
                 f"the preprocessed corpus {prefix} is unreadable ({type(err).__name__}: "
                 f"{err}); delete {prefix}.* and rerun"

@@ -4,8 +4,8 @@ Words get a fixed random frequency rank (drawn once from the seed) and are dealt
 NUM_TOPICS groups by rank. Sample i picks a topic and draws its tokens from that group with
 Zipf(1.1) frequencies (generator seeded by (seed, i)), so the MLM loss falls quickly from
 ln(vocab) as the frequencies are learned, then further as the topic of the context is. For BERT
-the second segment keeps the topic (NSP
-label 0, "is next") or switches to another one (label 1). Used by tests and benchmarks.
+the second segment keeps the topic (NSP label 0, "is next") or switches to another one (label
+1). Used by tests and benchmarks.
 """
 
 from __future__ import annotations

@@ -84,16 +84,14 @@ def parallelize(
         stage = build_stage(model, split.split, ctx.pp.rank, ctx.pp.size)
     recomputed = apply_recompute(model, parallel, ctx.rng)
     engine = build_engine(model, optim, parallel, ctx)
-    architecture: Any = model.config  # the model's ModelConfig (engine/ imports no model class)
-    runner = (
-        PipelineRunner(
+    runner = None
+    if stage is not None:  # pipelined models name their ModelConfig (engine/ imports no model)
+        architecture: Any = model.config
+        runner = PipelineRunner(
             stage,
             ctx,
             schedule=parallel.pipeline_schedule,
             hidden=architecture.hidden_size,
             dtype=engine.dtype,
         )
-        if stage is not None
-        else None
-    )
     return Parallelized(engine, recomputed, runner, split)

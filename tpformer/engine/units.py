@@ -4,8 +4,8 @@ A model that defines `blocks()` (a list of modules, e.g. its transformer layers)
 bucket and one recomputation unit per block, and one bucket for every other parameter; a model
 without it is one bucket. A parameter that pipeline ends share (the tied word embedding) gets a
 bucket of its own, so the first and last stage hold identical flat layouts of it. This is the
-whole contract between the engine and a model, so the
-engine wraps any nn.Module and imports no layer or model class.
+whole contract between the engine and a model, so the engine wraps any nn.Module and imports no
+layer or model class.
 """
 
 from __future__ import annotations

@@ -85,8 +85,9 @@ class CheckpointFiles:
         file = self._files[name]
         if file == "pytorch_model.bin":
             t = self._bin[name]
-            if dim is None or stop is None:
+            if dim is None:
                 return t.clone()
+            assert stop is not None, "a slice along `dim` needs its stop"
             return t.narrow(dim, start, stop - start).clone()
         if file not in self._handles:
             from safetensors import safe_open

@@ -25,6 +25,8 @@ from torch import Tensor
 
 from tpformer.parallel.context import GroupHandle
 
+T = TypeVar("T")
+
 SEQUENCE_DIM = 1
 """Activations are [batch, seq, hidden]: sequence parallelism splits dim 1."""
 
@@ -40,7 +42,6 @@ class CollectiveCounts(Counter):
 
 
 _active_counters: list[CollectiveCounts] = []
-T = TypeVar("T")
 
 
 class Pending(Protocol):
