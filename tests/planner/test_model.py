@@ -102,3 +102,14 @@ def test_calibrated_collectives_replace_the_link_constants() -> None:
     assert link.all_gather(8e9, 2) == pytest.approx(1.0)
     assert link.reduce_scatter(8e9, 2) == pytest.approx(4.0 + 1e-4)
     assert link.all_reduce(8e9, 2) == pytest.approx(8.0 + 2e-4)
+
+
+def test_calibration_fit_survives_times_that_do_not_grow() -> None:
+    """A busy machine can time a larger message faster: the fit still gives a positive
+    bandwidth (the best size/time seen) instead of a negative one the planner would divide by."""
+    from tpformer.planner.calibrate import _fit
+
+    bandwidth, intercept = _fit([(1e6, 2e-3), (2e6, 1e-3), (4e6, 1.5e-3)])
+    assert bandwidth == pytest.approx(4e6 / 1.5e-3) and intercept == 0.0
+    bandwidth, intercept = _fit([(1e6, 1e-3 + 1e-5), (2e6, 2e-3 + 1e-5), (4e6, 4e-3 + 1e-5)])
+    assert bandwidth == pytest.approx(1e9) and intercept == pytest.approx(1e-5)

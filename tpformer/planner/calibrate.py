@@ -71,11 +71,15 @@ def memory_gbps(device: torch.device) -> float:
 
 
 def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares t = a + x / bw over (x, t): (bandwidth, a)."""
+    """Least squares t = a + x / bw over (x, t): (bandwidth, a). Timing noise on a busy machine
+    can make the times not grow with x; then the bandwidth is the best x / t seen, with no
+    intercept, so the planner never divides by a non-positive bandwidth."""
     n = len(points)
     mx = sum(x for x, _ in points) / n
     my = sum(t for _, t in points) / n
     slope = sum((x - mx) * (t - my) for x, t in points) / sum((x - mx) ** 2 for x, _ in points)
+    if slope <= 0:
+        return max(x / t for x, t in points), 0.0
     return 1 / slope, max(0.0, my - slope * mx)
 
 
@@ -151,12 +155,16 @@ def collective_constants() -> dict[str, tuple[float, float]]:
     return constants
 
 
+MIN_ELEMENTWISE_PASSES = 1.0
+
+
 def layer_constants(cluster: Cluster, device: torch.device, precision: str) -> dict[str, float]:
     """The layer terms, from one bert_small layer at seq 128, batch 8 (forward+backward):
     `layer_overhead_us` its time on 8 tokens; `dropout_ns` the time dropout 0.1 adds, per
     noise element drawn; `elementwise_passes` the dropout-free time minus the overhead and the
-    predicted matmul time, per byte the layer saves; `activation_scale` its saved activations
-    measured / the formula's."""
+    predicted matmul time, per byte the layer saves (at least one pass: a layer writes what it
+    saves, and on a busy machine the matmul prediction can exceed the measured time);
+    `activation_scale` its saved activations measured / the formula's."""
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     s, b = 128, 8
 
@@ -191,12 +199,13 @@ def layer_constants(cluster: Cluster, device: torch.device, precision: str) -> d
     )
     noise = config.num_heads * s * s * b + 2 * s * b * h
     saved = measure_saved_activations(block, lambda: block(x, None).sum())
+    elementwise_s = without - overhead - matmuls
     return {
         "layer_overhead_us": overhead * 1e6,
         "dropout_ns": max(0.0, with_dropout - without) / noise * 1e9,
-        "elementwise_passes": max(0.0, without - overhead - matmuls)
-        * cluster.memory_bandwidth
-        / saves,
+        "elementwise_passes": max(
+            MIN_ELEMENTWISE_PASSES, elementwise_s * cluster.memory_bandwidth / saves
+        ),
         "activation_scale": saved.total / saves,
     }
 
