@@ -292,7 +292,18 @@ class OptimConfig:
 
 
 @dataclass
-class DataConfig:
+class LoaderConfig:
+    """How the coming steps' batches are built while the current one trains (data/steps.py)."""
+
+    num_workers: int = ranged(2, 0)
+    """Background processes building batches (PyTorch's DataLoader convention; 0: in line, in
+    the training process). The batches are the same whatever the count."""
+    prefetch_steps: int = ranged(4, 1)
+    """Steps prepared ahead of the one training, over all workers (pinned on accelerators)."""
+
+
+@dataclass
+class DataConfig(LoaderConfig):
     """Where training samples come from and how they are tokenized and masked."""
 
     source: DataSource = DataSource.shakespeare
@@ -315,7 +326,7 @@ class DataConfig:
     cache_dir: str = "~/.cache/tpformer"
     """Trained tokenizers and preprocessed corpora, keyed by content hash."""
     workers: int = ranged(2, 1)
-    """Tokenization worker processes for preprocessing."""
+    """Tokenization processes for preprocessing (data.num_workers builds training batches)."""
     seq_length: int = ranged(128, 8)
     """Tokens per sample; at most model.max_position_embeddings."""
     mask_prob: float = ranged(0.15, 0, 1, lo_open=True, hi_open=True)
@@ -471,7 +482,7 @@ class PlanConfig(Config):
 
 
 @dataclass
-class GlueDataConfig:
+class GlueDataConfig(LoaderConfig):
     """Where a GLUE task's files come from and how its rows become batches."""
 
     glue_dir: str = ""

@@ -8,7 +8,8 @@ here reaches all of them at once. Order:
 2. activation recomputation wraps the model's blocks (before the engine, whose stage-3 hooks
    must see the recomputed forward as a forward inside backward, and skip the free);
 3. the engine takes over the parameters (flat buffers, ZeRO partitioning, precision, offload)
-   and builds the optimizer over them; the pipeline runner gets the engine's compute dtype.
+   and builds the optimizer over them; the pipeline runner gets the engine's compute dtype;
+4. the step runner (engine/step_runner.py): the micro-batch loop of a step, local or pipelined.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 from tpformer.config.schema import OptimConfig, ParallelConfig
 from tpformer.engine.engine import ZeroEngine
 from tpformer.engine.recompute import apply_recompute
+from tpformer.engine.step_runner import LocalStepRunner, PipelineStepRunner, StepRunner
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.parallel.pipeline.split import SplitChoice, choose_split
@@ -32,6 +34,8 @@ class Parallelized:
     """What `parallelize` made of a model."""
 
     engine: ZeroEngine
+    runner: StepRunner
+    """The micro-batch loop of one step at this layout (what the training loop calls)."""
     recomputed: list[str]
     """Names of the modules (full) or methods (selective) that recompute in backward."""
     pipeline: PipelineRunner | None = None
@@ -94,4 +98,9 @@ def parallelize(
             hidden=architecture.hidden_size,
             dtype=engine.dtype,
         )
-    return Parallelized(engine, recomputed, runner, split)
+    steps: StepRunner = (
+        LocalStepRunner(model, engine, ctx)
+        if runner is None
+        else PipelineStepRunner(runner, engine, ctx)
+    )
+    return Parallelized(engine, steps, recomputed, runner, split)

@@ -103,6 +103,9 @@ class ParallelContext:
     sequence_parallel: bool = False
     pp: GroupHandle = field(default_factory=GroupHandle.single)
     pipeline_ends: GroupHandle = field(default_factory=GroupHandle.single)
+    control: GroupHandle = field(default_factory=GroupHandle.single)
+    """Every rank on a CPU (gloo) group: host-side agreements (stop flags) that must not wait
+    for the device. The world group itself when the backend is gloo."""
 
     @classmethod
     def single(cls, seed: int = 1234, device: torch.device | str | None = None) -> ParallelContext:
@@ -166,6 +169,7 @@ class ParallelContext:
             sequence_parallel=sequence_parallel,
             pp=_handle(mesh, "pp", pp_rank, layout.pp),
             pipeline_ends=_pipeline_ends(layout, rank),
+            control=_control_group(rank, layout.world_size),
         )
 
     @property
@@ -192,6 +196,15 @@ def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int) -> GroupHandle:
     if dist.get_rank(group) != rank:
         raise RuntimeError(f"mesh dim {dim!r}: rank {dist.get_rank(group)} != layout rank {rank}")
     return GroupHandle(group=group, rank=rank, size=size)
+
+
+def _control_group(rank: int, world: int) -> GroupHandle:
+    """The world on gloo: the default group when it is gloo, else a gloo twin of it."""
+    if world == 1:
+        return GroupHandle.single()
+    group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    assert group is not None
+    return GroupHandle(group=group, rank=rank, size=world)
 
 
 def _pipeline_ends(layout: Layout, rank: int) -> GroupHandle:

@@ -208,8 +208,8 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
         TrainingTask(
             model=model,
             engine=wrapped.engine,
+            runner=wrapped.runner,
             objective=ClassificationObjective(),
-            pipeline=wrapped.pipeline,
             train_batches=train,
             evaluator=evaluator,
             max_steps=steps,
@@ -229,6 +229,8 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
             best=BestCheckpoint(evaluator.main_metric, write_predictions),
             tokenizer_files=tokenizer.files,
             description=f"finetune {config.task}",
+            num_workers=data.num_workers,
+            prefetch_steps=data.prefetch_steps,
         ),
         t,
         config.optim,

@@ -31,10 +31,12 @@ from torch import Tensor, nn
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import LoopConfig, ModelConfig, OptimConfig
+from tpformer.data.steps import StepInput, StepLoader, StepSource, prepare_step
 from tpformer.engine import ZeroEngine
+from tpformer.engine.step_runner import StepRunner
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.pipeline.runner import PipelineRunner
+from tpformer.parallel.control import agree_any
 from tpformer.planner.step_time import flops_per_step
 from tpformer.progress import Progress, progress
 from tpformer.train.metrics import MetricsWriter, peak_tflops
@@ -47,9 +49,23 @@ STOP_RECORD = "stop.json"
 """Written by rank 0 into the run directory when training ends: why, at which step, and the
 checkpoint saved then (or null). The launcher reads it after a preemption."""
 
-StepBatches = Callable[[int], list[tuple[int, dict[str, Tensor]]]]
-"""step -> this DP rank's micro-batches of that global step, as (dropout key, batch): the key is
-the micro-batch's first position in the global sample order."""
+
+@dataclass
+class StepResult:
+    """A queued step's device values: float64 [objective names..., tokens, real tokens]."""
+
+    values: Tensor
+    padded: bool
+    """The batches carry an attention mask (the padding share is reported)."""
+
+
+@dataclass
+class UnreadStep:
+    """A trained step not yet logged: its device values and what the host knows already."""
+
+    result: StepResult
+    host: dict[str, float]
+    """The engine's grad_norm and skipped, the LR, the seconds spent waiting for the data."""
 
 
 class Evaluator(Protocol):
@@ -75,8 +91,10 @@ class TrainingTask:
 
     model: nn.Module
     engine: ZeroEngine
+    runner: StepRunner
+    """The micro-batch loop of a step at this layout (Parallelized.runner)."""
     objective: Objective
-    train_batches: StepBatches
+    train_batches: StepSource
     evaluator: Evaluator
     max_steps: int
     global_batch: int
@@ -91,8 +109,10 @@ class TrainingTask:
     best: BestCheckpoint | None = None
     tokenizer_files: list[Path] = field(default_factory=list)
     description: str = "train"
-    pipeline: PipelineRunner | None = None
-    """This rank's pipeline stage (parallel.pipeline > 1): micro-batches go through its schedule."""
+    num_workers: int = 0
+    """Processes building the coming steps' batches (data.num_workers; 0: in line)."""
+    prefetch_steps: int = 2
+    """Steps prepared ahead of the one training (data.prefetch_steps)."""
 
 
 class Trainer:
@@ -105,7 +125,7 @@ class Trainer:
         run_dir: Path,
     ) -> None:
         self.task, self.loop, self.optim, self.ctx, self.run_dir = task, loop, optim, ctx, run_dir
-        self.model, self.engine = task.model, task.engine
+        self.model, self.engine, self.runner = task.model, task.engine, task.runner
         config = task.meta.get("config")
         self.metrics = MetricsWriter(
             run_dir,
@@ -127,67 +147,36 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def run_step(self, step: int, batches: StepBatches, *, train: bool) -> dict[str, float]:
-        """Forward (and backward when training) every micro-batch of global step `step`;
-        returns the global-batch means of the objective's values, the step's token count and,
-        for padded batches (an attention mask), the share of those tokens that is padding."""
-        parts = [
-            (key, {k: v.to(self.ctx.device, non_blocking=True) for k, v in b.items()})
-            for key, b in batches(step)
-        ]
-        objective = self.task.objective
-        local = [sum(c) for c in zip(*(objective.counts(b) for _, b in parts))]
-        local.append(float(sum(b["input_ids"].numel() for _, b in parts)))
-        local.append(
-            float(
-                sum(
-                    int(b["attention_mask"].sum())
-                    if "attention_mask" in b
-                    else b["input_ids"].numel()
-                    for _, b in parts
-                )
-            )
+    def queue_step(self, prepared: StepInput, *, train: bool) -> StepResult:
+        """Queue forward (and backward when training) of every micro-batch of a prepared step
+        without reading any device value: the counts are summed over DP on the device and
+        the returned totals stay there until a log line reads them."""
+        on_device = prepared.to(self.ctx.device)
+        counts = all_reduce(on_device.counts, self.ctx.dp)
+        totals = self.runner.run(
+            prepared.step,
+            on_device.parts,
+            self.task.objective,
+            counts[:-2],
+            mask_width=prepared.mask_width,
+            train=train,
         )
-        counts = all_reduce(
-            torch.tensor(local, dtype=torch.float64, device=self.ctx.device), self.ctx.dp
-        ).tolist()
-        counts, tokens, real = counts[:-2], counts[-2], counts[-1]
-        width = torch.tensor(
-            [max((b["input_ids"].shape[-1] for _, b in parts), default=0)], device=self.ctx.device
-        )
-        self.ctx.rng.mask_width = int(
-            all_reduce(width, self.ctx.dp, torch.distributed.ReduceOp.MAX)
-        )
-        dp = self.ctx.dp.size  # the engine averages gradients over DP: scale the global shares
-        if self.task.pipeline is not None:
-            self.engine.settle()  # the stages call the model's parts, not its forward (hooks)
-            totals = self.task.pipeline.run(
-                step,
-                [(key, objective.model_inputs(b)) for key, b in parts],
-                lambda out, b: objective.values(out, b, counts),
-                len(objective.names),
-                lambda t, grad, sync: self.engine.backward(
-                    t * dp if grad is None else t, sync=sync, grad=grad
-                ),
-                train=train,
-            )
-            all_reduce(totals, self.ctx.pp)  # the values live on the last stage
-        else:
-            totals = torch.zeros(len(objective.names), dtype=torch.float64, device=self.ctx.device)
-            for i, (key, batch) in enumerate(parts):
-                self.ctx.rng.set_position(step, key)
-                with torch.set_grad_enabled(train):
-                    values = objective(self.model, batch, counts)
-                if train:
-                    self.engine.backward(values[0] * dp, sync=i == len(parts) - 1)
-                totals += torch.stack([v.detach().double() for v in values])
-        masked = bool(parts) and "attention_mask" in parts[0][1]
-        padded = {"pad_fraction": 1.0 - real / tokens} if masked else {}
-        return {
-            **dict(zip(objective.names, all_reduce(totals, self.ctx.dp).tolist())),
-            "tokens": tokens,
-            **padded,
-        }
+        values = torch.cat([all_reduce(totals, self.ctx.dp), counts[-2:]])
+        padded = bool(prepared.parts) and "attention_mask" in prepared.parts[0][1]
+        return StepResult(values, padded)
+
+    def step_metrics(self, result: StepResult, row: list[float]) -> dict[str, float]:
+        """A step's global-batch means, token count and (padded batches) padding share, from
+        `result.values` read on the host as `row`."""
+        names = self.task.objective.names
+        tokens, real = row[len(names)], row[len(names) + 1]
+        padded = {"pad_fraction": 1.0 - real / tokens} if result.padded else {}
+        return {**dict(zip(names, row)), "tokens": tokens, **padded}
+
+    def run_step(self, step: int, batches: StepSource, *, train: bool) -> dict[str, float]:
+        """One step prepared in line and read at once (evaluation)."""
+        result = self.queue_step(prepare_step(batches, self.task.objective, step), train=train)
+        return self.step_metrics(result, result.values.tolist())
 
     def evaluate(self, step: int) -> dict[str, float]:
         """The evaluator's metrics at `step`, logged (and kept for the best checkpoint)."""
@@ -338,14 +327,6 @@ class Trainer:
 
             signal.signal(signal.SIGTERM, request_stop)
 
-    def _agreed(self, *flags: bool) -> list[bool]:
-        """Each flag true on every rank as soon as it is true on any (one tiny all-reduce), so
-        all ranks stop at the same step."""
-        t = torch.tensor([float(f) for f in flags], device=self.ctx.device)
-        for group in (self.ctx.tp, self.ctx.dp, self.ctx.pp):
-            all_reduce(t, group, torch.distributed.ReduceOp.MAX)
-        return [bool(x) for x in t.tolist()]
-
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> list[dict]:
@@ -355,7 +336,7 @@ class Trainer:
             loop.peak_tflops, "fp32" if self.engine.dtype == torch.float32 else "bf16"
         )
         records: list[dict] = []
-        window: list[dict[str, float]] = []
+        window: list[UnreadStep] = []
         start = last = time.perf_counter()
         self.model.train()
         self._install_sigterm()
@@ -371,25 +352,35 @@ class Trainer:
             every=loop.log_every,
         )
         step, reason, saved = first - 1, "done", None
+        loader = StepLoader(
+            task.train_batches,
+            task.objective,
+            first=first,
+            stop=task.max_steps,
+            num_workers=task.num_workers,
+            prefetch_steps=task.prefetch_steps,
+            pin_memory=self.ctx.device.type == "cuda",
+        )
+        steps = iter(loader)
         for step in range(first, task.max_steps):
+            prepared = next(steps)
             lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
             self.engine.set_lr(lr)
+            result = self.queue_step(prepared, train=True)
             window.append(
-                {
-                    **self.run_step(step, task.train_batches, train=True),
-                    **self.engine.step(),
-                    "lr": lr,
-                }
+                UnreadStep(result, {**self.engine.step(), "lr": lr, "data_wait_s": loader.wait_s})
             )
             done = step + 1 == task.max_steps
             over_time = (
                 loop.max_time_minutes > 0
                 and time.perf_counter() - start > 60 * loop.max_time_minutes
             )
-            preempted, timed_out = self._agreed(self._sigterm, over_time)
+            preempted, timed_out = agree_any(self.ctx, self._sigterm, over_time)
             if (step + 1) % loop.log_every == 0 or done or timed_out or step == 0:
                 now = time.perf_counter()
-                records.append(self._log(step + 1, window, (now - last) / len(window), peak, bar))
+                records.append(
+                    self._log(step + 1, self._read(window), (now - last) / len(window), peak, bar)
+                )
                 window, last = [], now
             bar.update(1)
             if not preempted and (self._due_for_eval(step + 1) or done or timed_out):
@@ -412,6 +403,7 @@ class Trainer:
                     step + 1,
                 )
                 break
+        loader.close()
         bar.close()
         start_close = time.perf_counter()
         self.metrics.close()
@@ -422,6 +414,11 @@ class Trainer:
             saved if saved and saved.name.endswith(store.step_dir_name(step + 1)) else None,
         )
         return records
+
+    def _read(self, window: list[UnreadStep]) -> list[dict[str, float]]:
+        """The window's device values, read on the host in one transfer (a log line)."""
+        rows = torch.stack([p.result.values for p in window]).tolist()
+        return [{**self.step_metrics(p.result, row), **p.host} for p, row in zip(window, rows)]
 
     def _due_for_eval(self, step: int) -> bool:
         every = self.task.eval_every
@@ -446,7 +443,9 @@ class Trainer:
         bar: Progress,
     ) -> dict:
         """One metrics.jsonl line: the window's mean losses and metrics, LR, throughput, MFU."""
-        names = [k for k in window[0] if k not in ("tokens", "lr", "grad_norm", "skipped")]
+        names = [
+            k for k in window[0] if k not in ("tokens", "lr", "grad_norm", "skipped", "data_wait_s")
+        ]
         tokens = sum(w["tokens"] for w in window) / len(window)
         config = self.task.model_config
         samples = self.task.global_batch
@@ -465,6 +464,7 @@ class Trainer:
             "lr": last["lr"],
             "grad_norm": last["grad_norm"],
             "skipped": last["skipped"],
+            "data_wait_s": sum(w["data_wait_s"] for w in window) / len(window),
             "tokens_per_s": tokens / step_time,
             "tflops_per_device": tflops,
         }
@@ -476,6 +476,7 @@ class Trainer:
             "lr": f"{record['lr']:.2e}",
             "tok_s": f"{record['tokens_per_s']:.0f}",
             "tflops": f"{tflops:.3f}",
+            "wait": f"{record['data_wait_s']:.3f}s",
         }
         if peak > 0:
             shown["mfu"] = f"{record['mfu']:.1%}"

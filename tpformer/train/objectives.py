@@ -1,16 +1,32 @@
 """What a task optimizes: a micro-batch -> its shares of the global-batch means.
 
-The loop sums each objective's `counts` over this rank's micro-batches, all-reduces them over DP
-(one small all-reduce) and passes the global counts back, so every layout -- any DP degree,
-micro-batch size or accumulation -- optimizes and reports the same global means. The first
-value of `__call__` is the loss that is backpropagated; the rest are metrics.
+Each objective's `counts` are summed on the host over this rank's micro-batches when the step
+is prepared (data/steps.py); the step all-reduces them over DP on the device (one small
+all-reduce, never read on the host) and passes the global counts back as a float64 tensor, so
+every layout -- any DP degree, micro-batch size or accumulation -- optimizes and reports the
+same global means. The first value of `__call__` is the loss that is backpropagated; the rest
+are metrics.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor, nn
+
+
+def _mean(value: Tensor, count: Tensor) -> Tensor:
+    """value / count with the count in the dtype the division computes in (value's, or the
+    default float for integer values), as dividing by a host number would."""
+    dtype = value.dtype if value.is_floating_point() else torch.get_default_dtype()
+    return value / count.to(dtype)
+
+
+def _share(value: Tensor, part: float, total: Tensor) -> Tensor:
+    """value x part / total, the ratio taken in float64 and rounded to value's dtype once, as a
+    Python float would be: the same bits as dividing by a host count."""
+    return value * (part / total).to(value.dtype)
 
 
 class Objective(Protocol):
@@ -20,21 +36,20 @@ class Objective(Protocol):
     """Share of the tokens the output head runs on (for the FLOPs estimate)."""
 
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
-        """This micro-batch's normalizing counts (summed over the global batch by the loop)."""
+        """This micro-batch's normalizing counts, from its host tensors (summed over the
+        global batch by the step)."""
         ...
 
     def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The model's keyword arguments for this batch (they include input_ids)."""
         ...
 
-    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
+    def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
         """This micro-batch's share of each global-batch mean in `names`, from the model's
         output (computed by the last pipeline stage when there are several)."""
         ...
 
-    def __call__(
-        self, model: nn.Module, batch: dict[str, Tensor], counts: list[float]
-    ) -> list[Tensor]:
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
         """values(model(**model_inputs(batch)), ...)."""
         ...
 
@@ -43,12 +58,10 @@ class _Objective:
     def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return batch
 
-    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
+    def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
         raise NotImplementedError
 
-    def __call__(
-        self, model: nn.Module, batch: dict[str, Tensor], counts: list[float]
-    ) -> list[Tensor]:
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
         inputs = self.model_inputs(batch)
         return self.values(model(**inputs), inputs, counts)
 
@@ -65,11 +78,17 @@ class MaskedLMObjective(_Objective):
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
         return [float(int((batch["mlm_labels"] != -100).sum())), float(batch["input_ids"].shape[0])]
 
-    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
-        masked, samples = counts
-        mlm = out.mlm_loss_sum / masked
-        nsp = out.nsp_loss * batch["input_ids"].shape[0] / samples
-        return [mlm + nsp, mlm, nsp, out.mlm_correct / masked, out.nsp_correct / samples]
+    def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
+        masked, samples = counts[0], counts[1]
+        mlm = _mean(out.mlm_loss_sum, masked)
+        nsp = _mean(out.nsp_loss * batch["input_ids"].shape[0], samples)
+        return [
+            mlm + nsp,
+            mlm,
+            nsp,
+            _mean(out.mlm_correct, masked),
+            _mean(out.nsp_correct, samples),
+        ]
 
 
 class CausalLMObjective(_Objective):
@@ -85,9 +104,9 @@ class CausalLMObjective(_Objective):
     def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
 
-    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
+    def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
         tokens = batch["input_ids"].shape[0] * (batch["input_ids"].shape[1] - 1)
-        return [out.loss * (tokens / counts[0])]
+        return [_share(out.loss, tokens, counts[0])]
 
 
 class ClassificationObjective(_Objective):
@@ -99,8 +118,8 @@ class ClassificationObjective(_Objective):
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
         return [float(batch["input_ids"].shape[0])]
 
-    def values(self, out: Any, batch: dict[str, Tensor], counts: list[float]) -> list[Tensor]:
-        return [out.loss * (batch["input_ids"].shape[0] / counts[0])]
+    def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
+        return [_share(out.loss, batch["input_ids"].shape[0], counts[0])]
 
 
 def objective_for(task: str, *, mask_prob: float = 0.15) -> Objective:

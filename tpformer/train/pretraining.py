@@ -8,25 +8,35 @@ trains on global samples [s x G, (s+1) x G), which DP rank r slices and cuts int
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
+
+from torch import Tensor
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
 from tpformer.data import load_pretraining_data, prepare_data
 from tpformer.data.loader import micro_batch_ranges
+from tpformer.data.steps import StepSource
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine import parallelize
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_gather_object, broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import logical_shape
-from tpformer.train.loop import StepBatches, Trainer, TrainingTask
+from tpformer.train.loop import Trainer, TrainingTask
 from tpformer.train.objectives import objective_for
 from tpformer.train.schedule import scaled_lr
 from tpformer.train.startup_report import format_plan
 
 log = logging.getLogger(__name__)
+
+
+class SampleSource(Protocol):
+    """A pretraining dataset: the batch of given global sample indices of a split."""
+
+    def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]: ...
 
 
 def prepare_data_on_rank0(config: Config, ctx: ParallelContext) -> tuple[Path, Path] | None:
@@ -49,10 +59,36 @@ def prepare_data_on_rank0(config: Config, ctx: ParallelContext) -> tuple[Path, P
     return outcome  # type: ignore[return-value]
 
 
+@dataclass
+class PretrainingSteps:
+    """This DP rank's micro-batches of each step of one split: fixed-width samples."""
+
+    data: SampleSource
+    split: str
+    seq_length: int
+    micro_batch_size: int
+    grad_accum: int
+    dp_size: int
+    dp_rank: int
+
+    def __call__(self, step: int) -> list[tuple[int, dict[str, Tensor]]]:
+        ranges = micro_batch_ranges(
+            step,
+            micro_batch_size=self.micro_batch_size,
+            grad_accum=self.grad_accum,
+            dp_size=self.dp_size,
+            dp_rank=self.dp_rank,
+        )
+        return [(r.start, self.data.batch(r, split=self.split)) for r in ranges]
+
+    def mask_width(self, step: int) -> int:
+        return self.seq_length  # every sample is data.seq_length tokens
+
+
 class HeldOutLoss:
     """Pretraining's evaluator: the objective's means over `steps` batches of held-out data."""
 
-    def __init__(self, batches: StepBatches, steps: int) -> None:
+    def __init__(self, batches: StepSource, steps: int) -> None:
         self.batches, self.steps = batches, steps
 
     def __call__(self, trainer: Trainer) -> dict[str, float]:
@@ -71,18 +107,16 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
     global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
     objective = objective_for(task, mask_prob=config.data.mask_prob)
 
-    def batches(split: str) -> StepBatches:
-        def of_step(step: int) -> list:
-            ranges = micro_batch_ranges(
-                step,
-                micro_batch_size=t.micro_batch_size,
-                grad_accum=t.grad_accum,
-                dp_size=ctx.dp.size,
-                dp_rank=ctx.dp.rank,
-            )
-            return [(r.start, data.batch(r, split=split)) for r in ranges]
-
-        return of_step
+    def batches(split: str) -> PretrainingSteps:
+        return PretrainingSteps(
+            data,
+            split,
+            seq_length=config.data.seq_length,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum=t.grad_accum,
+            dp_size=ctx.dp.size,
+            dp_rank=ctx.dp.rank,
+        )
 
     sample = (
         objective.model_inputs({k: v.to(ctx.device) for k, v in batches("train")(0)[0][1].items()})
@@ -122,8 +156,8 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
         TrainingTask(
             model=model,
             engine=wrapped.engine,
+            runner=wrapped.runner,
             objective=objective,
-            pipeline=wrapped.pipeline,
             train_batches=batches("train"),
             evaluator=HeldOutLoss(batches("eval"), t.eval_steps),
             max_steps=t.max_steps,
@@ -135,6 +169,8 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
             ),
             eval_every=t.eval_every,
             tokenizer_files=Tokenizer(prepared[0]).files if prepared else [],
+            num_workers=config.data.num_workers,
+            prefetch_steps=config.data.prefetch_steps,
         ),
         t,
         config.optim,

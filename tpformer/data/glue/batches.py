@@ -93,6 +93,12 @@ class GlueTrainSteps:
             )
         return sorted(self._batches[k], key=lambda i: self.lengths[i])
 
+    def mask_width(self, step: int) -> int:
+        """The step's widest micro-batch over every DP rank, from the lengths alone: its
+        longest example, padded as collate pads."""
+        width = max(self.lengths[i] for i in self.global_batch(step))
+        return width + -width % self.pad_multiple
+
     def __call__(self, step: int) -> list[tuple[int, dict[str, torch.Tensor]]]:
         per_rank = self.batch_size // self.dp_size
         first = self.dp_rank * per_rank

@@ -1,0 +1,155 @@
+"""Each step's input, prepared on the host ahead of the step, in background workers.
+
+A step's micro-batches are a pure function of (seed, step, layout) (data/loader.py), so they can
+be built anywhere and early: `StepLoader` is a `torch.utils.data.DataLoader` over step numbers
+whose workers (`data.num_workers`; 0 builds them in line) run `prepare_step` up to
+`data.prefetch_steps` steps ahead, into pinned memory on accelerators. Besides the batches,
+`prepare_step` computes on the host what the loss normalization needs (this rank's counts, the
+step's mask width), so the training step never reads a device value to start.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+Batch = dict[str, Tensor]
+
+
+class StepSource(Protocol):
+    """This DP rank's micro-batches of each global step."""
+
+    def __call__(self, step: int) -> list[tuple[int, Batch]]:
+        """(dropout key, batch) per micro-batch; the key is the micro-batch's first position
+        in the global sample order."""
+        ...
+
+    def mask_width(self, step: int) -> int:
+        """The widest micro-batch (tokens) of `step` over *all* DP ranks, computed on the host
+        (attention dropout is drawn at this width; see ParallelDropout)."""
+        ...
+
+
+class Counter(Protocol):
+    """What normalizes a micro-batch's loss: an Objective's `counts`."""
+
+    def counts(self, batch: Batch) -> list[float]: ...
+
+
+@dataclass
+class StepInput:
+    """One global step's input for this rank, ready before the step starts."""
+
+    step: int
+    parts: list[tuple[int, Batch]]
+    """(dropout key, batch) per micro-batch, on the host."""
+    counts: Tensor
+    """float64 [objective counts..., tokens, real tokens] of this rank's micro-batches; the
+    step sums it over DP on the device."""
+    mask_width: int
+
+    def pin_memory(self) -> StepInput:
+        """Called by the DataLoader's pinning thread on accelerators (non_blocking copies)."""
+        parts = [(key, {k: v.pin_memory() for k, v in b.items()}) for key, b in self.parts]
+        return StepInput(self.step, parts, self.counts.pin_memory(), self.mask_width)
+
+    def to(self, device: torch.device) -> StepInput:
+        parts = [
+            (key, {k: v.to(device, non_blocking=True) for k, v in b.items()})
+            for key, b in self.parts
+        ]
+        return StepInput(
+            self.step, parts, self.counts.to(device, non_blocking=True), self.mask_width
+        )
+
+
+def prepare_step(source: StepSource, counter: Counter, step: int) -> StepInput:
+    """The step's batches and, from their host tensors, its counts and mask width."""
+    parts = source(step)
+    per_batch = [counter.counts(b) for _, b in parts]
+    local = [sum(c) for c in zip(*per_batch)]
+    tokens = sum(b["input_ids"].numel() for _, b in parts)
+    real = sum(
+        int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel()
+        for _, b in parts
+    )
+    width = source.mask_width(step)
+    widest = max((b["input_ids"].shape[-1] for _, b in parts), default=0)
+    if widest > width:
+        raise RuntimeError(
+            f"step {step}: a micro-batch is {widest} tokens wide but the source says the step's "
+            f"widest is {width} (StepSource.mask_width must cover every DP rank's batches)"
+        )
+    counts = torch.tensor([*local, float(tokens), float(real)], dtype=torch.float64)
+    return StepInput(step, parts, counts, width)
+
+
+class _Steps(Dataset[StepInput]):
+    def __init__(self, source: StepSource, counter: Counter, first: int, stop: int) -> None:
+        self.source, self.counter, self.first, self.stop = source, counter, first, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    def __getitem__(self, index: int) -> StepInput:
+        return prepare_step(self.source, self.counter, self.first + index)
+
+
+def _as_is(item: Any) -> Any:
+    """batch_size=None: each item is one whole step already."""
+    return item
+
+
+class StepLoader:
+    """Steps [first, stop) in order, prepared by `num_workers` processes `prefetch_steps`
+    ahead; `wait_s` is how long the last `next` waited for its step. A worker's exception
+    is raised here with its traceback, and a worker that dies ends the run (DataLoader's
+    own checks), never a hang."""
+
+    def __init__(
+        self,
+        source: StepSource,
+        counter: Counter,
+        *,
+        first: int,
+        stop: int,
+        num_workers: int,
+        prefetch_steps: int,
+        pin_memory: bool,
+        timeout_s: float = 0.0,
+    ) -> None:
+        workers = min(num_workers, max(0, stop - first))
+        self.loader = DataLoader(
+            _Steps(source, counter, first, stop),
+            batch_size=None,
+            shuffle=False,
+            num_workers=workers,
+            collate_fn=_as_is,
+            pin_memory=pin_memory,
+            prefetch_factor=max(1, math.ceil(prefetch_steps / workers)) if workers else None,
+            timeout=timeout_s if workers else 0,
+        )
+        self.wait_s = 0.0
+        self._iter: Iterator[StepInput] | None = None
+
+    def __iter__(self) -> StepLoader:
+        self._iter = iter(self.loader)
+        return self
+
+    def __next__(self) -> StepInput:
+        assert self._iter is not None, "iterate the loader first"
+        start = time.perf_counter()
+        item = next(self._iter)
+        self.wait_s = time.perf_counter() - start
+        return item
+
+    def close(self) -> None:
+        """Stop the workers now (a run that stops early)."""
+        self._iter = None
