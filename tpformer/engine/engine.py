@@ -18,7 +18,6 @@ engine only wires autograd hooks to them and runs the step; it knows no layer or
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -78,7 +77,8 @@ class ZeroEngine:
             window=optim.loss_scale_window,
         )
         self.lr = optim.lr
-        self.nonfinite_steps = 0
+        self._nonfinite_run = torch.zeros((), dtype=torch.long, device=device)
+        self._longest_nonfinite = torch.zeros((), dtype=torch.long, device=device)
         self.max_nonfinite_steps = optim.max_nonfinite_steps
         self.sync = True
         self._callback_queued = False
@@ -157,6 +157,12 @@ class ZeroEngine:
             dp=ctx.dp,
             comm_device=device,
         )
+        self.decides_on_device = (
+            not self.scaler.enabled
+            and isinstance(self.optimizer, torch.optim.AdamW)
+            and bool(self.optimizer.defaults.get("fused"))
+        )
+        """Skipping a non-finite step needs no host read (fused AdamW's found_inf)."""
         self._ready = [0] * len(self.buckets)
         for module in model.modules():  # the hooks add row-sparse gradients into the buffers
             if isinstance(getattr(module, "sparse", None), bool):
@@ -211,7 +217,19 @@ class ZeroEngine:
 
     @torch.no_grad()
     def step(self) -> dict[str, float]:
-        """Reduce, unscale, clip, update and redistribute. Returns grad_norm and skipped."""
+        """`queue_step`, then read: grad_norm and skipped as numbers (tests, tools)."""
+        status = self.queue_step()
+        self.check_finite()
+        return {k: float(v) for k, v in status.items()}
+
+    @torch.no_grad()
+    def queue_step(self) -> dict[str, Tensor]:
+        """Reduce, unscale, clip, update and redistribute; returns grad_norm and skipped as
+        device scalars. A step with a non-finite gradient leaves the weights and optimizer
+        state unchanged. Fused AdamW without a loss scaler decides that on the device (its
+        found_inf), so nothing here waits for the device; the fp16 loss scaler and the
+        layer-wise optimizers read the norm on the host. `check_finite` raises after
+        optim.max_nonfinite_steps consecutive skipped steps."""
         self.settle()  # a step without a forward in between
         scale = 1.0 / (self.ctx.dp.size * self.scaler.scale)  # folded into the clipping
         grads = [self.grads.reduced(i) for i in range(len(self.buckets))]
@@ -223,37 +241,59 @@ class ZeroEngine:
         norm = scale * global_grad_norm(
             self.buckets, shard_grads, self.ctx.tp, self.ctx.dp, self.ctx.pp
         )
-        finite = math.isfinite(norm)
-        self.scaler.update(not finite)
-        if not finite:
-            self.grads.zero()
-            self.nonfinite_steps += 1
-            if self.nonfinite_steps >= self.max_nonfinite_steps:
-                now = f", loss scale now {self.scaler.scale:g}" if self.scaler.enabled else ""
-                raise FloatingPointError(
-                    f"non-finite gradients for {self.nonfinite_steps} consecutive steps "
-                    f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}{now}); the loss "
-                    "diverged: lower optim.lr or check the data"
-                )
-            return {"grad_norm": norm, "skipped": 1.0}
-        self.nonfinite_steps = 0
+        finite = torch.isfinite(norm)
+        if not self.decides_on_device:
+            if not bool(finite):
+                self.scaler.update(True)
+                self.grads.zero()
+                self._count_finite(finite)
+                return {"grad_norm": norm, "skipped": torch.ones_like(norm)}
+            self.scaler.update(False)
         clip = self.clip_grad
-        coef = scale * (clip / (norm + 1e-6) if clip > 0 and norm > clip else 1.0)
+        coef = scale * torch.where(norm > clip, clip / (norm + 1e-6), 1.0) if clip > 0 else scale
+        if not isinstance(coef, float) or coef != 1.0:
+            torch._foreach_mul_(grads, coef)
         for master, grad in zip(self.masters, grads):
-            if coef != 1.0:
-                grad.mul_(coef)
             grad = grad.to(master.values.device, non_blocking=True)
             for view in master.views:
                 view.param.grad = grad[view.start : view.stop]
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
+        if self.decides_on_device:  # fused AdamW skips the whole update when found_inf is 1
+            state_device = self.masters[0].values.device
+            self.optimizer.found_inf = (~finite).float().to(state_device)  # type: ignore[attr-defined]
         self.optimizer.step()
         for master in self.masters:
             for view in master.views:
                 view.param.grad = None
         self.params.publish([m.values for m in self.masters], self.master_aliased)
         self.grads.zero()
-        return {"grad_norm": norm, "skipped": 0.0}
+        self._count_finite(finite)
+        return {"grad_norm": norm, "skipped": (~finite).double()}
+
+    def _count_finite(self, finite: Tensor) -> None:
+        """The run of consecutive non-finite steps and its longest since the last check, on
+        the device."""
+        self._nonfinite_run = torch.where(finite, 0, self._nonfinite_run + 1)
+        self._longest_nonfinite = torch.maximum(self._longest_nonfinite, self._nonfinite_run)
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Consecutive non-finite steps up to now (reads the device)."""
+        return int(self._nonfinite_run)
+
+    def check_finite(self) -> None:
+        """Raise when some run of non-finite steps since the last check reached
+        optim.max_nonfinite_steps (one device read: call it where the host reads anyway)."""
+        longest = int(self._longest_nonfinite)
+        self._longest_nonfinite = self._nonfinite_run.clone()
+        if longest >= self.max_nonfinite_steps:
+            now = f", loss scale now {self.scaler.scale:g}" if self.scaler.enabled else ""
+            raise FloatingPointError(
+                f"non-finite gradients for {longest} consecutive steps "
+                f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}{now}); the loss "
+                "diverged: lower optim.lr or check the data"
+            )
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next step (the schedule lives in the training loop)."""
@@ -287,7 +327,7 @@ class ZeroEngine:
             {
                 "loss_scale": torch.tensor(self.scaler.scale, dtype=torch.float64),
                 "clean_steps": torch.tensor(self.scaler.clean_steps),
-                "nonfinite_steps": torch.tensor(self.nonfinite_steps),
+                "nonfinite_steps": self._nonfinite_run.cpu(),
             }
         )
         return state
@@ -315,7 +355,8 @@ class ZeroEngine:
             self.params.load_whole(i, values)
         self.scaler.scale = float(state["loss_scale"])
         self.scaler.clean_steps = int(state["clean_steps"])
-        self.nonfinite_steps = int(state["nonfinite_steps"])
+        self._nonfinite_run.fill_(int(state["nonfinite_steps"]))
+        self._longest_nonfinite.fill_(int(state["nonfinite_steps"]))
 
     def memory_report(self) -> MemoryBytes:
         """Bytes this rank holds between steps in parameters, gradients and optimizer state,

@@ -3,8 +3,6 @@ pipeline-tied ones once."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -20,8 +18,9 @@ def global_grad_norm(
     tp: GroupHandle,
     dp: GroupHandle,
     pp: GroupHandle | None = None,
-) -> float:
-    """L2 norm of the full gradient, from each rank's DP shard of each bucket.
+) -> Tensor:
+    """L2 norm of the full gradient, from each rank's DP shard of each bucket: a float64 scalar
+    on the gradients' device (inf/nan when a gradient is), never read on the host here.
 
     Each DP rank sums squares over its own shard (so DP ranks never double count); TP-sharded
     segments count on every TP rank, replicated ones only on TP rank 0; each stage counts its
@@ -41,4 +40,4 @@ def global_grad_norm(
     all_reduce(total, tp)
     if pp is not None:
         all_reduce(total, pp)
-    return math.sqrt(total.item()) if math.isfinite(total.item()) else float("nan")
+    return total.reshape(()).sqrt()

@@ -64,8 +64,10 @@ class UnreadStep:
     """A trained step not yet logged: its device values and what the host knows already."""
 
     result: StepResult
+    engine: dict[str, Tensor]
+    """The engine's grad_norm and skipped (device scalars)."""
     host: dict[str, float]
-    """The engine's grad_norm and skipped, the LR, the seconds spent waiting for the data."""
+    """The LR and the seconds spent waiting for the data."""
 
 
 class Evaluator(Protocol):
@@ -367,9 +369,8 @@ class Trainer:
             lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
             self.engine.set_lr(lr)
             result = self.queue_step(prepared, train=True)
-            window.append(
-                UnreadStep(result, {**self.engine.step(), "lr": lr, "data_wait_s": loader.wait_s})
-            )
+            host = {"lr": lr, "data_wait_s": loader.wait_s}
+            window.append(UnreadStep(result, self.engine.queue_step(), host))
             done = step + 1 == task.max_steps
             over_time = (
                 loop.max_time_minutes > 0
@@ -417,8 +418,19 @@ class Trainer:
 
     def _read(self, window: list[UnreadStep]) -> list[dict[str, float]]:
         """The window's device values, read on the host in one transfer (a log line)."""
-        rows = torch.stack([p.result.values for p in window]).tolist()
-        return [{**self.step_metrics(p.result, row), **p.host} for p, row in zip(window, rows)]
+        names = list(window[0].engine)
+        rows = torch.stack(
+            [torch.cat([p.result.values, *(p.engine[k].reshape(1) for k in names)]) for p in window]
+        ).tolist()
+        self.engine.check_finite()
+        return [
+            {
+                **self.step_metrics(p.result, row[: -len(names)]),
+                **dict(zip(names, row[-len(names) :])),
+                **p.host,
+            }
+            for p, row in zip(window, rows)
+        ]
 
     def _due_for_eval(self, step: int) -> bool:
         every = self.task.eval_every
