@@ -124,3 +124,30 @@ def test_prediction_batches_cover_the_split_in_length_order() -> None:
             for part in parts
             for b in part
         )
+
+
+@pytest.mark.parametrize(("dp", "micro", "multiple"), [(1, 8, 1), (2, 4, 1), (4, 2, 8)])
+def test_mask_width_is_the_widest_micro_batch_of_every_rank(
+    dp: int, micro: int, multiple: int
+) -> None:
+    """Computed on the host from the lengths alone, it equals what all-reducing the ranks'
+    batch widths gave (the step's widest micro-batch, padded as collate pads)."""
+    examples = _examples(200)
+    ranks = [
+        GlueTrainSteps(
+            examples,
+            batch_size=16,
+            micro_batch_size=micro,
+            dp_size=dp,
+            dp_rank=r,
+            seed=5,
+            group_by_length=False,
+            pad_id=0,
+            regression=False,
+            pad_multiple=multiple,
+        )
+        for r in range(dp)
+    ]
+    for step in range(20):
+        widest = max(b["input_ids"].shape[1] for steps in ranks for _, b in steps(step))
+        assert all(steps.mask_width(step) == widest for steps in ranks), step
