@@ -76,9 +76,9 @@ def step_dir_name(step: int) -> str:
     return f"step{step:08d}"
 
 
-def _barrier() -> None:
+def _barrier(group: dist.ProcessGroup | None = None) -> None:
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 TOKENIZER_DIR = "tokenizer"
@@ -102,11 +102,11 @@ def _checksums(directory: Path, names: Sequence[str]) -> dict[str, list]:
     return {n: [(directory / n).stat().st_size, _sha256(directory / n)] for n in names}
 
 
-def _all_ranks(value: object) -> list[object]:
+def _all_ranks(value: object, group: dist.ProcessGroup | None = None) -> list[object]:
     if not dist.is_initialized():
         return [value]
-    values: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
+    values: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
     return values
 
 
@@ -124,26 +124,34 @@ def save(
     meta: dict[str, Any],
     keep_last: int,
     tokenizer_files: Sequence[Path] = (),
+    group: dist.ProcessGroup | None = None,
 ) -> Path:
     """Every rank writes its own part of `state` (keys must be unique per rank) and hashes the
     shard files it wrote; rank 0 adds the tokenizer files and meta.json (with every file's
     checksum) before the directory becomes complete. A failed write on any rank raises OSError
-    on every rank, naming the cause, with the temporary directory removed."""
+    on every rank, naming the cause, with the temporary directory removed. `group` (every rank;
+    default: the default group) carries the save's own collectives: a background writer passes
+    a gloo group of its own, so they never interleave with training's."""
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{step_dir_name(step)}"
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier()
+    _barrier(group)
     rank = dist.get_rank() if dist.is_initialized() else 0
     try:  # DCP reports a failed write as CheckpointException, a BaseException
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        dcp.save(
+            state,
+            checkpoint_id=str(tmp),
+            process_group=group,
+            no_dist=not dist.is_initialized(),
+        )
         outcome: dict[str, list] | str = _checksums(
             tmp, sorted(p.name for p in tmp.glob(f"__{rank}_*"))
         )
     except (OSError, CheckpointException) as err:
         outcome = _one_line(err)
-    outcomes = _all_ranks(outcome)
+    outcomes = _all_ranks(outcome, group)
     failures = [f"rank {r}: {o}" for r, o in enumerate(outcomes) if isinstance(o, str)]
     if failures:
         if ctx.is_main:
@@ -173,7 +181,7 @@ def save(
         for old in complete[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         log.info("saved checkpoint %s", final)
-    _barrier()
+    _barrier(group)
     return final
 
 

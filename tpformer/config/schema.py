@@ -366,6 +366,10 @@ class LoopConfig:
     """Check every file of the checkpoint to resume against the checksums recorded at save."""
     exit_at_step: int = ranged(0, 0)
     """Save and stop after this step, leaving the LR schedule unchanged (0: off)."""
+    async_save: bool = True
+    """Write checkpoints in the background: training waits only while the state is copied to
+    host memory; the next save and the end of the run wait for the write (false: training
+    waits for the whole write)."""
 
 
 @dataclass

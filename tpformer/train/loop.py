@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.checkpoint import store
+from tpformer.checkpoint.writer import CheckpointWriter
 from tpformer.config.schema import LoopConfig, ModelConfig, OptimConfig
 from tpformer.data.steps import StepInput, StepLoader, StepSource, prepare_step
 from tpformer.engine import ZeroEngine
@@ -135,6 +136,7 @@ class Trainer:
             loggers=[str(logger) for logger in loop.loggers],
             config=config if isinstance(config, dict) else None,
         )
+        self.writer = CheckpointWriter(ctx, background=loop.async_save)
         self.evaluations: list[dict[str, float]] = []
         self.best_value = -math.inf
         self._sigterm = False
@@ -238,13 +240,17 @@ class Trainer:
         weights_only: bool = False,
     ) -> Path:
         """The engine's logical state, this rank's RNG and the loop's own state, written by the
-        ranks together through DCP; `weights_only` (the best checkpoint, for export and
-        predictions): the parameters alone."""
+        ranks together through DCP (in the background with trainer.async_save: this returns
+        once the state is copied to host memory); `weights_only` (the best checkpoint, for
+        export and predictions): the parameters alone."""
         start = time.perf_counter()
         state: dict[str, Any] = (
             {"engine": self.engine.weights_state_dict()}
             if weights_only
-            else {"engine": self.engine, f"rng_rank{self.ctx.rank}": store.rng_state()}
+            else {
+                "engine": self.engine.state_dict(),
+                f"rng_rank{self.ctx.rank}": store.rng_state(),
+            }
         )
         trainer_state = {"evaluations": self.evaluations, "best_value": self.best_value}
         meta = {
@@ -252,11 +258,10 @@ class Trainer:
             "trainer": trainer_state,
             **({"weights_only": True} if weights_only else {}),
         }
-        saved = store.save(
+        saved = self.writer.save(
             root or self.checkpoint_root,
             step,
             state,
-            self.ctx,
             meta=meta,
             keep_last=self.loop.keep_last if keep_last is None else keep_last,
             tokenizer_files=self.task.tokenizer_files,
@@ -376,7 +381,11 @@ class Trainer:
                 loop.max_time_minutes > 0
                 and time.perf_counter() - start > 60 * loop.max_time_minutes
             )
-            preempted, timed_out = agree_any(self.ctx, self._sigterm, over_time)
+            preempted, timed_out, save_failed = agree_any(
+                self.ctx, self._sigterm, over_time, self.writer.failed()
+            )
+            if save_failed:  # every rank holds the same error: raise it everywhere at once
+                self.writer.wait()
             if (step + 1) % loop.log_every == 0 or done or timed_out or step == 0:
                 now = time.perf_counter()
                 records.append(
@@ -405,6 +414,7 @@ class Trainer:
                 )
                 break
         loader.close()
+        self.writer.close()  # the final (or SIGTERM) save is complete before the run ends
         bar.close()
         start_close = time.perf_counter()
         self.metrics.close()
