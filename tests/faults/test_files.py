@@ -128,7 +128,9 @@ def test_damaged_checkpoint_at_the_cli_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr.split("a rank failed")[0]
 
 
-def _write_fails_past(ctx: ParallelContext, config: Config, run_dir: str, limit: int) -> str:
+def _write_fails_past(
+    ctx: ParallelContext, config: Config, run_dir: str, limit: int, steps: int = 4
+) -> str:
     """Save step 2, then make this process unable to write files past `limit` bytes (as a full
     disk: EFBIG instead of SIGXFSZ) and train on to the next save."""
     _train_ranked(ctx, config, run_dir, save_every=2)
@@ -137,7 +139,7 @@ def _write_fails_past(ctx: ParallelContext, config: Config, run_dir: str, limit:
     try:
         _train_ranked(
             ctx,
-            replace(config, trainer=replace(config.trainer, max_steps=4)),
+            replace(config, trainer=replace(config.trainer, max_steps=steps)),
             run_dir,
             save_every=2,
             resume="auto",
@@ -165,6 +167,19 @@ def test_real_write_failure_keeps_the_previous_checkpoint(tmp_path: Path) -> Non
     assert store.find_latest(root) == root / "step00000002"
     assert store.verify(root / "step00000002")["step"] == 2
     assert not list(root.glob(".tmp-step*"))
+
+
+@pytest.mark.slow
+def test_background_write_failure_stops_the_run_before_its_end(tmp_path: Path) -> None:
+    """trainer.async_save: the save of step 4 fails in the background while steps 5-8 train;
+    every rank raises it (at a later step's agreement or the next save), not only at the end."""
+    messages = run_distributed(_write_fails_past, 2, tiny_config(steps=2), str(tmp_path), 64_000, 8)
+    for message in messages:
+        assert "saving the checkpoint of step 4" in message, message
+        assert f"{tmp_path / 'checkpoints'}" in message and "intact" in message
+    root = tmp_path / "checkpoints"
+    assert store.find_latest(root) == root / "step00000002"
+    assert not (root / "step00000006").exists() and not (root / "step00000008").exists()
 
 
 @pytest.fixture()

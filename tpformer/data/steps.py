@@ -11,6 +11,7 @@ step's mask width), so the training step never reads a device value to start.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,6 +103,12 @@ class _Steps(Dataset[StepInput]):
         return prepare_step(self.source, self.counter, self.first + index)
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    """Preemption signals the whole process group: the training process saves and then stops
+    its workers itself (they also exit when it dies), so a worker must not die of SIGTERM first."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _as_is(item: Any) -> Any:
     """batch_size=None: each item is one whole step already."""
     return item
@@ -135,6 +142,7 @@ class StepLoader:
             pin_memory=pin_memory,
             prefetch_factor=max(1, math.ceil(prefetch_steps / workers)) if workers else None,
             timeout=timeout_s if workers else 0,
+            worker_init_fn=_ignore_sigterm if workers else None,
         )
         self.wait_s = 0.0
         self._iter: Iterator[StepInput] | None = None
