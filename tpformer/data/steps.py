@@ -159,5 +159,7 @@ class StepLoader:
         return item
 
     def close(self) -> None:
-        """Stop the workers now (a run that stops early)."""
+        """Stop the workers now: dropping the DataLoader's iterator sends them their sentinel
+        and joins them (call it on every path out of the loop; a worker ignores SIGTERM, so
+        one left to interpreter exit would be waited for)."""
         self._iter = None

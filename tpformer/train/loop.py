@@ -368,52 +368,54 @@ class Trainer:
             prefetch_steps=task.prefetch_steps,
             pin_memory=self.ctx.device.type == "cuda",
         )
-        steps = iter(loader)
-        for step in range(first, task.max_steps):
-            prepared = next(steps)
-            lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
-            self.engine.set_lr(lr)
-            result = self.queue_step(prepared, train=True)
-            host = {"lr": lr, "data_wait_s": loader.wait_s}
-            window.append(UnreadStep(result, self.engine.queue_step(), host))
-            done = step + 1 == task.max_steps
-            over_time = (
-                loop.max_time_minutes > 0
-                and time.perf_counter() - start > 60 * loop.max_time_minutes
-            )
-            preempted, timed_out, save_failed = agree_any(
-                self.ctx, self._sigterm, over_time, self.writer.failed()
-            )
-            if save_failed:  # every rank holds the same error: raise it everywhere at once
-                self.writer.wait()
-            if (step + 1) % loop.log_every == 0 or done or timed_out or step == 0:
-                now = time.perf_counter()
-                records.append(
-                    self._log(step + 1, self._read(window), (now - last) / len(window), peak, bar)
+        try:
+            steps = iter(loader)
+            for step in range(first, task.max_steps):
+                prepared = next(steps)
+                lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
+                self.engine.set_lr(lr)
+                result = self.queue_step(prepared, train=True)
+                host = {"lr": lr, "data_wait_s": loader.wait_s}
+                window.append(UnreadStep(result, self.engine.queue_step(), host))
+                done = step + 1 == task.max_steps
+                over_time = (
+                    loop.max_time_minutes > 0
+                    and time.perf_counter() - start > 60 * loop.max_time_minutes
                 )
-                window, last = [], now
-            bar.update(1)
-            if not preempted and (self._due_for_eval(step + 1) or done or timed_out):
-                self.evaluate(step + 1)  # on SIGTERM the save comes first (30 s grace)
-            if preempted or (loop.exit_at_step and step + 1 == loop.exit_at_step):
-                reason, saved = ("sigterm" if preempted else "exit_at_step"), self.save(step + 1)
-                log.info(
-                    "%s: saved step %d and stopping",
-                    "SIGTERM" if preempted else "trainer.exit_at_step",
-                    step + 1,
+                preempted, timed_out, save_failed = agree_any(
+                    self.ctx, self._sigterm, over_time, self.writer.failed()
                 )
-                break
-            if loop.save_every and ((step + 1) % loop.save_every == 0 or done or timed_out):
-                saved = self.save(step + 1)
-            if timed_out:
-                reason = "time_limit"
-                log.info(
-                    "trainer.max_time_minutes=%s reached at step %d",
-                    loop.max_time_minutes,
-                    step + 1,
-                )
-                break
-        loader.close()
+                if save_failed:  # every rank holds the same error: raise it everywhere at once
+                    self.writer.wait()
+                if (step + 1) % loop.log_every == 0 or done or timed_out or step == 0:
+                    now = time.perf_counter()
+                    step_time = (now - last) / len(window)
+                    records.append(self._log(step + 1, self._read(window), step_time, peak, bar))
+                    window, last = [], now
+                bar.update(1)
+                if not preempted and (self._due_for_eval(step + 1) or done or timed_out):
+                    self.evaluate(step + 1)  # on SIGTERM the save comes first (30 s grace)
+                if preempted or (loop.exit_at_step and step + 1 == loop.exit_at_step):
+                    reason = "sigterm" if preempted else "exit_at_step"
+                    saved = self.save(step + 1)
+                    log.info(
+                        "%s: saved step %d and stopping",
+                        "SIGTERM" if preempted else "trainer.exit_at_step",
+                        step + 1,
+                    )
+                    break
+                if loop.save_every and ((step + 1) % loop.save_every == 0 or done or timed_out):
+                    saved = self.save(step + 1)
+                if timed_out:
+                    reason = "time_limit"
+                    log.info(
+                        "trainer.max_time_minutes=%s reached at step %d",
+                        loop.max_time_minutes,
+                        step + 1,
+                    )
+                    break
+        finally:  # stop the workers on every path (a worker that outlives us blocks exit)
+            loader.close()
         self.writer.close()  # the final (or SIGTERM) save is complete before the run ends
         bar.close()
         start_close = time.perf_counter()
