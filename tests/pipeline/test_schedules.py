@@ -107,3 +107,24 @@ def test_bad_splits_name_the_values(split: list, message: str) -> None:
         check_split(split, 4, 2, "parallel.pipeline=2")
     with pytest.raises(ValueError, match=r"parallel.pipeline must be between 1 and 4"):
         best_split(StageCosts([1.0] * 4), 5)
+
+
+def test_a_model_without_pipeline_parts_is_named_with_what_it_lacks() -> None:
+    from torch import nn
+
+    from tpformer.parallel.pipeline.stage import build_stage, pipelined
+
+    class Half(nn.Module):
+        pipeline_embedding = ("embedding",)
+
+        def blocks(self) -> list[nn.Module]:
+            return []
+
+    message = (
+        r"Half cannot be pipelined \(parallel.pipeline > 1\): it lacks embed\(\), "
+        r"block_mask\(\), head\(\), pipeline_head; a pipelined model defines"
+    )
+    with pytest.raises(ValueError, match=message):
+        pipelined(Half())
+    with pytest.raises(ValueError, match=message):
+        build_stage(Half(), [1, 1], 0, 2)

@@ -11,7 +11,9 @@ step's mask width), so the training step never reads a device value to start.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -109,6 +111,12 @@ def _ignore_sigterm(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _worker_context() -> multiprocessing.context.BaseContext | None:
+    """fork on Linux, whatever the process's default start method: workers start at once and
+    inherit the dataset instead of pickling it (they never touch the accelerator)."""
+    return multiprocessing.get_context("fork") if sys.platform == "linux" else None
+
+
 def _as_is(item: Any) -> Any:
     """batch_size=None: each item is one whole step already."""
     return item
@@ -143,6 +151,7 @@ class StepLoader:
             prefetch_factor=max(1, math.ceil(prefetch_steps / workers)) if workers else None,
             timeout=timeout_s if workers else 0,
             worker_init_fn=_ignore_sigterm if workers else None,
+            multiprocessing_context=_worker_context() if workers else None,
         )
         self.wait_s = 0.0
         self._iter: Iterator[StepInput] | None = None

@@ -26,7 +26,7 @@ from tpformer.engine.step_runner import LocalStepRunner, PipelineStepRunner, Ste
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.parallel.pipeline.split import SplitChoice, choose_split
-from tpformer.parallel.pipeline.stage import build_stage
+from tpformer.parallel.pipeline.stage import build_stage, pipelined
 
 
 @dataclass
@@ -75,6 +75,7 @@ def parallelize(
     `sample` (a micro-batch, for pipeline_split=profile) inform the pipeline split."""
     split = stage = None
     if ctx.pp.size > 1:
+        pipelined(model)  # what the stages call, checked before anything is split
         chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
         split = choose_split(
             model,

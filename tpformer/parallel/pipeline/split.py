@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.pipeline.partition import StageCosts, best_split, check_split, equal_split
+from tpformer.parallel.pipeline.stage import pipelined
 
 LINK_BYTES_PER_S = 10e9
 """Assumed stage-to-stage bandwidth for the transfer cost of `profile` (an InfiniBand link)."""
@@ -51,8 +52,9 @@ def _timed(fn, repeats: int = 3) -> float:
 def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
     """Forward+backward seconds of the embedding, each block and the head on one micro-batch
     (median of 3), and the activation's transfer time at LINK_BYTES_PER_S."""
-    blocks = list(model.blocks())  # type: ignore[operator]
-    mask = model.block_mask(**sample)  # type: ignore[operator]
+    parts = pipelined(model)
+    blocks = list(parts.blocks())
+    mask = parts.block_mask(**sample)
 
     def through(fn, x: Tensor | None) -> Tensor:
         inp = None if x is None else x.detach().requires_grad_()
@@ -61,13 +63,13 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
         torch.autograd.backward(loss, torch.ones_like(loss))
         return out
 
-    x = model.embed(**sample).detach()  # type: ignore[operator]
-    embedding = _timed(lambda: through(lambda _: model.embed(**sample), None))  # type: ignore[operator]
+    x = parts.embed(**sample).detach()
+    embedding = _timed(lambda: through(lambda _: parts.embed(**sample), None))
     layers = []
     for block in blocks:
         layers.append(_timed(lambda: through(lambda inp: block(inp, mask), x)))  # noqa: B023 - timed now
         x = block(x, mask).detach()
-    head = _timed(lambda: through(lambda inp: model.head(inp, **sample), x))  # type: ignore[operator]
+    head = _timed(lambda: through(lambda inp: parts.head(inp, **sample), x))
     model.zero_grad(set_to_none=True)
     return StageCosts(layers, embedding, head, x.nbytes / LINK_BYTES_PER_S)
 

@@ -14,10 +14,43 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from torch import Tensor, nn
 
 from tpformer.parallel.pipeline.schedule import virtual_stage
+
+
+class PipelinedModel(Protocol):
+    """What a model offers the pipeline (see the module docstring); `pipelined` checks it."""
+
+    pipeline_embedding: tuple[str, ...]
+    pipeline_head: tuple[str, ...]
+
+    def embed(self, **batch: Any) -> Tensor: ...
+
+    def block_mask(self, **batch: Any) -> Tensor | None: ...
+
+    def head(self, x: Tensor, **batch: Any) -> Any: ...
+
+    def blocks(self) -> list[nn.Module]: ...
+
+
+PIPELINE_METHODS = ("embed", "block_mask", "head", "blocks")
+PIPELINE_NAMES = ("pipeline_embedding", "pipeline_head")
+
+
+def pipelined(model: nn.Module) -> PipelinedModel:
+    """The model as the pipeline uses it, checked once: every missing part is named."""
+    missing = [f"{m}()" for m in PIPELINE_METHODS if not callable(getattr(model, m, None))]
+    missing += [n for n in PIPELINE_NAMES if not isinstance(getattr(model, n, None), tuple)]
+    if missing:
+        raise ValueError(
+            f"{type(model).__name__} cannot be pipelined (parallel.pipeline > 1): it lacks "
+            f"{', '.join(missing)}; a pipelined model defines {', '.join(PIPELINE_METHODS)} and "
+            f"names its parts in {', '.join(PIPELINE_NAMES)} (optionally pipeline_tied)"
+        )
+    return cast(PipelinedModel, model)
 
 
 def mark_pipeline_tied(param: nn.Parameter, *, counted: bool) -> None:
@@ -40,7 +73,7 @@ def counted_in_norm(param: Tensor) -> bool:
 class PipelineStage:
     """This rank's share of the model: `chunks[c]` are the blocks of virtual stage c*p + rank."""
 
-    model: nn.Module
+    model: PipelinedModel
     chunks: list[list[nn.Module]]
     rank: int
     stages: int
@@ -58,15 +91,16 @@ class PipelineStage:
     def forward(self, chunk: int, x: Tensor | None, batch: dict[str, Tensor]) -> Tensor:
         """Virtual stage `chunk`'s blocks on x (the embedding first, on virtual stage 0)."""
         if self.is_first(chunk):
-            x = self.model.embed(**batch)  # type: ignore[operator]
-        mask = self.model.block_mask(**batch)  # type: ignore[operator]
+            x = self.model.embed(**batch)
+        assert x is not None, "a virtual stage after the first receives its input"
+        mask = self.model.block_mask(**batch)
         for block in self.chunks[chunk]:
             x = block(x, mask)
-        return x  # type: ignore[return-value]
+        return x
 
     def head(self, x: Tensor, batch: dict[str, Tensor]) -> object:
         """The model's output on the last virtual stage (what its forward returns)."""
-        return self.model.head(x, **batch)  # type: ignore[operator]
+        return self.model.head(x, **batch)
 
 
 def split_bounds(split: list[int]) -> list[tuple[int, int]]:
@@ -77,10 +111,8 @@ def split_bounds(split: list[int]) -> list[tuple[int, int]]:
 
 def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> PipelineStage:
     """Keep this rank's parameters of `model` (split: layers per virtual stage, len p x v)."""
-    for attr in ("embed", "block_mask", "head", "blocks"):
-        if not callable(getattr(model, attr, None)):
-            raise ValueError(f"{type(model).__name__} cannot be pipelined: it defines no {attr}()")
-    blocks = list(model.blocks())  # type: ignore[operator]
+    parts = pipelined(model)
+    blocks = list(parts.blocks())
     if sum(split) != len(blocks) or len(split) % stages:
         raise ValueError(
             f"pipeline split {split} does not cover the model's {len(blocks)} "
@@ -91,15 +123,12 @@ def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> P
         blocks[slice(*bounds[virtual_stage(c, rank, stages)])] for c in range(len(split) // stages)
     ]
     if stages == 1:
-        return PipelineStage(model, chunks, rank, stages)
+        return PipelineStage(parts, chunks, rank, stages)
     first, last = rank == 0, rank == stages - 1
     kept = {id(p) for chunk in chunks for b in chunk for p in b.parameters()}
     named = dict(model.named_modules())
     tied = set(getattr(model, "pipeline_tied", ()))
-    for prefix, keep in (
-        (getattr(model, "pipeline_embedding", ()), first),
-        (getattr(model, "pipeline_head", ()), last),
-    ):
+    for prefix, keep in ((parts.pipeline_embedding, first), (parts.pipeline_head, last)):
         for name in prefix:
             if keep:
                 kept.update(id(p) for p in _module_params(model, named, name))
@@ -108,7 +137,7 @@ def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> P
             kept.add(id(param))
             mark_pipeline_tied(param, counted=first)
     owned_anywhere = {id(p) for b in blocks for p in b.parameters()}
-    for prefixes in (getattr(model, "pipeline_embedding", ()), getattr(model, "pipeline_head", ())):
+    for prefixes in (parts.pipeline_embedding, parts.pipeline_head):
         for name in prefixes:
             owned_anywhere.update(id(p) for p in _module_params(model, named, name))
     stray = [n for n, p in model.named_parameters() if id(p) not in owned_anywhere]
@@ -121,7 +150,7 @@ def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> P
         for pname, owned in list(module._parameters.items()):
             if owned is not None and id(owned) not in kept:
                 module._parameters[pname] = None  # another stage's: dropped
-    return PipelineStage(model, chunks, rank, stages)
+    return PipelineStage(parts, chunks, rank, stages)
 
 
 def _module_params(model: nn.Module, named: dict[str, nn.Module], name: str) -> list[nn.Parameter]:
