@@ -87,7 +87,9 @@ PUBLIC_KEYS = {
         "eval_fraction",
         "mask_prob",
         "name",
+        "num_workers",
         "paths",
+        "prefetch_steps",
         "sentence_pairs",
         "seq_length",
         "source",
@@ -99,6 +101,7 @@ PUBLIC_KEYS = {
         "workers",
     ],
     "trainer": [
+        "async_save",
         "eval_every",
         "eval_steps",
         "exit_at_step",
