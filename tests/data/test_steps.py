@@ -3,6 +3,7 @@ its error instead of leaving the loop waiting."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -96,6 +97,29 @@ def test_a_source_narrower_than_its_batches_is_refused() -> None:
 def test_an_error_in_a_worker_ends_the_run_with_that_error(workers: int) -> None:
     with pytest.raises(ValueError, match="sample file unreadable at step 3"):
         _steps(workers, fail_at=3)
+    assert not multiprocessing.active_children()  # the workers were stopped with the error
+
+
+def test_a_loader_left_open_does_not_hold_the_process_at_exit() -> None:
+    """Workers ignore SIGTERM (preemption is the training process's to handle); one left
+    running would make multiprocessing's exit handler (terminate, then join) wait forever."""
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.path.insert(0, {root!r})
+        from tests.data.test_steps import Steps
+        from tpformer.data.steps import StepLoader
+        from tpformer.train.objectives import MaskedLMObjective
+        loader = StepLoader(Steps(), MaskedLMObjective(0.15), first=0, stop=100, num_workers=2,
+                            prefetch_steps=4, pin_memory=False)
+        next(iter(loader))
+        print("left open")
+        """
+    ).format(root=str(Path(__file__).resolve().parents[2]))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "left open" in result.stdout, result.stderr[-2000:]
 
 
 def test_a_dead_worker_ends_the_run_instead_of_hanging(tmp_path: Path) -> None:

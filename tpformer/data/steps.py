@@ -10,11 +10,13 @@ step's mask width), so the training step never reads a device value to start.
 
 from __future__ import annotations
 
+import atexit
 import math
 import multiprocessing
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -122,6 +124,17 @@ def _as_is(item: Any) -> Any:
     return item
 
 
+_OPEN: weakref.WeakSet[StepLoader] = weakref.WeakSet()
+"""Loaders whose workers may be running (closed at interpreter exit, before multiprocessing's
+own exit handler, which atexit runs later because it was registered first)."""
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    for loader in list(_OPEN):
+        loader.close()
+
+
 class StepLoader:
     """Steps [first, stop) in order, prepared by `num_workers` processes `prefetch_steps`
     ahead; `wait_s` is how long the last `next` waited for its step. A worker's exception
@@ -158,17 +171,27 @@ class StepLoader:
 
     def __iter__(self) -> StepLoader:
         self._iter = iter(self.loader)
+        _OPEN.add(self)
         return self
 
     def __next__(self) -> StepInput:
         assert self._iter is not None, "iterate the loader first"
         start = time.perf_counter()
-        item = next(self._iter)
+        try:
+            item = next(self._iter)
+        except BaseException:  # a worker's error, a dead worker or the end: workers stop now
+            self.close()
+            raise
         self.wait_s = time.perf_counter() - start
         return item
 
     def close(self) -> None:
-        """Stop the workers now: dropping the DataLoader's iterator sends them their sentinel
-        and joins them (call it on every path out of the loop; a worker ignores SIGTERM, so
-        one left to interpreter exit would be waited for)."""
-        self._iter = None
+        """Stop the workers now: the DataLoader sends them their sentinel and joins them. Every
+        path out of the loop calls it, and so does interpreter exit for a loader left open: a
+        worker ignores SIGTERM, so one left to multiprocessing's exit handler, which terminates
+        and then joins, would be waited for forever."""
+        iterator, self._iter = self._iter, None
+        _OPEN.discard(self)
+        shutdown = getattr(iterator, "_shutdown_workers", None)  # DataLoader's own shutdown
+        if shutdown is not None:
+            shutdown()
