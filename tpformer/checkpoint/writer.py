@@ -1,7 +1,8 @@
 """Checkpoints written while training goes on (trainer.async_save).
 
-A save first stages the state: a copy in host memory (pinned and reused on accelerators) made
-in the training thread, so the next optimizer step cannot change what is written. A background
+A save first stages the state: a copy in host memory (pinned on accelerators, so the copy is
+queued on the stream) made in the training thread, so the next optimizer step cannot change
+what is written; it holds a second host copy of the state until the write is done. A background
 thread then runs `store.save` on the copy -- DCP's write, the checksums, meta.json and the
 atomic rename, as a synchronous save does -- over a gloo group of its own, so its collectives
 never interleave with the training thread's. One save is in flight at a time: the next save,
@@ -11,7 +12,6 @@ step, through the loop's stop agreement) on every rank, naming the directory.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -24,8 +24,6 @@ from torch.distributed.tensor import DTensor
 
 from tpformer.checkpoint import store
 from tpformer.parallel.context import ParallelContext
-
-log = logging.getLogger(__name__)
 
 
 def _host_copy(t: Tensor) -> Tensor:

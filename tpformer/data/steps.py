@@ -151,7 +151,6 @@ class StepLoader:
         num_workers: int,
         prefetch_steps: int,
         pin_memory: bool,
-        timeout_s: float = 0.0,
     ) -> None:
         workers = min(num_workers, max(0, stop - first))
         self.loader = DataLoader(
@@ -162,7 +161,6 @@ class StepLoader:
             collate_fn=_as_is,
             pin_memory=pin_memory,
             prefetch_factor=max(1, math.ceil(prefetch_steps / workers)) if workers else None,
-            timeout=timeout_s if workers else 0,
             worker_init_fn=_ignore_sigterm if workers else None,
             multiprocessing_context=_worker_context() if workers else None,
         )

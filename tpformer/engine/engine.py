@@ -277,11 +277,6 @@ class ZeroEngine:
         self._nonfinite_run = torch.where(finite, 0, self._nonfinite_run + 1)
         self._longest_nonfinite = torch.maximum(self._longest_nonfinite, self._nonfinite_run)
 
-    @property
-    def nonfinite_steps(self) -> int:
-        """Consecutive non-finite steps up to now (reads the device)."""
-        return int(self._nonfinite_run)
-
     def check_finite(self) -> None:
         """Raise when some run of non-finite steps since the last check reached
         optim.max_nonfinite_steps (one device read: call it where the host reads anyway)."""

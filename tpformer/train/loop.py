@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from tpformer.checkpoint import store
 from tpformer.checkpoint.writer import CheckpointWriter
-from tpformer.config.schema import LoopConfig, ModelConfig, OptimConfig
+from tpformer.config.schema import LoaderConfig, LoopConfig, ModelConfig, OptimConfig
 from tpformer.data.steps import StepInput, StepLoader, StepSource, prepare_step
 from tpformer.engine import ZeroEngine
 from tpformer.engine.step_runner import StepRunner
@@ -112,10 +112,8 @@ class TrainingTask:
     best: BestCheckpoint | None = None
     tokenizer_files: list[Path] = field(default_factory=list)
     description: str = "train"
-    num_workers: int = 0
-    """Processes building the coming steps' batches (data.num_workers; 0: in line)."""
-    prefetch_steps: int = 2
-    """Steps prepared ahead of the one training (data.prefetch_steps)."""
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    """How the coming steps' batches are built (the task's data config)."""
 
 
 class Trainer:
@@ -364,8 +362,8 @@ class Trainer:
             task.objective,
             first=first,
             stop=task.max_steps,
-            num_workers=task.num_workers,
-            prefetch_steps=task.prefetch_steps,
+            num_workers=task.loader.num_workers,
+            prefetch_steps=task.loader.prefetch_steps,
             pin_memory=self.ctx.device.type == "cuda",
         )
         try:
