@@ -69,7 +69,7 @@ def _worker(
         dist.barrier()
         start = time.perf_counter()
         with count_collectives() as counts:
-            engine.backward(model(ids, mlm_labels=labels).loss)
+            engine.backward(model(ids, mlm_labels=labels).loss / ctx.dp.size)
             engine.step()
         dist.barrier()
         if step:  # the first step warms up

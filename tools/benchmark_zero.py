@@ -122,7 +122,7 @@ class Contender:
     def step(self) -> None:
         loss = self.model(**self.batch).loss
         if self.engine is not None:
-            self.engine.backward(loss)
+            self.engine.backward(loss / self.ctx.dp.size)  # the engine sums, DDP/FSDP average
             self.engine.step()
             return
         loss.backward()

@@ -56,7 +56,7 @@ def _zero3(ctx: ParallelContext, mode: str) -> dict[str, torch.Tensor]:
     for step in range(3):
         ctx.rng.set_position(step, ctx.dp.rank * per)
         part = {k: v[ctx.dp.rank * per : (ctx.dp.rank + 1) * per] for k, v in batch.items()}
-        engine.backward(model(**part).loss)
+        engine.backward(model(**part).loss / ctx.dp.size)
         engine.step()
     with engine.gathered():
         return full_state_dict(model, ctx.tp)

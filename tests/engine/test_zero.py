@@ -82,7 +82,7 @@ def _train(ctx: ParallelContext, stage: int, offload: str, accum: int) -> dict[s
             first = ctx.dp.rank * per_rank + m * micro
             ctx.rng.set_position(step, first)
             loss = model(**{k: v[first : first + micro] for k, v in batch.items()}).loss
-            engine.backward(loss / accum, sync=m == accum - 1)
+            engine.backward(loss / (accum * ctx.dp.size), sync=m == accum - 1)
         engine.step()
     with engine.gathered():
         return full_state_dict(model, ctx.tp)
@@ -306,7 +306,7 @@ def engine_cases(
             first = ctx.dp.rank * per_rank
             ctx.rng.set_position(step, first)
             batch = {k: v[first : first + per_rank] for k, v in _batch(step).items()}
-            engine.backward(model(**batch).loss)
+            engine.backward(model(**batch).loss / ctx.dp.size)  # this rank's share of the mean
             engine.step()
         with engine.gathered():
             results.append(full_state_dict(model, ctx.tp))
@@ -345,7 +345,8 @@ def _two_steps_second_without_b(ctx: ParallelContext, stage: int) -> list[float]
     norms = []
     for through_b in (True, False):
         y = model["a"](x)
-        engine.backward((model["b"](y) if through_b else y).square().mean())
+        loss = (model["b"](y) if through_b else y).square().mean()
+        engine.backward(loss / ctx.dp.size)  # every rank the same batch: the sum is the mean
         norms.append(engine.step()["grad_norm"])
     return norms
 

@@ -21,13 +21,14 @@ from tpformer.layers.sequence import labeled_rows
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_reduce, count_collectives, gather_rows
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import gather_full, initialize_parameters, is_sequence_parallel
+from tpformer.parallel.init import gather_full, initialize_parameters
+from tpformer.parallel.param_info import param_info
 
 
 def sum_sequence_parallel_grads(model: torch.nn.Module, ctx: ParallelContext) -> None:
     """What the engine's step does: the marked parameters' partial gradients summed over TP."""
     for p in model.parameters():
-        if is_sequence_parallel(p) and p.grad is not None:
+        if param_info(p).sequence_parallel and p.grad is not None:
             all_reduce(p.grad, ctx.tp)
 
 

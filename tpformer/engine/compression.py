@@ -37,7 +37,8 @@ from tpformer.parallel.comm import (
     wait,
 )
 from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.init import is_sequence_parallel, logical_shape, sharded_dim
+from tpformer.parallel.init import logical_shape
+from tpformer.parallel.param_info import param_info
 from tpformer.parallel.random import derive_seed, name_key
 
 
@@ -101,19 +102,17 @@ class PowerSGD:
         for bucket in buckets:
             matrices, plain = [], []
             for seg in bucket.segments:
-                shape = logical_shape(seg.param)
+                shape, info = logical_shape(seg.param), param_info(seg.param)
                 rows, cols = shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
                 if (
                     len(shape) < 2
-                    or is_sequence_parallel(seg.param)
-                    or (sharded_dim(seg.param) not in (None, 0) and len(shape) != 2)
+                    or info.sequence_parallel
+                    or (info.tp_dim not in (None, 0) and len(shape) != 2)
                     or rows * cols <= self.MIN_COMPRESSION_RATE * (rows + cols) * rank
                 ):
                     plain.append(seg)
                     continue
-                matrices.append(
-                    _Matrix(seg, sharded_dim(seg.param), self._initial_q(seg, cols, seed, device))
-                )
+                matrices.append(_Matrix(seg, info.tp_dim, self._initial_q(seg, cols, seed, device)))
             self.matrices.append(matrices)
             self.plain.append(plain)
 
@@ -122,7 +121,7 @@ class PowerSGD:
         this TP rank's rows when the columns are TP-sharded."""
         gen = torch.Generator().manual_seed(derive_seed(seed, name_key(seg.name), 0x9516))
         q = torch.randn(cols, self.rank, generator=gen)
-        if sharded_dim(seg.param) == 1:  # a [rows, cols / tp] chunk: its rows of Q
+        if param_info(seg.param).tp_dim == 1:  # a [rows, cols / tp] chunk: its rows of Q
             local = seg.shape[1]
             q = q[self.tp.rank * local : (self.tp.rank + 1) * local]
         return q.to(device)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -43,10 +44,22 @@ from tpformer.engine.units import split_units
 from tpformer.parallel.context import ParallelContext
 
 
+@runtime_checkable
+class RowSparseLookup(Protocol):
+    """A lookup table that can give row-sparse weight gradients (nn.Embedding's and
+    VocabParallelEmbedding's `sparse`): the engine's hooks add them into its buffers, so it
+    turns them on instead of a dense table allocated, zeroed and added every backward."""
+
+    sparse: bool
+
+
 class ZeroEngine:
     """Owns the model's parameter storage, gradient buffers, optimizer and their state.
 
     Use: `engine.backward(loss, sync=last_micro_batch)` per micro-batch, then `engine.step()`.
+    Gradients are summed over micro-batches and DP ranks, never averaged: each rank's `loss`
+    is its share of the global objective (e.g. a mean over this rank's samples divided by dp,
+    or a sum divided by the global count), so the normalization lives in the loss alone.
     `state_dict()` / `load_state_dict()` follow DCP's Stateful protocol in logical form, so a
     checkpoint written at one layout loads at any other.
     NOTE: the model's parameters become views of the engine's flat buffers (stage 3: empty
@@ -164,9 +177,9 @@ class ZeroEngine:
         )
         """Skipping a non-finite step needs no host read (fused AdamW's found_inf)."""
         self._ready = [0] * len(self.buckets)
-        for module in model.modules():  # the hooks add row-sparse gradients into the buffers
-            if isinstance(getattr(module, "sparse", None), bool):
-                module.sparse = True  # type: ignore[assignment]  # torch types attributes as Module
+        for module in model.modules():
+            if isinstance(module, RowSparseLookup) and isinstance(module.sparse, bool):
+                module.sparse = True
         for i, bucket in enumerate(self.buckets):
             for seg in bucket.segments:
                 seg.param.register_post_accumulate_grad_hook(self._grad_hook(i, seg))
@@ -175,8 +188,9 @@ class ZeroEngine:
 
     def backward(self, loss: Tensor, *, sync: bool = True, grad: Tensor | None = None) -> None:
         """Backward of one micro-batch; `sync=False` accumulates without any communication.
-        With `grad`, `loss` is a pipeline stage's output and `grad` its (already scaled)
-        gradient from the next stage."""
+        The gradient summed over every micro-batch and DP rank is the step's gradient. With
+        `grad`, `loss` is a pipeline stage's output and `grad` its (already scaled) gradient
+        from the next stage."""
         self.sync = sync
         if grad is not None:
             torch.autograd.backward(loss, grad)
@@ -231,7 +245,7 @@ class ZeroEngine:
         layer-wise optimizers read the norm on the host. `check_finite` raises after
         optim.max_nonfinite_steps consecutive skipped steps."""
         self.settle()  # a step without a forward in between
-        scale = 1.0 / (self.ctx.dp.size * self.scaler.scale)  # folded into the clipping
+        scale = 1.0 / self.scaler.scale  # unscaling, folded into the clipping
         grads = [self.grads.reduced(i) for i in range(len(self.buckets))]
         self.sequence_grads.sum_over_tp(grads)
         self.tied_grads.sum_over_ends(grads)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tpformer.parallel.init import sharded_dim
 from tpformer.parallel.layout import pad_to_multiple
+from tpformer.parallel.param_info import param_info
 
 
 @dataclass
@@ -50,7 +50,13 @@ class FlatBucket:
         for name, p in sorted(named_params, key=lambda np: np[1].dim() < 2):
             self.segments.append(
                 Segment(
-                    name, p, offset, p.numel(), p.shape, p.dim() >= 2, sharded_dim(p) is not None
+                    name,
+                    p,
+                    offset,
+                    p.numel(),
+                    p.shape,
+                    p.dim() >= 2,
+                    tp_sharded=param_info(p).tp_dim is not None,
                 )
             )
             offset += p.numel()

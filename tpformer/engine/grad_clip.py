@@ -9,7 +9,7 @@ from torch import Tensor
 from tpformer.engine.flat_buffer import FlatBucket
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.pipeline.stage import counted_in_norm
+from tpformer.parallel.param_info import param_info
 
 
 def global_grad_norm(
@@ -30,7 +30,7 @@ def global_grad_norm(
         grad[a:b]
         for bucket, grad in zip(buckets, shard_grads)
         for seg, a, b in bucket.shard_ranges()
-        if (seg.tp_sharded or tp.rank == 0) and counted_in_norm(seg.param)
+        if (seg.tp_sharded or tp.rank == 0) and param_info(seg.param).counted_in_norm
     ]
     total = torch.zeros((), dtype=torch.float64, device=shard_grads[0].device)
     if counted:  # one fused call over every piece, each norm in the gradients' dtype

@@ -27,8 +27,7 @@ from tpformer.parallel.comm import (
     wait,
 )
 from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.init import is_sequence_parallel
-from tpformer.parallel.pipeline.stage import is_pipeline_tied
+from tpformer.parallel.param_info import param_info
 
 
 @dataclass
@@ -225,7 +224,7 @@ class SequenceParallelGrads:
             hi = bucket.padded_numel if whole else bucket.shard_start + bucket.shard_size
             for seg in bucket.segments:
                 start, stop = max(seg.offset, lo), min(seg.offset + seg.numel, hi)
-                if is_sequence_parallel(seg.param) and start < stop:
+                if param_info(seg.param).sequence_parallel and start < stop:
                     self.pieces.append((i, start - lo, stop - lo))
 
     def sum_over_tp(self, grads: list[Tensor]) -> None:
@@ -244,7 +243,7 @@ class PipelineTiedGrads:
         self.indices = [
             i
             for i, b in enumerate(buckets)
-            if ends.size > 1 and all(is_pipeline_tied(s.param) for s in b.segments)
+            if ends.size > 1 and all(param_info(s.param).pipeline_tied for s in b.segments)
         ]
 
     def sum_over_ends(self, grads: list[Tensor]) -> None:

@@ -23,7 +23,8 @@ from tpformer.engine.flat_buffer import FlatBucket, Segment
 from tpformer.engine.optimizer import Master, moments, optimizer_slots
 from tpformer.parallel.comm import all_gather_async, wait
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import gather_full, logical_shape, shard_full, sharded_dim
+from tpformer.parallel.init import gather_full, logical_shape, shard_full
+from tpformer.parallel.param_info import copy_param_info, param_info
 
 
 def _master_like(optimizer: torch.optim.Optimizer, master: Master, slot: str) -> Tensor:
@@ -45,10 +46,10 @@ def _valid_rows(seg: Segment, ctx: ParallelContext) -> int | None:
     """Rows of this rank's TP chunk inside the logical tensor (vocabulary padding cut off), when
     the parameter's chunks are the ones a DTensor Shard has (ceil-sized, as torch.chunk);
     None for parameters that are written whole."""
-    dim = sharded_dim(seg.param)
-    if dim is None or ctx.mesh is None or ctx.tp.size == 1:
+    dim, logical = param_info(seg.param).tp_dim, param_info(seg.param).logical_size
+    if dim is None or logical is None or ctx.mesh is None or ctx.tp.size == 1:
         return None
-    chunk, logical = seg.shape[dim], seg.param.tp_logical_size  # type: ignore[attr-defined]
+    chunk = seg.shape[dim]
     if chunk != -(-logical // ctx.tp.size):
         return None
     return max(0, min(chunk, logical - ctx.tp.rank * chunk))
@@ -56,7 +57,7 @@ def _valid_rows(seg: Segment, ctx: ParallelContext) -> int | None:
 
 def _tp_dim(seg: Segment) -> int:
     """The dim TP shards this segment's parameter along (only asked of sharded parameters)."""
-    dim = sharded_dim(seg.param)
+    dim = param_info(seg.param).tp_dim
     assert dim is not None, f"{seg.name} is not TP-sharded"
     return dim
 
@@ -130,12 +131,8 @@ def parameter_template(named_params: list[tuple[str, torch.nn.Parameter]]) -> di
     return {f"param/{n}": torch.empty(logical_shape(p)) for n, p in named_params}
 
 
-def _like(seg: Segment) -> Tensor:  # a meta tensor carrying the segment's TP metadata
-    t = torch.empty(seg.shape, device="meta")
-    for attr in ("tp_dim", "tp_logical_size"):
-        if hasattr(seg.param, attr):
-            setattr(t, attr, getattr(seg.param, attr))
-    return t
+def _like(seg: Segment) -> Tensor:  # a meta tensor laid out as the segment's parameter
+    return copy_param_info(seg.param, torch.empty(seg.shape, device="meta"))
 
 
 @torch.no_grad()

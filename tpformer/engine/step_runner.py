@@ -9,7 +9,6 @@ here reads a device value on the host, so a step is queued without waiting for t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -68,15 +67,15 @@ class LocalStepRunner:
         mask_width: int,
         train: bool,
     ) -> Tensor:
-        rng, dp = self.ctx.rng, self.ctx.dp.size
+        rng = self.ctx.rng
         rng.mask_width = mask_width
         totals = torch.zeros(len(objective.names), dtype=torch.float64, device=self.ctx.device)
         for i, (key, batch) in enumerate(parts):
             rng.set_position(step, key)
             with torch.set_grad_enabled(train):
                 values = objective(self.model, batch, counts)
-            if train:  # the engine averages over DP: scale the global share back
-                self.engine.backward(values[0] * dp, sync=i == len(parts) - 1)
+            if train:  # values[0] is this rank's share of the global mean: the engine sums
+                self.engine.backward(values[0], sync=i == len(parts) - 1)
             totals += torch.stack([v.detach().double() for v in values])
         return totals
 
@@ -87,13 +86,8 @@ class PipelineStepRunner:
     def __init__(self, pipeline: PipelineRunner, engine: ZeroEngine, ctx: ParallelContext) -> None:
         self.pipeline, self.engine, self.ctx = pipeline, engine, ctx
 
-    def _backward(self) -> Callable[[Tensor, Tensor | None, bool], None]:
-        dp = self.ctx.dp.size
-
-        def backward(t: Tensor, grad: Tensor | None, sync: bool) -> None:
-            self.engine.backward(t * dp if grad is None else t, sync=sync, grad=grad)
-
-        return backward
+    def _backward(self, t: Tensor, grad: Tensor | None, sync: bool) -> None:
+        self.engine.backward(t, sync=sync, grad=grad)
 
     def run(
         self,
@@ -112,7 +106,7 @@ class PipelineStepRunner:
             [(key, objective.model_inputs(b)) for key, b in parts],
             lambda out, b: objective.values(out, b, counts),
             len(objective.names),
-            self._backward(),
+            self._backward,
             train=train,
         )
         return all_reduce(totals, self.ctx.pp)  # the values live on the last stage

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from tpformer.parallel.pipeline.stage import is_pipeline_tied
+from tpformer.parallel.param_info import param_info
 
 
 def model_blocks(model: nn.Module) -> list[nn.Module]:
@@ -43,10 +43,10 @@ def split_units(model: nn.Module) -> list[Unit]:
         in_block.update(id(p) for _, p in params)
         units.append(Unit(block, params))
     rest = [(n, p) for n, p in model.named_parameters() if id(p) not in in_block]
-    tied = [(n, p) for n, p in rest if is_pipeline_tied(p)]
+    tied = [(n, p) for n, p in rest if param_info(p).pipeline_tied]
     if tied:
         units.append(Unit(None, tied))
-    rest = [(n, p) for n, p in rest if not is_pipeline_tied(p)]
+    rest = [(n, p) for n, p in rest if not param_info(p).pipeline_tied]
     if rest:
         units.append(Unit(None, rest))
     return [u for u in units if u.params]

@@ -28,7 +28,8 @@ from tpformer.models.hf_keys import (
     model_config_from_hf,
 )
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import full_state_dict, logical_shape, sharded_dim
+from tpformer.parallel.init import full_state_dict, logical_shape
+from tpformer.parallel.param_info import param_info
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,8 @@ def _local_tensor(
     files: CheckpointFiles, rule: Rule, param: Tensor, model_cfg: ModelConfig, rank: int
 ) -> Tensor:
     """This rank's slice of the tensor `rule` describes, read without the rest."""
-    dim = sharded_dim(param)
+    info = param_info(param)
+    dim = info.tp_dim
     if isinstance(rule, FusedQKV):
         hidden, head_dim = model_cfg.hidden_size, model_cfg.hidden_size // model_cfg.num_heads
         heads = param.shape[0] // (3 * head_dim)
@@ -145,10 +147,10 @@ def _local_tensor(
             parts.append(part.reshape(heads, head_dim, *part.shape[1:]))
         return torch.stack(parts, dim=1).reshape(param.shape)
     transposed = rule.transposed and param.dim() == 2
-    if dim is None:
+    if dim is None or info.logical_size is None:
         full = files.read(rule.key)
         return full.t() if transposed else full
-    chunk, logical = param.shape[dim], param.tp_logical_size  # type: ignore[attr-defined]
+    chunk, logical = param.shape[dim], info.logical_size
     start, stop = rank * chunk, min((rank + 1) * chunk, logical)
     if dim == 0:
         local = _read_rows(files, rule.key, transposed, start, max(start, stop))

@@ -1,30 +1,28 @@
 """Layout-independent parameters: full tensors in, this rank's slice kept; slices in, full out.
 
-A sharded parameter carries two attributes, set by the layer that owns it:
-`tp_dim` (the dim split across TP) and `tp_logical_size` (the unpadded size of that dim, for
-the vocabulary). Everything else is replicated. Initialization draws the *full logical* tensor
-from a generator seeded by (seed, parameter name) and keeps this rank's slice, so a model built
-with seed S at TP=t holds exactly the slices of the model built with seed S at TP=1.
+A sharded parameter's record (parallel/param_info.py), set by the layer that owns it, names
+the dim split across TP and the unpadded size of that dim (for the vocabulary). Everything else
+is replicated. Initialization draws the *full logical* tensor from a generator seeded by (seed,
+parameter name) and keeps this rank's slice, so a model built with seed S at TP=t holds exactly
+the slices of the model built with seed S at TP=1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
 from tpformer.parallel.comm import all_gather_dim
 from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.param_info import InitMethod, param_info, update_param_info
 from tpformer.parallel.random import RNGTracker
-
-InitMethod = Callable[[Tensor, torch.Generator], None]
 
 
 def mark_sharded(param: nn.Parameter, dim: int, logical_size: int) -> nn.Parameter:
     """Record that `param` is this rank's chunk of a tensor whose `dim` has `logical_size` rows."""
-    param.tp_dim = dim  # type: ignore[attr-defined]
-    param.tp_logical_size = logical_size  # type: ignore[attr-defined]
+    update_param_info(param, tp_dim=dim, logical_size=logical_size)
     return param
 
 
@@ -35,36 +33,23 @@ def mark_sequence_parallel(*items: nn.Module | nn.Parameter) -> None:
     group before the update."""
     for item in items:
         for param in [item] if isinstance(item, nn.Parameter) else item.parameters():
-            param.sequence_parallel = True  # type: ignore[attr-defined]
-
-
-def is_sequence_parallel(param: Tensor) -> bool:
-    return getattr(param, "sequence_parallel", False)
+            update_param_info(param, sequence_parallel=True)
 
 
 def set_init(param: nn.Parameter, method: InitMethod) -> nn.Parameter:
     """Override the default initialization (normal(0, std) for matrices, zeros for vectors)."""
-    param.init_method = method  # type: ignore[attr-defined]
+    update_param_info(param, init=method)
     return param
-
-
-def sharded_dim(param: Tensor) -> int | None:
-    return getattr(param, "tp_dim", None)
 
 
 def logical_shape(param: Tensor) -> torch.Size:
     """Shape of the full, unpadded tensor of which `param` is one TP chunk."""
-    dim = sharded_dim(param)
-    if dim is None:
-        return param.shape
-    shape = list(param.shape)
-    shape[dim] = param.tp_logical_size  # type: ignore[attr-defined]
-    return torch.Size(shape)
+    return param_info(param).logical_shape(param.shape)
 
 
 def shard_full(full: Tensor, param: Tensor, tp: GroupHandle) -> Tensor:
     """This rank's chunk of `full` in the layout of `param` (zero padding past the logical size)."""
-    dim = sharded_dim(param)
+    dim = param_info(param).tp_dim
     if dim is None:
         return full
     expected = logical_shape(param)
@@ -83,11 +68,11 @@ def gather_full(param: Tensor, tp: GroupHandle, tensor: Tensor | None = None) ->
     """The full logical tensor from every rank's chunk of `param` (or of `tensor`, laid out like
     param, e.g. its gradient): one all-gather for a sharded parameter, none for a replicated one."""
     local = (param if tensor is None else tensor).detach()
-    dim = sharded_dim(param)
-    if dim is None:
+    info = param_info(param)
+    if info.tp_dim is None or info.logical_size is None:
         return local
-    full = all_gather_dim(local, tp, dim)
-    return full.narrow(dim, 0, param.tp_logical_size)  # type: ignore[attr-defined]
+    full = all_gather_dim(local, tp, info.tp_dim)
+    return full.narrow(info.tp_dim, 0, info.logical_size)
 
 
 def normal_init(std: float) -> InitMethod:
@@ -114,11 +99,11 @@ def initialize_parameters(
     """Initialize every parameter layout-independently (see the module docstring).
 
     Defaults: LayerNorm weight 1 and bias 0, other vectors 0, matrices normal(0, std); a
-    parameter's own `init_method` wins.
+    parameter's own `init` (set_init) wins.
     """
     layer_norm_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.LayerNorm)}
     for name, param in module.named_parameters():
-        method = getattr(param, "init_method", None)
+        method = param_info(param).init
         if method is None:
             if id(param) in layer_norm_weights:
                 method = ones_init

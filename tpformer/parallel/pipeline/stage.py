@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 
 from torch import Tensor, nn
 
+from tpformer.parallel.param_info import update_param_info
 from tpformer.parallel.pipeline.schedule import virtual_stage
 
 
@@ -57,16 +58,7 @@ def mark_pipeline_tied(param: nn.Parameter, *, counted: bool) -> None:
     """A parameter held by the first and the last stage: its gradient is summed over the two
     before the update (its own ZeRO bucket, so both ends' shards line up), and the norm counts
     it once (`counted` on the first stage only)."""
-    param.pipeline_tied = True  # type: ignore[attr-defined]
-    param.pipeline_counted = counted  # type: ignore[attr-defined]
-
-
-def is_pipeline_tied(param: Tensor) -> bool:
-    return getattr(param, "pipeline_tied", False)
-
-
-def counted_in_norm(param: Tensor) -> bool:
-    return getattr(param, "pipeline_counted", True)
+    update_param_info(param, pipeline_tied=True, counted_in_norm=counted)
 
 
 @dataclass
