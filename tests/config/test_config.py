@@ -79,6 +79,7 @@ PUBLIC_KEYS = {
         "trust_coefficient",
         "warmup_ratio",
         "warmup_steps",
+        "warmup_style",
         "weight_decay",
     ],
     "data": [

@@ -63,6 +63,11 @@ class Decay(Choice):
     cosine = "cosine"
 
 
+class WarmupStyle(Choice):
+    megatron = "megatron"
+    transformers = "transformers"
+
+
 class LrScaling(Choice):
     none = "none"
     linear = "linear"
@@ -281,6 +286,11 @@ class OptimConfig:
     """Linear warmup from 0 to lr over this fraction of the run's optimizer steps."""
     warmup_steps: int | None = ranged(None, 0)
     """Warmup steps given explicitly; overrides warmup_ratio when set (0: no warmup)."""
+    warmup_style: WarmupStyle = WarmupStyle.megatron
+    """megatron: round(warmup_ratio x steps) warmup steps, step s (0-based) at lr x (s+1) /
+    warmup, so the first step trains; transformers: ceil(warmup_ratio x steps), step s at
+    lr x s / warmup (the first at 0), as get_linear_schedule_with_warmup under Trainer. The
+    decay after the warmup is the same."""
     decay: Decay = Decay.linear
     """linear or cosine decay from lr to min_lr at trainer.max_steps."""
     min_lr: float = ranged(0.0, 0)

@@ -76,6 +76,7 @@ class MetricsWriter:
         self.path = run_dir / "metrics.jsonl"
         self.sinks: list[TensorBoardSink | WandbSink] = []
         if enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
             if "tensorboard" in loggers:
                 self.sinks.append(TensorBoardSink(run_dir))
             if "wandb" in loggers:

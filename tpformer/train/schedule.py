@@ -18,19 +18,21 @@ def scaled_lr(optim: OptimConfig, global_batch: int) -> float:
 
 
 def warmup_steps(optim: OptimConfig, max_steps: int) -> int:
-    """optim.warmup_steps when given, else optim.warmup_ratio of the run's steps."""
-    return (
-        optim.warmup_steps
-        if optim.warmup_steps is not None
-        else round(optim.warmup_ratio * max_steps)
-    )
+    """optim.warmup_steps when given, else optim.warmup_ratio of the run's steps (rounded as
+    Megatron does, or up as transformers' Trainer does, by optim.warmup_style)."""
+    if optim.warmup_steps is not None:
+        return optim.warmup_steps
+    if optim.warmup_style == "transformers":
+        return math.ceil(optim.warmup_ratio * max_steps)
+    return round(optim.warmup_ratio * max_steps)
 
 
 def lr_at(step: int, *, peak: float, optim: OptimConfig, max_steps: int) -> float:
     """The learning rate of optimizer step `step` (0-based)."""
     warmup = warmup_steps(optim, max_steps)
     if step < warmup:
-        return peak * (step + 1) / warmup
+        first = 0 if optim.warmup_style == "transformers" else 1
+        return peak * (step + first) / warmup
     span = max(1, max_steps - warmup)
     progress = min(1.0, (step - warmup) / span)
     if optim.decay == "cosine":
