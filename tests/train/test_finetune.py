@@ -55,9 +55,10 @@ WORDS = [
 FILLER = WORDS[2:]
 
 
-def write_hf_bert(directory: Path, dropout: float = 0.1) -> Path:
-    """A tiny random BertModel written by save_pretrained, with a WordPiece vocab.txt."""
-    from transformers import BertConfig, BertModel
+def write_hf_bert(directory: Path, dropout: float = 0.1, num_labels: int = 0) -> Path:
+    """A tiny random BertModel written by save_pretrained, with a WordPiece vocab.txt; with
+    num_labels, a BertForSequenceClassification (pooler and classifier included)."""
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
 
     torch.manual_seed(0)
     vocab = [*SPECIAL_TOKENS, *WORDS]
@@ -70,8 +71,9 @@ def write_hf_bert(directory: Path, dropout: float = 0.1) -> Path:
         max_position_embeddings=64,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
+        num_labels=num_labels or 2,  # BertConfig's default when it has no head
     )
-    BertModel(config).save_pretrained(directory)
+    (BertForSequenceClassification if num_labels else BertModel)(config).save_pretrained(directory)
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
     return directory
 

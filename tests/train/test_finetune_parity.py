@@ -15,7 +15,7 @@ import torch
 
 from tests.data.test_glue import write_glue_file
 from tests.dist import run_distributed
-from tests.train.test_finetune import WORDS, sentiment_rows
+from tests.train.test_finetune import sentiment_rows, write_hf_bert
 from tpformer.config.schema import (
     FinetuneConfig,
     FinetuneTrainerConfig,
@@ -23,7 +23,6 @@ from tpformer.config.schema import (
     OptimConfig,
 )
 from tpformer.data.glue.batches import prediction_batch
-from tpformer.data.tokenizer import SPECIAL_TOKENS
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.finetuning import finetuning_trainer
 from tpformer.train.loop import Trainer
@@ -45,29 +44,6 @@ LOGITS_ABS = 1e-4
 """Dev logits after training, absolute (of order 1; measured at most 1.5e-5)."""
 
 
-def write_hf_classifier(directory: Path, num_labels: int) -> Path:
-    """A tiny random BertForSequenceClassification (pooler and classifier included) written by
-    save_pretrained, dropout 0, with a WordPiece vocab.txt."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    vocab = [*SPECIAL_TOKENS, *WORDS]
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        num_labels=num_labels,
-    )
-    BertForSequenceClassification(config).save_pretrained(directory)
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    return directory
-
-
 def _task_config(tmp_path: Path, task: str) -> FinetuneConfig:
     """sst2 (single sentences, 2 classes) or stsb (pairs scored 4.5 when the first sentence says
     "good", else 0.5)."""
@@ -84,7 +60,7 @@ def _task_config(tmp_path: Path, task: str) -> FinetuneConfig:
         num_labels = 1
     return FinetuneConfig(
         task=task,
-        init=str(write_hf_classifier(tmp_path / "hf", num_labels)),
+        init=str(write_hf_bert(tmp_path / "hf", dropout=0.0, num_labels=num_labels)),
         data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
         optim=OPTIM,
         trainer=FinetuneTrainerConfig(
