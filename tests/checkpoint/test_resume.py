@@ -12,6 +12,7 @@ from tests.faults.job import children
 from tests.train.test_trainer import tiny_config
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
+from tpformer.config.validate import validate
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
@@ -301,6 +302,39 @@ def test_resharded_resume_matches_the_uninterrupted_run(
                 losses,
                 straight,
             )
+
+
+def _fixed_global_batch(
+    ctx: ParallelContext, config: Config, run_dir: str, trainer: dict
+) -> tuple[int, dict[int, float]]:
+    """As the entry point does: validate at this layout (trainer.global_batch_size fixes
+    grad_accum for it), then train; returns the derived grad_accum and the losses."""
+    config = _trainer(config, run_dir, **trainer)
+    validate(config, ctx.layout)
+    return config.trainer.grad_accum, _run(ctx, config, run_dir)
+
+
+@pytest.mark.slow
+def test_a_fixed_global_batch_continues_the_curve_on_a_smaller_world(tmp_path: Path) -> None:
+    """trainer.global_batch_size=8, micro-batch 2, dropout 0.1: 4 ranks (TP=2 x DP=2, ZeRO-1,
+    2 micro-batches) stop at step 3; resumed on 2 ranks (TP=2, 4 micro-batches) and on one
+    (4 micro-batches), steps 4-6 follow the uninterrupted 4-rank run."""
+    config = tiny_config(steps=STEPS, micro=2, zero_stage=1)
+    config = replace(config, trainer=replace(config.trainer, global_batch_size=8))
+    straight = run_distributed(_fixed_global_batch, 4, config, str(tmp_path / "a"), {}, tensor=2)
+    assert straight[0][0] == 2
+    stop = {"exit_at_step": EXIT}
+    run_distributed(_fixed_global_batch, 4, config, str(tmp_path / "b"), stop, tensor=2)
+    source = {"resume": str(tmp_path / "b" / "checkpoints" / store.step_dir_name(EXIT))}
+    on_two = run_distributed(_fixed_global_batch, 2, config, str(tmp_path / "c"), source, tensor=2)
+    on_one = _fixed_global_batch(
+        ParallelContext.single(device="cpu"), config, str(tmp_path / "d"), source
+    )
+    want = straight[0][1]
+    for accum, losses in [*on_two, on_one]:
+        assert accum == 4 and min(losses) == EXIT + 1
+        for step in range(EXIT + 1, STEPS + 1):
+            assert abs(losses[step] - want[step]) <= RESHARD_REL * want[step], (losses, want)
 
 
 @pytest.mark.slow

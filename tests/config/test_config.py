@@ -106,6 +106,7 @@ PUBLIC_KEYS = {
         "eval_every",
         "eval_steps",
         "exit_at_step",
+        "global_batch_size",
         "grad_accum",
         "keep_last",
         "log_every",

@@ -46,6 +46,60 @@ def test_stopped_rank_fails_the_job_within_the_timeout(tmp_path: Path) -> None:
     assert code == 1, job.output()[-3000:]
     print(f"stopped rank: job exited {code} after {seconds:.1f} s (timeout {timeout_s} s)")
     assert seconds < timeout_s + 30 + 90
+    # the hang report: rank 0's collectives and stacks, and one line naming the stopped rank
+    report = (tmp_path / "hang" / "rank0.txt").read_text()
+    assert '"calls": [{' in report and "most recent call first" in report
+    summary = [line for line in job.output().splitlines() if "hang: ranks [0] wait in" in line]
+    assert summary and "rank 1 sent no report (stopped or killed)" in summary[0], job.output()
+    assert " at tpformer/" in summary[0]  # the call site of the collective rank 0 waits in
+
+
+def test_a_skipped_collective_is_named_with_its_call_site(tmp_path: Path) -> None:
+    """tests/faults/skipped_collective.py: rank 1 skips a TP all-reduce and waits in the next
+    collective of another group; both time out, and rank 0's summary names rank 1 and where
+    each rank waits."""
+    import subprocess
+    import sys
+
+    from tests.train.test_trainer import REPO
+
+    program = REPO / "tests" / "faults" / "skipped_collective.py"
+    skipped = next(
+        i + 1 for i, line in enumerate(program.read_text().splitlines()) if "SKIPPED_LINE" in line
+    )
+    timeout_s = 8
+    start = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(program),
+            str(tmp_path),
+            str(timeout_s),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s + 120,
+    )
+    seconds = time.monotonic() - start
+    assert result.returncode != 0
+    summary = [line for line in result.stderr.splitlines() if line.startswith("hang: ")]
+    assert summary, result.stderr[-3000:]
+    assert summary[0].startswith(
+        f"hang: ranks [0] wait in all_reduce #2 on group tp/control (ranks [0, 1]) at "
+        f"skipped_collective.py:{skipped} (main); rank 1 did not reach it (its last "
+        f"collective: all_reduce #2 on group second at skipped_collective.py:{skipped + 1} (main))"
+    ), summary[0]
+    assert sorted(p.name for p in (tmp_path / "hang").glob("rank*.txt")) == [
+        "rank0.txt",
+        "rank1.txt",
+    ]
+    print(f"skipped collective: summary after {seconds:.1f} s (timeout {timeout_s} s)")
+    assert seconds < timeout_s + 60
 
 
 def test_sigterm_during_startup_ends_promptly_and_says_nothing_was_saved(tmp_path: Path) -> None:

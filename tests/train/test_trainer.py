@@ -212,6 +212,11 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
         ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
         ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
         (
+            "parallel.tensor=1 trainer.global_batch_size=10",  # dp 2, micro 4 (TINY)
+            "error: trainer.global_batch_size=10 is not a multiple of trainer.micro_batch_size=4 "
+            "x dp=2 = 8; valid at this layout: trainer.micro_batch_size in [1, 5]",
+        ),
+        (
             "parallel.grad_compression=powersgd parallel.zero_stage=2",
             "error: parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 (got 2)",
         ),

@@ -53,8 +53,11 @@ def _compose(overrides: list[str]) -> PlanConfig:
 
 
 def default_global_batch(config: PlanConfig, world: int) -> int:
-    """trainer.micro_batch_size x grad_accum x the DP degree of the given parallel settings."""
+    """trainer.global_batch_size, or trainer.micro_batch_size x grad_accum x the DP degree of
+    the given parallel settings."""
     p, t = config.parallel, config.trainer
+    if t.global_batch_size:
+        return t.global_batch_size
     dp = world // (p.tensor * p.pipeline) if world % (p.tensor * p.pipeline) == 0 else world
     return t.micro_batch_size * t.grad_accum * max(1, dp)
 

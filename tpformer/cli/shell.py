@@ -24,6 +24,7 @@ from tpformer.config.validate import validate
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv
+from tpformer.parallel.hang_report import enable_nccl_flight_recorder, gather_summary, write_report
 from tpformer.parallel.layout import Layout, resolve_layout
 
 log = logging.getLogger("tpformer")
@@ -132,6 +133,7 @@ def run_entry_point(
     layout = _checked_layout(config, env.world_size, check)
     if env.under_launcher:
         die_with_parent()
+        enable_nccl_flight_recorder(run_dir)
         ctx = ParallelContext.create(
             layout.tp,
             layout.dp,
@@ -143,23 +145,39 @@ def run_entry_point(
         )
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed)
+    shared = run_dir
     try:
-        job(config, ctx, _shared_run_dir(cfg, run_dir, ctx))
+        shared = _shared_run_dir(cfg, run_dir, ctx)
+        job(config, ctx, shared)
     except JOB_ERRORS as err:  # bad data or checkpoints, failed writes: one line, no traceback
         log.error("%s", err)  # every rank logs errors to its console, rank 0 also to train.log
         sys.exit(1)
     except RuntimeError as err:
         if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
             raise
-        log.error(
-            "a collective timed out after launcher.timeout_s=%s s: another rank of this "
-            "job stopped making progress (stopped, deadlocked, or stuck in I/O) [%s]",
-            config.launcher.timeout_s,
-            str(err).strip().splitlines()[-1],
-        )
+        report_collective_timeout(ctx, shared, err, config.launcher.timeout_s)
         sys.exit(1)
     finally:
         ctx.destroy()
+
+
+def report_collective_timeout(
+    ctx: ParallelContext, run_dir: Path, err: Exception, timeout_s: float
+) -> None:
+    """Log the timeout, write this rank's hang report and, on global rank 0, the summary line
+    (once the other ranks' reports are in, or after a few seconds without them)."""
+    reason = str(err).strip().splitlines()[-1]
+    report = write_report(run_dir, ctx.rank, reason)
+    log.error(
+        "a collective timed out after launcher.timeout_s=%s s: another rank of this job "
+        "stopped making progress (stopped, deadlocked, or stuck in I/O) [%s]; this rank's last "
+        "collectives and stacks: %s",
+        timeout_s,
+        reason,
+        report,
+    )
+    if ctx.rank == 0:
+        log.error("%s", gather_summary(run_dir, ctx.layout.world_size))
 
 
 JOB_ERRORS = (ValueError, FileNotFoundError, OSError, FloatingPointError)

@@ -391,7 +391,12 @@ class TrainerConfig(LoopConfig):
     micro_batch_size: int = ranged(8, 1)
     """Samples per DP rank per forward."""
     grad_accum: int = ranged(1, 1)
-    """Micro-batches per step; global batch = micro_batch_size x grad_accum x dp."""
+    """Micro-batches per step; global batch = micro_batch_size x grad_accum x dp (derived from
+    global_batch_size when that is set)."""
+    global_batch_size: int = ranged(0, 0)
+    """Samples per optimizer step over all DP ranks; when set, grad_accum = global_batch_size /
+    (micro_batch_size x dp) for the world the run finds, so a run resumed on another number of
+    ranks trains every step on the same samples (0: micro_batch_size x grad_accum x dp)."""
     eval_every: int = ranged(0, 0)
     """Evaluate the held-out loss every N steps (0: only at the end)."""
     eval_steps: int = ranged(4, 1)

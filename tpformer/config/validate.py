@@ -9,6 +9,7 @@ import typing
 from collections.abc import Sequence
 from enum import Enum
 
+from tpformer.config.derive import apply_global_batch
 from tpformer.config.schema import (
     Config,
     DataConfig,
@@ -193,12 +194,15 @@ def validate_loggers(loggers: Sequence[str]) -> None:
 
 
 def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> None:
-    """Every rule of a pretraining run at `layout`, checked before the first collective."""
+    """Every rule of a pretraining run at `layout`, checked before the first collective;
+    trainer.global_batch_size, when set, fixes trainer.grad_accum for this layout (before the
+    pipeline's rules on the micro-batch count)."""
     validate_loggers(config.trainer.loggers)
     validate_model(config.model, config.parallel.tensor)
     validate_engine(config.parallel, config.optim, device_type)
     validate_recompute_granularity(config.parallel, config.model.num_layers)
     check_choices(config)
+    apply_global_batch(config.trainer, layout.dp)
     if config.data.seq_length > config.model.max_position_embeddings:
         raise ValueError(
             f"data.seq_length={config.data.seq_length} exceeds "

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.hang_report import RECORDER
 
 T = TypeVar("T")
 
@@ -77,8 +78,15 @@ def count_collectives() -> Iterator[CollectiveCounts]:
 _RING_PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
 
 
-def _record(op: str, full_bytes: int = 0, size: int = 1) -> None:
-    """One call of `op` on a group of `size` ranks over a full tensor of `full_bytes`."""
+def _record(
+    op: str, handle: GroupHandle | None, x: Tensor | None = None, full_bytes: int = 0
+) -> None:
+    """One call of `op` on the handle's group (None: the world) over a full tensor of
+    `full_bytes`: counted for `count_collectives` and kept in the hang report's recorder."""
+    size = handle.size if handle is not None else 1
+    RECORDER.record(
+        op, handle.group if handle is not None else None, tuple(x.shape) if x is not None else ()
+    )
     sent = _RING_PASSES.get(op, 0) * full_bytes * (size - 1) / size
     for counter in _active_counters:
         counter[op] += 1
@@ -91,7 +99,7 @@ def all_reduce(
     """In-place all-reduce without autograd (for statistics such as a max or a norm)."""
     if handle.size == 1:
         return x
-    _record("all_reduce", x.nbytes, handle.size)
+    _record("all_reduce", handle, x, x.nbytes)
     if op == dist.ReduceOp.SUM and _swaps(x, handle):
         _swap_sum(x, handle).wait()
         return x
@@ -102,7 +110,7 @@ def all_reduce(
 def summed(x: Tensor, handle: GroupHandle) -> Tensor:
     """The SUM of a contiguous x over the group, as a new tensor (x is left as it is)."""
     if handle.size > 1 and _swaps(x, handle):
-        _record("all_reduce", x.nbytes, handle.size)
+        _record("all_reduce", handle, x, x.nbytes)
         theirs = torch.empty_like(x)
         _PairExchange(x, theirs, handle).wait()
         return x + theirs
@@ -124,7 +132,7 @@ def all_gather_dim(x: Tensor, handle: GroupHandle, dim: int = -1) -> Tensor:
     """Concatenate every rank's x along `dim` (no autograd)."""
     if handle.size == 1:
         return x
-    _record("all_gather", x.nbytes * handle.size, handle.size)
+    _record("all_gather", handle, x, x.nbytes * handle.size)
     parts = [torch.empty_like(x) for _ in range(handle.size)]
     dist.all_gather(parts, x.contiguous(), group=handle.group)
     return torch.cat(parts, dim=dim)
@@ -213,7 +221,7 @@ def all_reduce_async(x: Tensor, handle: GroupHandle) -> Pending | None:
     """Start an in-place SUM all-reduce of a flat buffer."""
     if handle.size == 1:
         return None
-    _record("all_reduce", x.nbytes, handle.size)
+    _record("all_reduce", handle, x, x.nbytes)
     if _swaps(x, handle):
         return _swap_sum(x, handle)
     return dist.all_reduce(x, group=handle.group, async_op=True)
@@ -293,7 +301,7 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> Pending
     if handle.size == 1:
         out.copy_(x)
         return None
-    _record("reduce_scatter", x.nbytes, handle.size)
+    _record("reduce_scatter", handle, x, x.nbytes)
     if _pairwise(handle):
         mine, theirs = x.chunk(2) if handle.rank == 0 else reversed(x.chunk(2))
         in_place = out.data_ptr() == mine.data_ptr()  # then the peer's half lands beside it
@@ -316,7 +324,7 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> Pending
     if handle.size == 1:
         out.copy_(shard)
         return None
-    _record("all_gather", out.nbytes, handle.size)
+    _record("all_gather", handle, out, out.nbytes)
     if _pairwise(handle):
         chunks = out.chunk(2)
         chunks[handle.rank].copy_(shard)
@@ -425,7 +433,7 @@ class _FromFirstRank(torch.autograd.Function):
     def forward(ctx, x: Tensor, handle: GroupHandle) -> Tensor:
         ctx.first = handle.rank == 0
         y = x.contiguous().clone()
-        _record("broadcast", y.nbytes, handle.size)
+        _record("broadcast", handle, y, y.nbytes)
         dist.broadcast(y, group=handle.group, group_src=0)
         return y
 
@@ -459,7 +467,7 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     """Global rank `src`'s picklable object on every rank (a no-op without torch.distributed)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj
-    _record("broadcast")
+    _record("broadcast", None)
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
@@ -469,7 +477,7 @@ def all_gather_object(obj: T, handle: GroupHandle) -> list[T]:
     """Every rank's picklable object of the group, in group-rank order."""
     if handle.size == 1:
         return [obj]
-    _record("all_gather_object")
+    _record("all_gather_object", handle)
     out: list[Any] = [None] * handle.size
     dist.all_gather_object(out, obj, group=handle.group)
     return out
@@ -478,7 +486,7 @@ def all_gather_object(obj: T, handle: GroupHandle) -> list[T]:
 def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> Pending:
     """Point-to-point send of x to group rank `peer` (a pipeline neighbour); keep x alive until
     the returned work is waited on. `tag` tells gloo's messages apart; NCCL matches by order."""
-    _record("send")
+    _record("send", handle, x)
     for counter in _active_counters:
         counter.bytes["send"] += x.nbytes
     group = process_group(handle)
@@ -489,7 +497,7 @@ def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> Pending:
 
 def recv(out: Tensor, peer: int, handle: GroupHandle, tag: int) -> Tensor:
     """Receive into `out` from group rank `peer`, waiting (up to the group's timeout)."""
-    _record("recv")
+    _record("recv", handle, out)
     group = process_group(handle)
     _started(dist.irecv(out, src=dist.get_global_rank(group, peer), group=group, tag=tag)).wait()
     return out

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from tpformer.parallel.env import LaunchEnv
+from tpformer.parallel.hang_report import RECORDER
 from tpformer.parallel.layout import Layout, resolve_layout
 from tpformer.parallel.random import RNGTracker
 
@@ -186,6 +187,7 @@ class ParallelContext:
         """Destroy every process group so another context can be created in this process."""
         if self.mesh is not None and dist.is_initialized():
             dist.destroy_process_group()
+            RECORDER.reset()  # its groups are gone (and their ids may be reused)
         self.mesh = None
 
 
@@ -195,6 +197,7 @@ def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int) -> GroupHandle:
     group = mesh.get_group(dim)
     if dist.get_rank(group) != rank:
         raise RuntimeError(f"mesh dim {dim!r}: rank {dist.get_rank(group)} != layout rank {rank}")
+    RECORDER.name_group(group, dim)
     return GroupHandle(group=group, rank=rank, size=size)
 
 
@@ -204,6 +207,7 @@ def _control_group(rank: int, world: int) -> GroupHandle:
         return GroupHandle.single()
     group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     assert group is not None
+    RECORDER.name_group(group, "control")
     return GroupHandle(group=group, rank=rank, size=world)
 
 

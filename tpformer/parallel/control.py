@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.hang_report import RECORDER
 
 
 def agree_any(ctx: ParallelContext, *flags: bool) -> list[bool]:
@@ -19,5 +20,6 @@ def agree_any(ctx: ParallelContext, *flags: bool) -> list[bool]:
     if ctx.control.size == 1:
         return list(flags)
     t = torch.tensor([float(f) for f in flags])
+    RECORDER.record("all_reduce", ctx.control.group, tuple(t.shape))  # not a compute collective
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.control.group)
     return [bool(x) for x in t.tolist()]

@@ -250,7 +250,11 @@ class Trainer:
                 f"rng_rank{self.ctx.rank}": store.rng_state(),
             }
         )
-        trainer_state = {"evaluations": self.evaluations, "best_value": self.best_value}
+        trainer_state = {
+            "evaluations": self.evaluations,
+            "best_value": self.best_value,
+            "global_batch": self.task.global_batch,
+        }
         meta = {
             **self.task.meta,
             "trainer": trainer_state,
@@ -305,6 +309,16 @@ class Trainer:
         if same_world:
             torch.set_rng_state(template[f"rng_rank{self.ctx.rank}"]["cpu"])
         state = meta.get("trainer", {})
+        saved_batch = state.get("global_batch", self.task.global_batch)
+        if saved_batch != self.task.global_batch:
+            log.warning(
+                "the checkpoint trained with a global batch of %d samples per step, this run "
+                "with %d: the steps from here train on other samples than the run that wrote "
+                "it (set trainer.global_batch_size=%d to continue its curve on this world)",
+                saved_batch,
+                self.task.global_batch,
+                saved_batch,
+            )
         self.evaluations = list(state.get("evaluations", []))
         self.best_value = float(state.get("best_value", -math.inf))
         now = self.task.meta

@@ -1,0 +1,26 @@
+"""Config values derived at the layout a run finds (the validator only checks; this sets)."""
+
+from __future__ import annotations
+
+from tpformer.config.schema import TrainerConfig
+from tpformer.parallel.layout import divisors
+
+
+def apply_global_batch(trainer: TrainerConfig, dp: int) -> None:
+    """trainer.global_batch_size -> trainer.grad_accum for this world's DP degree (the one place
+    it is derived; every reader of grad_accum then sees the derived value)."""
+    total, micro = trainer.global_batch_size, trainer.micro_batch_size
+    if total == 0:
+        return
+    if total % (micro * dp):
+        per_rank = total // dp if total % dp == 0 else 0
+        valid = (
+            f"trainer.micro_batch_size in {divisors(per_rank)}"
+            if per_rank
+            else f"a trainer.global_batch_size that is a multiple of dp={dp}"
+        )
+        raise ValueError(
+            f"trainer.global_batch_size={total} is not a multiple of trainer.micro_batch_size="
+            f"{micro} x dp={dp} = {micro * dp}; valid at this layout: {valid}"
+        )
+    trainer.grad_accum = total // (micro * dp)
