@@ -58,6 +58,8 @@ def _worker(
         )
         try:
             result = fn(ctx, *args)
+            if dist.is_initialized():  # no rank tears its groups down while another sets one up
+                dist.barrier()
         finally:
             ctx.destroy()
         torch.save(result, out / f"result{rank}.pt")
@@ -140,7 +142,7 @@ def run_distributed(
             if p.is_alive():
                 p.kill()
             p.join()
-        errors = sorted(Path(workdir).glob("error*.txt"))
+        errors = sorted(Path(workdir).glob("error*.txt"), key=lambda e: e.stat().st_mtime)
         if errors:
             raise AssertionError(f"{errors[0].stem} failed:\n{errors[0].read_text()}")
         hung = [r for r, p in enumerate(procs) if p.exitcode != 0]
