@@ -97,6 +97,7 @@ def test_a_lost_node_continues_the_same_curve_on_the_survivor(tmp_path: Path) ->
     reference = tmp_path / "reference"
     done = subprocess.run(
         [sys.executable, "-m", "tpformer.cli.pretrain", *TINY, *RUN, f"hydra.run.dir={reference}"],
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,

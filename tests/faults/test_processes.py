@@ -80,6 +80,7 @@ def test_a_skipped_collective_is_named_with_its_call_site(tmp_path: Path) -> Non
             str(tmp_path),
             str(timeout_s),
         ],
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,

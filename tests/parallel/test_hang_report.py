@@ -3,6 +3,7 @@ it makes of the ranks' reports (no report, a rank behind, a mismatched collectiv
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -39,6 +40,7 @@ def test_the_recorder_keeps_kind_group_shape_sequence_and_call_site(tmp_path: Pa
         assert last.site == f"test_hang_report.py:{line} (_two_all_reduces)"
     reports = read_reports(tmp_path)
     assert sorted(reports) == [0, 1] and reports[1][-1].shape == (2, 5)
+    assert read_reports(tmp_path, since=time.time() + 60) == {}  # an earlier hang's: ignored
     text = (tmp_path / "hang" / "rank0.txt").read_text()
     assert "most recent call first" in text and "_two_all_reduces" in text  # the stacks
 

@@ -176,8 +176,9 @@ def report_collective_timeout(
         reason,
         report,
     )
-    if ctx.rank == 0:
-        log.error("%s", gather_summary(run_dir, ctx.layout.world_size))
+    if ctx.rank == 0:  # reports of this hang: written within one timeout of this rank's
+        since = report.stat().st_mtime - timeout_s
+        log.error("%s", gather_summary(run_dir, ctx.layout.world_size, since))
 
 
 JOB_ERRORS = (ValueError, FileNotFoundError, OSError, FloatingPointError)

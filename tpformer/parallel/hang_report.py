@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 
+import torch
 import torch.distributed as dist
 
 HANG_DIR = "hang"
@@ -115,11 +116,14 @@ def write_report(run_dir: Path, rank: int, error: str) -> Path:
     return path
 
 
-def read_reports(run_dir: Path) -> dict[int, list[CollectiveCall]]:
-    """Every rank's recorded collectives, by global rank."""
+def read_reports(run_dir: Path, since: float = 0.0) -> dict[int, list[CollectiveCall]]:
+    """Every rank's recorded collectives, by global rank, from reports written at or after
+    `since` (a run directory resumed after an earlier hang still holds that hang's reports)."""
     reports = {}
     for path in sorted((run_dir / HANG_DIR).glob("rank*.txt")):
         try:
+            if path.stat().st_mtime < since:
+                continue
             record = json.loads(path.read_text().split("\n", 1)[0])
         except (OSError, ValueError):
             continue
@@ -168,19 +172,22 @@ def summary(reports: dict[int, list[CollectiveCall]], world_size: int) -> str:
     )
 
 
-def gather_summary(run_dir: Path, world_size: int, wait_s: float = 10.0) -> str:
-    """The summary once every rank has reported, or after `wait_s` with those that did."""
+def gather_summary(run_dir: Path, world_size: int, since: float, wait_s: float = 10.0) -> str:
+    """The summary once every rank has reported (since `since`), or after `wait_s` with those
+    that did."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if len(read_reports(run_dir)) >= world_size:
+        if len(read_reports(run_dir, since)) >= world_size:
             break
         time.sleep(0.2)
-    return summary(read_reports(run_dir), world_size)
+    return summary(read_reports(run_dir, since), world_size)
 
 
 def enable_nccl_flight_recorder(run_dir: Path) -> None:
     """torch's NCCL flight recorder, dumped on a watchdog timeout into <run dir>/hang (set
-    before the process group exists; a user's own settings win)."""
+    before the process group exists, on CUDA machines only; a user's own settings win)."""
+    if not torch.cuda.is_available():
+        return
     (run_dir / HANG_DIR).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
