@@ -219,7 +219,7 @@ def test_overrides_reach_the_typed_config() -> None:
     ("override", "error"),
     [
         ("parallel.tensr=2", ConfigCompositionException),
-        ("parallel.tensor=two", ConfigCompositionException),
+        ("parallel.seed=two", ConfigCompositionException),
         ("model=bert_huge", ConfigCompositionException),
         ("data=wiki", ConfigCompositionException),
     ],

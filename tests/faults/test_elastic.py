@@ -1,7 +1,8 @@
 """Losing a machine under torchrun's elastic launcher: two agents on this host (--nnodes 1:2,
 c10d rendezvous on 127.0.0.1), one SIGKILLed mid-run; the survivor re-forms a one-node world,
-resumes the latest checkpoint (resharded) and, with trainer.global_batch_size fixed, continues
-the same loss curve."""
+resumes the latest checkpoint (resharded) at the layout the planner picks for it
+(parallel.tensor/pipeline=auto) and, with trainer.global_batch_size fixed, continues the same
+loss curve."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ RUN = [
     "trainer.log_every=1",
     "trainer.loggers=[]",
     "launcher.timeout_s=60",
+    "parallel.tensor=auto",  # the planner picks the degrees for each world the run finds
+    "parallel.pipeline=auto",
 ]
 CURVE_REL = 1e-5
 """fp32, the same samples and dropout masks per step; the one-node world sums in another
@@ -129,6 +132,7 @@ def test_a_lost_node_continues_the_same_curve_on_the_survivor(tmp_path: Path) ->
     output = (tmp_path / "agent0.log").read_text()
     assert code == 0, output[-3000:]
     assert "resumed from" in output and "resharded" in output, output[-3000:]
+    assert "for world 2" in output and "for world 1" in output, output[-3000:]
     got = _losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step, loss in want.items():

@@ -25,6 +25,7 @@ from tpformer.config.schema import PlanConfig
 from tpformer.config.store import CONF_DIR, register_configs, to_config
 from tpformer.config.validate import validate, validate_model
 from tpformer.parallel.layout import resolve_layout
+from tpformer.planner.auto import auto_global_batch
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster, calibration_path, device_kind, resolve_cluster
 from tpformer.planner.memory import stage_params
@@ -50,16 +51,6 @@ def _compose(overrides: list[str]) -> PlanConfig:
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("plan", overrides=overrides)
     return to_config(cfg)
-
-
-def default_global_batch(config: PlanConfig, world: int) -> int:
-    """trainer.global_batch_size, or trainer.micro_batch_size x grad_accum x the DP degree of
-    the given parallel settings."""
-    p, t = config.parallel, config.trainer
-    if t.global_batch_size:
-        return t.global_batch_size
-    dp = world // (p.tensor * p.pipeline) if world % (p.tensor * p.pipeline) == 0 else world
-    return t.micro_batch_size * t.grad_accum * max(1, dp)
 
 
 def _user_overrides(overrides: list[str]) -> list[str]:
@@ -249,7 +240,7 @@ def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrat
             f"model.max_position_embeddings={config.model.max_position_embeddings}"
         )
     device_type = "cpu" if cluster.name == "cpu" else "cuda"
-    global_batch = config.plan.global_batch or default_global_batch(config, cluster.world_size)
+    global_batch = config.plan.global_batch or auto_global_batch(config, cluster.world_size)
     model_name = next(
         (o.split("=", 1)[1] for o in overrides if o.startswith("model=")), "bert_mini"
     )

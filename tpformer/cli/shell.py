@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tpformer.cli.launch import launch_local
+from tpformer.config.schema import Config
 from tpformer.config.store import to_config
 from tpformer.config.validate import validate
 from tpformer.parallel.comm import broadcast_object
@@ -26,6 +27,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv
 from tpformer.parallel.hang_report import enable_nccl_flight_recorder, gather_summary, write_report
 from tpformer.parallel.layout import Layout, resolve_layout
+from tpformer.planner.auto import apply_auto_layout, auto_keys, check_degree, choose_layout
 
 log = logging.getLogger("tpformer")
 
@@ -48,11 +50,34 @@ def setup_logging(run_dir: Path, rank: int) -> None:
 
 
 def resolve(config: Any, world_size: int) -> Layout:
-    """The run's layout for this world size (parallel.data=auto resolved): the one place the
-    layout keys are read, before any process group exists."""
-    return resolve_layout(
-        config.parallel.tensor, config.parallel.data, world_size, config.parallel.pipeline
-    )
+    """The run's layout for this world size (see resolve_run_layout)."""
+    return resolve_run_layout(config, world_size)[0]
+
+
+def resolve_run_layout(
+    config: Any, world_size: int, local_world_size: int | None = None
+) -> tuple[Layout, list[str]]:
+    """The run's layout for this world size and the startup plan's lines on how it was chosen:
+    the one place the layout keys are read, before any process group exists. parallel.data=auto
+    is world / (tensor x pipeline); parallel.tensor / pipeline = auto are chosen by the planner
+    and written into `config` (with the global batch they were compared at)."""
+    p = config.parallel
+    check_degree("tensor", p.tensor)
+    check_degree("pipeline", p.pipeline)
+    notes: list[str] = []
+    keys = auto_keys(config)
+    if keys:
+        if not isinstance(config, Config):
+            raise ValueError(
+                f"{' and '.join(f'{k}=auto' for k in keys)}: the planner chooses layouts for "
+                "pretraining runs; give fine-tuning integer degrees (e.g. parallel.tensor=2)"
+            )
+        choice = choose_layout(
+            config, world_size, local_world_size or world_size, device_type=_device_type()
+        )
+        apply_auto_layout(config, choice)
+        notes = choice.describe(keys)
+    return resolve_layout(p.tensor, p.data, world_size, p.pipeline), notes
 
 
 def _fail(message: str) -> NoReturn:
@@ -118,7 +143,8 @@ def run_entry_point(
         _fail(str(err).splitlines()[0])
     env = LaunchEnv.read()  # the one read of the launcher's variables
     if not env.under_launcher and config.launcher.nproc_per_node > 1:
-        _checked_layout(config, config.launcher.nproc_per_node, check)
+        nproc = config.launcher.nproc_per_node
+        _checked_layout(config, nproc, nproc, check)
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
         code = launch_local(
             module,
@@ -130,7 +156,7 @@ def run_entry_point(
         if code:
             sys.exit(code)
         return
-    layout = _checked_layout(config, env.world_size, check)
+    layout, notes = _checked_layout(config, env.world_size, env.local_world_size, check)
     if env.under_launcher:
         die_with_parent()
         enable_nccl_flight_recorder(run_dir)
@@ -141,13 +167,15 @@ def run_entry_point(
             env=env,
             timeout_s=config.launcher.timeout_s,
             sequence_parallel=config.parallel.sequence_parallel,
-            pipeline=config.parallel.pipeline,
+            pipeline=layout.pp,
         )
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed)
     shared = run_dir
     try:
         shared = _shared_run_dir(cfg, run_dir, ctx)
+        for line in notes:
+            log.info("%s", line)
         job(config, ctx, shared)
     except JOB_ERRORS as err:  # bad data or checkpoints, failed writes: one line, no traceback
         log.error("%s", err)  # every rank logs errors to its console, rank 0 also to train.log
@@ -199,14 +227,17 @@ def die_with_parent() -> None:
         pass
 
 
-def _checked_layout(config: Any, world_size: int, check: Callable[..., None]) -> Layout:
-    """The layout for this world size, with the config validated at it (exit 2 if invalid)."""
+def _checked_layout(
+    config: Any, world_size: int, local_world_size: int, check: Callable[..., None]
+) -> tuple[Layout, list[str]]:
+    """The layout for this world size and how it was chosen, with the config validated at it
+    (exit 2 if invalid)."""
     try:
-        layout = resolve(config, world_size)
+        layout, notes = resolve_run_layout(config, world_size, local_world_size)
         check(config, layout, device_type=_device_type())
     except ValueError as err:
         _fail(str(err))
-    return layout
+    return layout, notes
 
 
 def _shared_run_dir(cfg: DictConfig, run_dir: Path, ctx: ParallelContext) -> Path:

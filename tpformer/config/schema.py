@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from omegaconf import MISSING
 
@@ -174,8 +174,9 @@ def ranged(
 class ParallelConfig:
     """How the world is split and how randomness is keyed."""
 
-    tensor: int = ranged(1, 1)
-    """TP degree: must divide the attention heads, hidden size and world size."""
+    tensor: Union[int, str] = ranged(1, 1)  # noqa: UP007 (OmegaConf reads typing.Union only)
+    """TP degree: must divide the attention heads, hidden size and world size; "auto" (pretraining):
+    the planner's fastest layout for the world the run finds, the other keys as set."""
     data: str = "auto"
     """DP degree, or "auto" = world_size / tensor."""
     seed: int = ranged(1234, 0)
@@ -204,8 +205,9 @@ class ParallelConfig:
     sequence_parallel: bool = False
     """Megatron-SP: LayerNorm, dropout and residual activations hold 1/tensor of the sequence
     (needs tensor > 1 and a sequence length divisible by tensor); same losses as without."""
-    pipeline: int = ranged(1, 1)
-    """PP degree: pipeline stages, the outermost mesh dim (put it across nodes)."""
+    pipeline: Union[int, str] = ranged(1, 1)  # noqa: UP007
+    """PP degree: pipeline stages, the outermost mesh dim (put it across nodes); "auto" as for
+    tensor."""
     pipeline_schedule: PipelineSchedule = field(default=PipelineSchedule("1f1b"))
     """gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (virtual_stages
     model chunks per stage). Micro-batches per step: trainer.grad_accum."""

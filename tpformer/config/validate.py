@@ -34,7 +34,7 @@ def check_choices(config: object, prefix: str = "") -> None:
             allowed = [m.value for m in kind]
             if value not in allowed:
                 raise ValueError(f"{prefix}{f.name}={value!r} is not one of {allowed}")
-        elif "range" in f.metadata and value is not None:
+        elif "range" in f.metadata and isinstance(value, (int, float)):
             bounds = f.metadata["range"]
             if not bounds.contains(value):
                 raise ValueError(f"{prefix}{f.name}={value} must be {bounds}")
@@ -85,29 +85,31 @@ def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: s
         raise ValueError(f"optim.min_lr={optim.min_lr} must not exceed optim.lr={optim.lr}")
 
 
-def validate_sequence_parallel(parallel: ParallelConfig, seq_length: int | None) -> None:
-    """Sequence parallelism splits each sequence over the TP group: it needs one, and (for the
-    fixed-length pretraining sequences) a length it divides. Fine-tuning pads instead."""
+def validate_sequence_parallel(parallel: ParallelConfig, tp: int, seq_length: int | None) -> None:
+    """Sequence parallelism splits each sequence over the TP group (of `tp` ranks): it needs
+    one, and (for the fixed-length pretraining sequences) a length it divides. Fine-tuning pads
+    instead."""
     if not parallel.sequence_parallel:
         return
-    if parallel.tensor == 1:
+    if tp == 1:
         raise ValueError(
             "parallel.sequence_parallel=true needs parallel.tensor > 1 (got "
             "parallel.tensor=1): it splits the sequence across the TP group"
         )
-    if seq_length is not None and seq_length % parallel.tensor:
-        below = seq_length - seq_length % parallel.tensor
+    if seq_length is not None and seq_length % tp:
+        below = seq_length - seq_length % tp
         raise ValueError(
             f"data.seq_length={seq_length} must be divisible by parallel.tensor="
-            f"{parallel.tensor} with parallel.sequence_parallel=true (e.g. {below} or "
-            f"{below + parallel.tensor})"
+            f"{tp} with parallel.sequence_parallel=true (e.g. {below} or {below + tp})"
         )
 
 
-def validate_pipeline(parallel: ParallelConfig, num_layers: int, micro_batches: int) -> None:
-    """Pipeline stages need layers to hold, micro-batches to fill them and an engine that keeps
-    whole gradients; a split list must match the model."""
-    p, schedule = parallel.pipeline, parallel.pipeline_schedule
+def validate_pipeline(
+    parallel: ParallelConfig, p: int, num_layers: int, micro_batches: int
+) -> None:
+    """Pipeline stages (`p` of them) need layers to hold, micro-batches to fill them and an
+    engine that keeps whole gradients; a split list must match the model."""
+    schedule = parallel.pipeline_schedule
     split = parallel.pipeline_split
     if p == 1:
         return
@@ -198,7 +200,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     trainer.global_batch_size, when set, fixes trainer.grad_accum for this layout (before the
     pipeline's rules on the micro-batch count)."""
     validate_loggers(config.trainer.loggers)
-    validate_model(config.model, config.parallel.tensor)
+    validate_model(config.model, layout.tp)
     validate_engine(config.parallel, config.optim, device_type)
     validate_recompute_granularity(config.parallel, config.model.num_layers)
     check_choices(config)
@@ -208,8 +210,9 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
             f"data.seq_length={config.data.seq_length} exceeds "
             f"model.max_position_embeddings={config.model.max_position_embeddings}"
         )
-    validate_sequence_parallel(config.parallel, config.data.seq_length)
-    validate_pipeline(config.parallel, config.model.num_layers, config.trainer.grad_accum)
+    validate_sequence_parallel(config.parallel, layout.tp, config.data.seq_length)
+    t = config.trainer
+    validate_pipeline(config.parallel, layout.pp, config.model.num_layers, t.grad_accum)
     validate_data(config.data)
 
 
@@ -217,7 +220,7 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
     """The rules of a fine-tuning run at `layout` that do not need its checkpoint."""
     validate_loggers(config.trainer.loggers)
     validate_engine(config.parallel, config.optim, device_type)
-    validate_sequence_parallel(config.parallel, None)  # batches are padded to a multiple instead
+    validate_sequence_parallel(config.parallel, layout.tp, None)  # fine-tuning pads instead
     check_choices(config)
     t = config.trainer
     micro = t.micro_batch_size or t.batch_size // layout.dp
@@ -226,7 +229,7 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
             f"trainer.batch_size={t.batch_size} must be a multiple of "
             f"trainer.micro_batch_size={micro} x dp={layout.dp}"
         )
-    if config.parallel.pipeline > 1:  # the layer count is checked once the checkpoint is read
+    if layout.pp > 1:  # the layer count is checked once the checkpoint is read
         validate_pipeline(
-            config.parallel, config.parallel.pipeline, t.batch_size // (micro * layout.dp)
+            config.parallel, layout.pp, layout.pp, t.batch_size // (micro * layout.dp)
         )

@@ -153,6 +153,7 @@ class ParallelContext:
             raise RuntimeError(
                 f"WORLD_SIZE={world} but the process group has {dist.get_world_size()} ranks"
             )
+        _check_same_layout(layout)
         device = device if device is not None else default_device(env)
         mesh = init_device_mesh(
             device.type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")
@@ -189,6 +190,23 @@ class ParallelContext:
             dist.destroy_process_group()
             RECORDER.reset()  # its groups are gone (and their ids may be reused)
         self.mesh = None
+
+
+def _check_same_layout(layout: Layout) -> None:
+    """Every rank must build the same mesh: a layout derived differently on some rank (a
+    parallel.tensor=auto choice from another node's calibration file, a different config) is
+    named here instead of hanging or mis-pairing in the groups' creation."""
+    if dist.get_world_size() == 1:
+        return
+    layouts: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(layouts, f"pp{layout.pp} dp{layout.dp} tp{layout.tp}")
+    if len(set(layouts)) > 1:
+        shown = ", ".join(f"rank {r}: {shape}" for r, shape in enumerate(layouts))
+        raise ValueError(
+            f"the ranks derived different layouts ({shown}): give every rank the same config "
+            "(with parallel.tensor/pipeline=auto, the same cluster.calibration file, or "
+            "cluster.calibration=none)"
+        )
 
 
 def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int) -> GroupHandle:

@@ -22,6 +22,8 @@ class LaunchEnv:
     world_size: int
     """WORLD_SIZE, or 1 outside a launcher."""
     local_rank: int
+    local_world_size: int
+    """LOCAL_WORLD_SIZE: ranks on this node (WORLD_SIZE when not set)."""
     restart_count: int
     """TORCHELASTIC_RESTART_COUNT: which attempt of a job restarted by torchrun this is."""
     missing: tuple[str, ...]
@@ -34,6 +36,7 @@ class LaunchEnv:
             under_launcher="LOCAL_RANK" in env,
             world_size=int(env.get("WORLD_SIZE", "1")),
             local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
             missing=tuple(v for v in TORCHRUN_VARS if v not in env),
         )

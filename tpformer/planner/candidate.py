@@ -166,12 +166,13 @@ def _balanced_split(
 
 
 def candidate_of(config: Config, dp: int) -> Candidate:
-    """The layout `config` runs at with data-parallel degree dp."""
+    """The layout `config` runs at with data-parallel degree dp (its degrees resolved: no
+    "auto" left)."""
     p, t = config.parallel, config.trainer
     recompute = str(p.activation_checkpointing)
     return Candidate(
-        p.tensor,
-        p.pipeline,
+        int(p.tensor),
+        int(p.pipeline),
         dp,
         t.micro_batch_size,
         t.grad_accum,

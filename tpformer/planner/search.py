@@ -46,7 +46,7 @@ def evaluate(work: Workload, c: Candidate, cluster: Cluster) -> Evaluated:
     return Evaluated(c, memory, predict_time(work, c, cluster) if fits else None)
 
 
-def _rank_key(e: Evaluated) -> tuple:
+def rank_key(e: Evaluated) -> tuple:
     """Fastest first; at equal predicted time the simpler layout (lower ZeRO stage, no
     offload, less recomputation: what the model does not price, such as hook overheads),
     then the one with more memory to spare."""
@@ -96,7 +96,7 @@ def search(
     ]
     if not evaluated:
         raise ValueError(_no_layout_message(work, cluster))
-    ranked = sorted((e for e in evaluated if e.fits), key=_rank_key)
+    ranked = sorted((e for e in evaluated if e.fits), key=rank_key)
     if not ranked:
         smallest = min(evaluated, key=lambda e: e.memory.total)
         c = smallest.candidate

@@ -145,7 +145,10 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     validate_recompute_granularity(config.parallel, model.config.num_layers)
     micro = t.micro_batch_size or t.batch_size // ctx.dp.size
     validate_pipeline(
-        config.parallel, model.config.num_layers, t.batch_size // (micro * ctx.dp.size)
+        config.parallel,
+        ctx.layout.pp,
+        model.config.num_layers,
+        t.batch_size // (micro * ctx.dp.size),
     )
     tokenizer = Tokenizer(tokenizer_path)
     tokenizer.check_vocab(model.config.vocab_size)
