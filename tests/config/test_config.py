@@ -118,6 +118,7 @@ PUBLIC_KEYS = {
         "progress",
         "resume",
         "save_every",
+        "straggler_threshold",
         "verify_checkpoint",
     ],
     "launcher": ["max_restarts", "nproc_per_node", "timeout_s"],

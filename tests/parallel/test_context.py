@@ -103,3 +103,17 @@ def test_single_context_has_trivial_groups() -> None:
     ctx = ParallelContext.single(seed=3, device="cpu")
     assert (ctx.tp.size, ctx.dp.size, ctx.tp.group) == (1, 1, None)
     assert os.environ.get("RANK") is None or ctx.rank == 0
+
+
+def _mismatched_layouts(ctx: ParallelContext) -> str:
+    with pytest.raises(ValueError) as info:  # over the harness's initialized process group
+        ParallelContext.create(tensor=2 if ctx.rank == 0 else 1)
+    return str(info.value)
+
+
+def test_ranks_that_derive_different_layouts_stop_naming_them() -> None:
+    """Rank 0 asks for TP=2, rank 1 for TP=1 (as a parallel.tensor=auto choice made from
+    different calibration files would): both stop before any group is built, naming both."""
+    messages = run_distributed(_mismatched_layouts, 2)
+    for m in messages:
+        assert "ranks derived different layouts (rank 0: pp1 dp1 tp2, rank 1: pp1 dp2 tp1)" in m

@@ -60,17 +60,19 @@ def test_auto_takes_the_planners_fastest_layout_with_the_pinned_keys(
     overrides: tuple[str, ...],
 ) -> None:
     """On a simulated 8-GPU A100 node (its preset constants), global batch 64 at micro-batch
-    4 (bert_large: 16, where tensor=2 wins): the chosen degrees are those of the best layout tpformer-plan's search ranks among the
-    layouts with the user's other keys, and those keys are left as they were."""
+    4 (bert_large: 16, where tensor=2 wins): the chosen degrees are those of the best layout
+    tpformer-plan's search ranks among the layouts with the user's other keys, and those keys
+    are left as they were."""
     given = (*BASE, "trainer.global_batch_size=64", "trainer.micro_batch_size=4", *overrides)
     config = compose_config(*given)
     pinned = compose_config(*given).parallel
     layout, notes = resolve_run_layout(config, 8, 8)
     assert (layout.tp, layout.pp) == _expected(compose_config(*given), 8, 64)
     assert (config.parallel.tensor, config.parallel.pipeline) == (layout.tp, layout.pp)
-    assert layout.world_size == 8 and layout.dp * config.trainer.micro_batch_size * (
-        config.trainer.grad_accum
-    ) == 64
+    assert (
+        layout.world_size == 8
+        and layout.dp * config.trainer.micro_batch_size * (config.trainer.grad_accum) == 64
+    )
     for key in ("zero_stage", "precision", "sequence_parallel", "activation_checkpointing"):
         assert getattr(config.parallel, key) == getattr(pinned, key), key
     assert "chose tensor=" in notes[0] and "runner-up: tensor=" in notes[1], notes

@@ -359,6 +359,9 @@ class LoopConfig:
     """Steps per metrics.jsonl line and progress-bar update."""
     progress: bool = True
     """Rank 0 shows a progress bar; off a terminal, a plain log line every log_every steps."""
+    straggler_threshold: float = ranged(0.2, 0)
+    """The progress display names the slowest rank when its own step time (waits for peers
+    excluded) exceeds the ranks' median by more than this fraction."""
     loggers: list[Logger] = field(default_factory=lambda: [Logger.tensorboard])
     """Where the scalars of metrics.jsonl also go: tensorboard (<run dir>/tensorboard), wandb
     (Weights & Biases, with the composed config; pip install 'tpformer[wandb]'; WANDB_PROJECT,

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.hang_report import RECORDER
+from tpformer.parallel.wait_clock import WAIT_CLOCK
 
 T = TypeVar("T")
 
@@ -56,6 +57,17 @@ def _started(work: dist.Work | None) -> dist.Work:
     """An async_op=True call's Work (torch types it Optional; it is None only without async_op)."""
     assert work is not None
     return work
+
+
+class _Timed:
+    """A torch.distributed Work whose wait is reported to the wait clock."""
+
+    def __init__(self, work: dist.Work | None, device: torch.device) -> None:
+        self.work, self.device = _started(work), device
+
+    def wait(self) -> None:
+        with WAIT_CLOCK.waiting(self.device):
+            self.work.wait()
 
 
 def process_group(handle: GroupHandle) -> dist.ProcessGroup:
@@ -103,7 +115,8 @@ def all_reduce(
     if op == dist.ReduceOp.SUM and _swaps(x, handle):
         _swap_sum(x, handle).wait()
         return x
-    dist.all_reduce(x, op=op, group=handle.group)
+    with WAIT_CLOCK.waiting(x.device):
+        dist.all_reduce(x, op=op, group=handle.group)
     return x
 
 
@@ -134,7 +147,8 @@ def all_gather_dim(x: Tensor, handle: GroupHandle, dim: int = -1) -> Tensor:
         return x
     _record("all_gather", handle, x, x.nbytes * handle.size)
     parts = [torch.empty_like(x) for _ in range(handle.size)]
-    dist.all_gather(parts, x.contiguous(), group=handle.group)
+    with WAIT_CLOCK.waiting(x.device):
+        dist.all_gather(parts, x.contiguous(), group=handle.group)
     return torch.cat(parts, dim=dim)
 
 
@@ -224,7 +238,7 @@ def all_reduce_async(x: Tensor, handle: GroupHandle) -> Pending | None:
     _record("all_reduce", handle, x, x.nbytes)
     if _swaps(x, handle):
         return _swap_sum(x, handle)
-    return dist.all_reduce(x, group=handle.group, async_op=True)
+    return _Timed(dist.all_reduce(x, group=handle.group, async_op=True), x.device)
 
 
 class _AllReduceThenSlice:
@@ -238,7 +252,8 @@ class _AllReduceThenSlice:
         self.work, self.out, self.x, self.rank = work, out, x, rank
 
     def wait(self) -> None:
-        self.work.wait()
+        with WAIT_CLOCK.waiting(self.out.device):
+            self.work.wait()
         n = self.out.numel()
         self.out.copy_(self.x[self.rank * n : (self.rank + 1) * n])
 
@@ -259,11 +274,12 @@ class _PairExchange:
             _started(dist.isend(send, group=handle.group, group_dst=peer)),
             _started(dist.irecv(recv, group=handle.group, group_src=peer)),
         ]
-        self.finish = finish
+        self.finish, self.device = finish, recv.device
 
     def wait(self) -> None:
-        for work in self.works:
-            work.wait()
+        with WAIT_CLOCK.waiting(self.device):
+            for work in self.works:
+                work.wait()
         if self.finish is not None:
             self.finish()
 
@@ -316,7 +332,7 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> Pending
     if dist.get_backend(handle.group) == "gloo":
         work = dist.all_reduce(x, group=handle.group, async_op=True)
         return _AllReduceThenSlice(work, out, x, handle.rank)
-    return _reduce_scatter(out, x, group=handle.group, async_op=True)
+    return _Timed(_reduce_scatter(out, x, group=handle.group, async_op=True), out.device)
 
 
 def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> Pending | None:
@@ -329,7 +345,7 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> Pending
         chunks = out.chunk(2)
         chunks[handle.rank].copy_(shard)
         return _PairExchange(shard, chunks[1 - handle.rank], handle)
-    return _all_gather(out, shard, group=handle.group, async_op=True)
+    return _Timed(_all_gather(out, shard, group=handle.group, async_op=True), out.device)
 
 
 def wait(work: Pending | None) -> None:
@@ -434,7 +450,8 @@ class _FromFirstRank(torch.autograd.Function):
         ctx.first = handle.rank == 0
         y = x.contiguous().clone()
         _record("broadcast", handle, y, y.nbytes)
-        dist.broadcast(y, group=handle.group, group_src=0)
+        with WAIT_CLOCK.waiting(y.device):
+            dist.broadcast(y, group=handle.group, group_src=0)
         return y
 
     @staticmethod
@@ -490,14 +507,14 @@ def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> Pending:
     for counter in _active_counters:
         counter.bytes["send"] += x.nbytes
     group = process_group(handle)
-    return _started(
-        dist.isend(x.contiguous(), dst=dist.get_global_rank(group, peer), group=group, tag=tag)
-    )
+    work = dist.isend(x.contiguous(), dst=dist.get_global_rank(group, peer), group=group, tag=tag)
+    return _Timed(work, x.device)
 
 
 def recv(out: Tensor, peer: int, handle: GroupHandle, tag: int) -> Tensor:
     """Receive into `out` from group rank `peer`, waiting (up to the group's timeout)."""
     _record("recv", handle, out)
     group = process_group(handle)
-    _started(dist.irecv(out, src=dist.get_global_rank(group, peer), group=group, tag=tag)).wait()
+    work = dist.irecv(out, src=dist.get_global_rank(group, peer), group=group, tag=tag)
+    _Timed(work, out.device).wait()
     return out

@@ -37,10 +37,11 @@ from tpformer.engine import ZeroEngine
 from tpformer.engine.step_runner import StepRunner
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.control import agree_any
+from tpformer.parallel.control import agree_any, gather_floats
+from tpformer.parallel.wait_clock import WAIT_CLOCK
 from tpformer.planner.step_time import flops_per_step
 from tpformer.progress import Progress, progress
-from tpformer.train.metrics import MetricsWriter, peak_tflops
+from tpformer.train.metrics import MetricsWriter, RankTimes, peak_tflops
 from tpformer.train.objectives import Objective
 from tpformer.train.schedule import lr_at
 
@@ -356,7 +357,8 @@ class Trainer:
         )
         records: list[dict] = []
         window: list[UnreadStep] = []
-        start = last = time.perf_counter()
+        start = last = own_since = time.perf_counter()
+        WAIT_CLOCK.take()  # waits count from here
         self.model.train()
         self._install_sigterm()
         first = self.resume()
@@ -402,7 +404,12 @@ class Trainer:
                 if (step + 1) % loop.log_every == 0 or done or timed_out or step == 0:
                     now = time.perf_counter()
                     step_time = (now - last) / len(window)
-                    records.append(self._log(step + 1, self._read(window), step_time, peak, bar))
+                    values = self._read(window)  # the device has run the window's steps
+                    taken = time.perf_counter()
+                    own = (taken - own_since - WAIT_CLOCK.take()) / len(window)
+                    own_since = taken
+                    ranks = RankTimes.of(gather_floats(self.ctx, own))
+                    records.append(self._log(step + 1, values, step_time, ranks, peak, bar))
                     window, last = [], now
                 bar.update(1)
                 if not preempted and (self._due_for_eval(step + 1) or done or timed_out):
@@ -475,10 +482,12 @@ class Trainer:
         step: int,
         window: list[dict[str, float]],
         step_time: float,
+        ranks: RankTimes,
         peak: float,
         bar: Progress,
     ) -> dict:
-        """One metrics.jsonl line: the window's mean losses and metrics, LR, throughput, MFU."""
+        """One metrics.jsonl line: the window's mean losses and metrics, LR, throughput, MFU,
+        and (several ranks) the slowest rank's own step time."""
         names = [
             k for k in window[0] if k not in ("tokens", "lr", "grad_norm", "skipped", "data_wait_s")
         ]
@@ -506,6 +515,8 @@ class Trainer:
         }
         if peak > 0:
             record["mfu"] = tflops / peak
+        if len(ranks.seconds) > 1:
+            record.update(ranks.metrics())
         self.metrics.log(record)
         shown = {
             "loss": f"{record['loss']:.3f}",
@@ -516,6 +527,8 @@ class Trainer:
         }
         if peak > 0:
             shown["mfu"] = f"{record['mfu']:.1%}"
+        if ranks.lag() > self.loop.straggler_threshold:
+            shown["slowest"] = f"rank {ranks.slowest} +{ranks.lag():.0%}"
         if self.evaluations:  # the latest evaluation's first metric (eval loss or dev metric)
             name = next(k for k in self.evaluations[-1] if k not in ("step", "epoch"))
             shown[f"eval_{name}"] = f"{self.evaluations[-1][name]:.4f}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,38 @@ def peak_tflops(given: float, precision: str) -> float:
     name = torch.cuda.get_device_name()
     dtype = "fp32" if precision == "fp32" else "bf16"
     return next((v for (gpu, d), v in KNOWN_PEAKS.items() if gpu in name and d == dtype), 0.0)
+
+
+@dataclass(frozen=True)
+class RankTimes:
+    """Each rank's own step time in seconds (its waits for peers excluded), by global rank: in
+    a synchronous step the wall time is everyone's, this is what tells the slow rank."""
+
+    seconds: list[float]
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> RankTimes:
+        return cls(list(seconds))
+
+    @property
+    def slowest(self) -> int:
+        return max(range(len(self.seconds)), key=self.seconds.__getitem__)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def lag(self) -> float:
+        """How far the slowest rank is above the median, as a fraction (0 on one rank)."""
+        median = self.median
+        return max(self.seconds) / median - 1 if median > 0 and len(self.seconds) > 1 else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "slowest_rank": self.slowest,
+            "slowest_rank_step_s": max(self.seconds),
+            "median_rank_step_s": self.median,
+        }
 
 
 class TensorBoardSink:
