@@ -15,7 +15,15 @@ from tpformer.config.schema import Config
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
-TIMING = {"data_wait_s", "tokens_per_s", "tflops_per_device", "mfu"}
+TIMING = {
+    "data_wait_s",
+    "tokens_per_s",
+    "tflops_per_device",
+    "mfu",
+    "slowest_rank",
+    "slowest_rank_step_s",
+    "median_rank_step_s",
+}
 """Wall-clock values: the only ones allowed to differ."""
 
 
