@@ -17,8 +17,8 @@ from tpformer.checkpoint import store
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from tpformer.engine import parallelize
 from tpformer.engine.state import parameter_template
-from tpformer.models import BertForSequenceClassification, TPModel, build_model
-from tpformer.models.hf import load_hf_model, save_hf_checkpoint, task_of
+from tpformer.models import BertForSequenceClassification, GPTForCausalLM, TPModel, build_model
+from tpformer.models.hf import load_hf_model, read_hf_config, save_hf_checkpoint, task_of
 from tpformer.parallel.context import ParallelContext
 
 DEFAULT_TASK = {"bert": "pretraining", "gpt": "causal_lm"}
@@ -106,6 +106,33 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
         keep_last=0,
         tokenizer_files=tokenizer,
     )
+
+
+def load_causal_lm(init: Path, ctx: ParallelContext) -> tuple[GPTForCausalLM, Path, list[int]]:
+    """GPTForCausalLM at ctx's layout from a tpformer GPT checkpoint or a Hugging Face GPT-2
+    directory; returns it, where its tokenizer would be, and its end-of-text ids (a HF
+    config's eos_token_id; tpformer's corpora have none)."""
+    init = Path(init).expanduser()
+    if (init / store.META).is_file():
+        config = checkpoint_model_config(init)
+        if config.arch != "gpt":
+            raise ValueError(f"init={init} holds a {config.arch} model; generation needs GPT")
+        model = load_checkpoint_model(init, ctx)
+        return cast(GPTForCausalLM, model), init / store.TOKENIZER_DIR, []
+    if not (init / "config.json").is_file():
+        raise FileNotFoundError(
+            f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
+            f"Hugging Face directory (config.json)"
+        )
+    hf = read_hf_config(init)
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(
+            f"init={init} holds a {hf.get('model_type')!r} model; generation needs GPT-2"
+        )
+    model = load_hf_model(init, ctx, task="causal_lm")
+    eos = hf.get("eos_token_id")
+    vocab = model.config.vocab_size
+    return cast(GPTForCausalLM, model), init, [eos] if isinstance(eos, int) and eos < vocab else []
 
 
 def load_classifier(

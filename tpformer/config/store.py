@@ -9,7 +9,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from tpformer.config.presets import PRESETS
-from tpformer.config.schema import Config, FinetuneConfig, PlanConfig
+from tpformer.config.schema import (
+    Config,
+    EvalLMConfig,
+    FinetuneConfig,
+    GenerateConfig,
+    PlanConfig,
+)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 """tpformer/conf, shipped inside the package (package data), so a wheel install finds it; the
@@ -23,6 +29,8 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
     cs.store(name="base_finetune", node=FinetuneConfig)
     cs.store(name="base_plan", node=PlanConfig)
+    cs.store(name="base_generate", node=GenerateConfig)
+    cs.store(name="base_eval_lm", node=EvalLMConfig)
     for name, preset in PRESETS.items():
         cs.store(group="model", name=name, node=preset)
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import divide
@@ -46,13 +47,19 @@ class ParallelSelfAttention(nn.Module):
         self.out = RowParallelLinear(hidden_size, hidden_size, ctx.tp, sequence_parallel=sp)
         self.dropout = ParallelDropout(attention_dropout, ctx.rng, heads=num_heads)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
         """x: [b, s, hidden] (or [b, s/tp, hidden]); mask: bool [b, 1, 1|s, s], True = attend
-        (None: all, or causal)."""
+        (None: all, or causal). With a `cache` (decoding), x holds the new positions only: their
+        keys and values are appended and the queries attend over every cached position, as
+        `mask` [b, 1, s, cached] says."""
         qkv = self.qkv(x)  # [b, s, 3 * hidden / tp], the whole sequence
         b, s = qkv.shape[:2]
         qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # [b, h/tp, s, d]; backward: one stack
+        if cache is not None:
+            k, v = cache.append(k, v)
         ctx = self.core(q, k, v, mask)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return self.out(ctx)

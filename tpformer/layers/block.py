@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from tpformer.config.schema import ModelConfig
 from tpformer.layers.attention import ParallelSelfAttention
 from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.mlp import ParallelMLP
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import mark_sequence_parallel
@@ -49,11 +50,14 @@ class TransformerLayer(nn.Module):
         holds the b x heads x s x s tensors and costs two batched matmuls to redo."""
         return [(self.attention, "core")]
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        """`cache`: decoding; x holds the new positions only (see the attention's)."""
         if self.pre_norm:
-            x = x + self.attention_dropout(self.attention(self.attention_norm(x), mask))
+            x = x + self.attention_dropout(self.attention(self.attention_norm(x), mask, cache))
             return x + self.mlp_dropout(self.mlp(self.mlp_norm(x)))
-        x = self.attention_norm(x + self.attention_dropout(self.attention(x, mask)))
+        x = self.attention_norm(x + self.attention_dropout(self.attention(x, mask, cache)))
         return self.mlp_norm(x + self.mlp_dropout(self.mlp(x)))
 
 

@@ -14,12 +14,13 @@ from tpformer.config.schema import ModelConfig
 from tpformer.layers.block import TransformerLayer, TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
+from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.linear import sequence_gathered_linear
 from tpformer.layers.loss import vocab_parallel_cross_entropy
 from tpformer.layers.sequence import local_positions
 from tpformer.models.base import TPModel
 from tpformer.models.bert import check_sequence_length
-from tpformer.parallel.comm import copy_to_tp
+from tpformer.parallel.comm import copy_to_tp, gather_from_tp
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import mark_sequence_parallel, normal_init, set_init
 
@@ -55,11 +56,13 @@ class GPTModel(TPModel):
         """The repeated units the engine buckets and recomputation wraps, in forward order."""
         return list(self.decoder.layers)
 
-    def embed(self, input_ids: Tensor) -> Tensor:
-        """The first pipeline stage's part: the input of the first block."""
+    def embed(self, input_ids: Tensor, positions: Tensor | None = None) -> Tensor:
+        """The first pipeline stage's part: the input of the first block. `positions` [b, s]:
+        each token's (decoding: left-padded prompts count from their first real token)."""
         s = input_ids.shape[1]
-        check_sequence_length(s, self.config)
-        positions = local_positions(s, self.tp, self.sequence_parallel, input_ids.device)
+        if positions is None:
+            check_sequence_length(s, self.config)
+            positions = local_positions(s, self.tp, self.sequence_parallel, input_ids.device)
         return self.dropout(self.wte(input_ids) + self.wpe(positions))
 
     @staticmethod
@@ -116,6 +119,20 @@ class GPTForCausalLM(TPModel):
         for block in self.blocks():
             x = block(x, mask)
         return self.head(x, labels=labels)
+
+    def decode(
+        self, input_ids: Tensor, positions: Tensor, mask: Tensor, caches: list[KVCache]
+    ) -> Tensor:
+        """Run new tokens [b, s] at `positions` through the stack, appending their keys and
+        values to `caches` (one per layer; `mask` [b, 1, s, cached + s] says which cached
+        positions each attends to); -> the full-vocabulary logits of the last position [b,
+        vocab], the same on every TP rank."""
+        x = self.transformer.embed(input_ids, positions)
+        for block, cache in zip(self.blocks(), caches, strict=True):
+            x = block(x, mask, cache)
+        hidden = self.transformer.norm(x[:, -1])
+        local = F.linear(hidden, self.transformer.wte.weight)  # this rank's vocab rows
+        return gather_from_tp(local, self.tp)[:, : self.config.vocab_size]
 
     def head(self, x: Tensor, labels: Tensor | None = None, **_: Tensor | None) -> CausalLMOutput:
         """The last pipeline stage's part: final LayerNorm, tied LM head and loss."""

@@ -1,0 +1,128 @@
+"""`tpformer-eval-lm`: loss and perplexity of a causal LM on a text file, sliding window.
+
+tpformer-eval-lm init=runs/gpt/checkpoints/step00000300 data=valid.txt seq_length=512 stride=256
+tpformer-eval-lm init=hf/gpt2 data=valid.jsonl parallel.tensor=2 launcher.nproc_per_node=2
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from tpformer.cli.generate import validate_layout_for_inference
+from tpformer.cli.shell import console_script, run_entry_point
+from tpformer.config.schema import EvalLMConfig
+from tpformer.config.store import CONF_DIR, register_configs
+from tpformer.config.validate import check_choices
+from tpformer.inference.perplexity import perplexity
+from tpformer.inference.text import TextCodec, encode, load_codec
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import Layout
+
+log = logging.getLogger("tpformer")
+register_configs()
+
+
+def validate_eval_lm(config: EvalLMConfig, layout: Layout, *, device_type: str = "cpu") -> None:
+    check_choices(config)
+    validate_layout_for_inference(config.parallel, layout)
+    if config.stride > config.seq_length > 0:
+        raise ValueError(
+            f"stride={config.stride} exceeds seq_length={config.seq_length}: tokens between "
+            "windows would not be scored"
+        )
+
+
+def read_token_stream(path: Path, codec: TextCodec | None) -> torch.Tensor:
+    """A text file's tokens, or a JSONL file's: "text" lines joined by blank lines, or
+    "input_ids" lines concatenated."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data={path}: no such file")
+    if path.suffix != ".jsonl":
+        return torch.tensor(encode(path.read_text(), codec, str(path)), dtype=torch.long)
+    texts: list[str] = []
+    ids: list[int] = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not JSON ({err.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("input_ids"), list):
+            ids.extend(int(i) for i in record["input_ids"])
+        elif isinstance(record, dict) and isinstance(record.get("text"), str):
+            texts.append(record["text"])
+        else:
+            raise ValueError(f'{path}:{number} has neither "text" nor "input_ids"')
+    if texts and ids:
+        raise ValueError(f'{path} mixes "text" and "input_ids" lines; use one kind')
+    if texts:
+        return torch.tensor(encode("\n\n".join(texts), codec, str(path)), dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def eval_lm_job(config: EvalLMConfig, ctx: ParallelContext, run_dir: Path) -> None:
+    from tpformer.convert import load_causal_lm  # the model stack: after validation
+
+    start = time.perf_counter()
+    model, tokenizer_dir, _ = load_causal_lm(Path(config.init), ctx)
+    model.eval()
+    stream = read_token_stream(Path(config.data), load_codec(tokenizer_dir))
+    limit = model.config.max_position_embeddings
+    seq = config.seq_length or limit
+    if seq > limit:
+        raise ValueError(f"seq_length={seq} exceeds the model's max_position_embeddings={limit}")
+    if int(stream.max()) >= model.config.vocab_size:
+        raise ValueError(
+            f"data={config.data} holds token id {int(stream.max())}, outside the model's "
+            f"vocabulary of {model.config.vocab_size}"
+        )
+    result = perplexity(
+        model,
+        stream,
+        ctx,
+        seq_length=seq,
+        stride=config.stride or seq,
+        batch_size=config.batch_size,
+    )
+    if ctx.is_main:
+        record = {
+            "init": config.init,
+            "data": config.data,
+            "seq_length": seq,
+            "stride": config.stride or seq,
+            "tokens": len(stream),
+            "scored_tokens": result.tokens,
+            "windows": result.windows,
+            "loss": result.loss,
+            "perplexity": result.perplexity,
+            "seconds": time.perf_counter() - start,
+        }
+        (run_dir / "eval_lm.json").write_text(json.dumps(record, indent=1))
+        log.info(
+            "loss %.4f, perplexity %.3f over %d tokens (%d windows of %d, stride %d); %s",
+            result.loss,
+            result.perplexity,
+            result.tokens,
+            result.windows,
+            seq,
+            config.stride or seq,
+            run_dir / "eval_lm.json",
+        )
+
+
+@console_script
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="eval_lm")
+def main(cfg: DictConfig) -> None:
+    run_entry_point(cfg, "tpformer.cli.eval_lm", eval_lm_job, check=validate_eval_lm)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""`tpformer-generate`: completions from a GPT checkpoint or a Hugging Face GPT-2 directory.
+
+tpformer-generate init=runs/gpt/checkpoints/step00000300 prompt="To be, or not to be"
+tpformer-generate init=hf/gpt2 prompts=prompts.txt sampling=sample temperature=0.8 top_p=0.9 \
+        parallel.tensor=2 launcher.nproc_per_node=2
+
+Any TP degree (heads and KV cache split over the TP group); DP ranks take whole batches of
+prompts; no pipeline (each TP group holds the whole model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from tpformer.cli.shell import console_script, run_entry_point
+from tpformer.config.schema import GenerateConfig, ParallelConfig
+from tpformer.config.store import CONF_DIR, register_configs
+from tpformer.config.validate import check_choices
+from tpformer.inference.generation import GenerationSettings, generate
+from tpformer.inference.sampling import Sampling
+from tpformer.inference.text import TextCodec, encode, load_codec, read_prompts
+from tpformer.parallel.comm import all_gather_object
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import Layout
+from tpformer.progress import progress
+
+log = logging.getLogger("tpformer")
+register_configs()
+
+
+def validate_layout_for_inference(parallel: ParallelConfig, layout: Layout) -> None:
+    """Inference keeps the whole model in each TP group and the whole sequence on each rank."""
+    if layout.pp > 1:
+        raise ValueError(
+            f"parallel.pipeline={layout.pp}: generation and evaluation keep the whole model in "
+            "each TP group (parallel.pipeline=1); use parallel.tensor to split it"
+        )
+    if parallel.sequence_parallel:
+        raise ValueError(
+            "parallel.sequence_parallel=true: decoding runs one token per step, which the TP "
+            "group cannot split; set it to false"
+        )
+
+
+def validate_generate(config: GenerateConfig, layout: Layout, *, device_type: str = "cpu") -> None:
+    """The rules of a generation run, before any process group exists."""
+    check_choices(config)
+    if bool(config.prompt) == bool(config.prompts):
+        raise ValueError(
+            "give one of prompt=<text> (one prompt) or prompts=<file> (text lines or JSONL)"
+        )
+    validate_layout_for_inference(config.parallel, layout)
+
+
+def _sampling(config: GenerateConfig) -> Sampling:
+    return Sampling(
+        greedy=config.sampling == "greedy",
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+    )
+
+
+def _cut(text: str, stops: list[str]) -> str:
+    """The text before the first stop string."""
+    ends = [text.find(s) for s in stops if s in text]
+    return text[: min(ends)] if ends else text
+
+
+def _record(
+    index: int,
+    prompt: str,
+    ids: list[int],
+    stop_ids: frozenset[int],
+    codec: TextCodec | None,
+    stops: list[str],
+) -> dict:
+    text_ids = ids[:-1] if ids and ids[-1] in stop_ids else ids
+    text = _cut(codec.decode(text_ids), stops) if codec is not None else ""
+    return {"index": index, "prompt": prompt, "text": text, "output_ids": ids}
+
+
+class _Stream:
+    """Prints a single prompt's completion to the console as its tokens arrive (ids when there
+    is no tokenizer), up to a stop token."""
+
+    def __init__(self, codec: TextCodec | None, prompt: str, stop_ids: frozenset[int]) -> None:
+        self.codec, self.stop_ids = codec, stop_ids
+        self.ids: list[int] = []
+        self.shown, self.stopped = "", False
+        print(prompt, end="", flush=True)
+
+    def __call__(self, tokens: list[int]) -> None:
+        if self.stopped or tokens[0] in self.stop_ids:
+            self.stopped = True
+            return
+        self.ids.append(tokens[0])
+        if self.codec is None:
+            print(f" {tokens[0]}", end="", flush=True)
+            return
+        text = self.codec.decode(self.ids)
+        print(text[len(self.shown) :], end="", flush=True)
+        self.shown = text
+
+
+def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) -> None:
+    from tpformer.convert import load_causal_lm  # the model stack: after validation
+
+    start = time.perf_counter()
+    model, tokenizer_dir, eos = load_causal_lm(Path(config.init), ctx)
+    if config.parallel.precision != "fp32":
+        model.to(torch.bfloat16 if config.parallel.precision == "bf16" else torch.float16)
+    model.eval()
+    codec = load_codec(tokenizer_dir)
+    if config.stop and codec is None:
+        raise ValueError("stop strings need a tokenizer, and the model directory has none")
+    prompts = (
+        [(config.prompt, encode(config.prompt, codec, "prompt"))]
+        if config.prompt
+        else read_prompts(Path(config.prompts), codec)
+    )
+    stop_ids = frozenset([*config.stop_tokens, *eos])
+    settings = GenerationSettings(config.max_new_tokens, _sampling(config), stop_ids)
+    stop = None
+    if config.stop and codec is not None:
+        stops = list(config.stop)
+        stop = lambda row, ids: any(s in codec.decode(ids) for s in stops)  # noqa: E731
+    batches = [
+        list(range(i, min(i + config.batch_size, len(prompts))))
+        for i in range(0, len(prompts), config.batch_size)
+    ]
+    streaming = len(prompts) == 1 and ctx.is_main
+    bar = progress(
+        total=len(prompts), desc="generate", unit=" prompts", enabled=ctx.is_main and not streaming
+    )
+    mine: dict[int, list[int]] = {}
+    for number in range(ctx.dp.rank, len(batches), ctx.dp.size):
+        batch = batches[number]
+        generator = torch.Generator(device=ctx.device).manual_seed(config.seed + number)
+        on_tokens = _Stream(codec, prompts[0][0], stop_ids) if streaming else None
+        out = generate(
+            model,
+            [prompts[i][1] for i in batch],
+            settings,
+            generator,
+            stop=stop,
+            on_tokens=on_tokens,
+        )
+        mine.update(zip(batch, out))
+        bar.update(len(batch) * ctx.dp.size)
+    bar.close()
+    if streaming:
+        print(flush=True)
+    done: dict[int, list[int]] = {}
+    for part in all_gather_object(mine, ctx.dp):
+        done.update(part)
+    if not ctx.is_main:
+        return
+    output = Path(config.output) if config.output else run_dir / "completions.jsonl"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w") as out_file:
+        for i, (text, _) in enumerate(prompts):
+            record = _record(i, text, done[i], stop_ids, codec, list(config.stop))
+            out_file.write(json.dumps(record) + "\n")
+    tokens = sum(len(ids) for ids in done.values())
+    seconds = time.perf_counter() - start
+    log.info(
+        "done: %d completions, %d new tokens in %.1f s (%.0f tokens/s with loading); %s",
+        len(prompts),
+        tokens,
+        seconds,
+        tokens / seconds,
+        output,
+    )
+
+
+@console_script
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="generate")
+def main(cfg: DictConfig) -> None:
+    run_entry_point(cfg, "tpformer.cli.generate", generate_job, check=validate_generate)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Text in and out of a causal LM: the tokenizer a tpformer checkpoint carries (its
+sentencepiece model) or a Hugging Face directory's (loaded by transformers' AutoTokenizer), and
+the prompt files the commands read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+SENTENCEPIECE_FILE = "tokenizer.model"
+HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
+
+
+class TextCodec(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class SentencePieceCodec:
+    """A tpformer-trained sentencepiece model (its special tokens are never produced here)."""
+
+    def __init__(self, path: Path) -> None:
+        import sentencepiece as spm
+
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as err:
+            raise ValueError(f"{path} is not a readable sentencepiece model ({err})") from None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.sp.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.sp.decode(ids))
+
+
+class HFCodec:
+    """A Hugging Face tokenizer directory, as transformers loads it."""
+
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(directory))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids))
+
+
+def load_codec(location: Path) -> TextCodec | None:
+    """The tokenizer at `location` (a checkpoint's tokenizer/ or a HF directory); None when
+    there is none (prompts must then be given as input_ids)."""
+    if (location / SENTENCEPIECE_FILE).is_file():
+        return SentencePieceCodec(location / SENTENCEPIECE_FILE)
+    if any((location / f).is_file() for f in HF_TOKENIZER_FILES):
+        return HFCodec(location)
+    return None
+
+
+def read_prompts(path: Path, codec: TextCodec | None) -> list[tuple[str, list[int]]]:
+    """(text, ids) of each prompt in a file: JSONL lines with "text" or "input_ids" (a .jsonl
+    file), else one text prompt per non-empty line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"prompts={path}: no such file")
+    records: list[tuple[str, list[int]]] = []
+    jsonl = path.suffix == ".jsonl"
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            records.append((line, encode(line, codec, f"{path}:{number}")))
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not JSON ({err.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("input_ids"), list):
+            ids = [int(i) for i in record["input_ids"]]
+            text = codec.decode(ids) if codec is not None else ""
+            records.append((str(record.get("text", text)), ids))
+        elif isinstance(record, dict) and isinstance(record.get("text"), str):
+            records.append((record["text"], encode(record["text"], codec, f"{path}:{number}")))
+        else:
+            raise ValueError(f'{path}:{number} has neither "text" nor "input_ids"')
+    if not records:
+        raise ValueError(f"prompts={path} holds no prompt")
+    return records
+
+
+def encode(text: str, codec: TextCodec | None, where: str) -> list[int]:
+    if codec is None:
+        raise ValueError(
+            f"{where}: a text prompt needs a tokenizer, and the model directory has none; "
+            'give prompts as JSONL with "input_ids"'
+        )
+    return codec.encode(text)
