@@ -297,6 +297,19 @@ def load(directory: Path, template: dict[str, Any]) -> dict[str, Any]:
     return template
 
 
+def saved_keys(directory: Path) -> set[str]:
+    """The top-level keys of a checkpoint's state (e.g. "engine", "rng_rank0"): an imported
+    checkpoint (tpformer-convert from-hf) holds no RNG states."""
+    try:
+        metadata = dcp.FileSystemReader(str(directory)).read_metadata()
+    except Exception as err:  # DCP's errors, named once
+        raise CheckpointError(
+            f"reading the checkpoint {directory} failed ({_one_line(err)}); its files may be "
+            "damaged"
+        ) from None
+    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+
+
 def rng_state() -> dict[str, torch.Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():

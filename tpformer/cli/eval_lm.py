@@ -1,7 +1,7 @@
 """`tpformer-eval-lm`: loss and perplexity of a causal LM on a text file, sliding window.
 
-tpformer-eval-lm init=runs/gpt/checkpoints/step00000300 data=valid.txt seq_length=512 stride=256
-tpformer-eval-lm init=hf/gpt2 data=valid.jsonl parallel.tensor=2 launcher.nproc_per_node=2
+tpformer-eval-lm init=runs/gpt/checkpoints/step00000300 data_file=valid.txt seq_length=512 stride=256
+tpformer-eval-lm init=hf/gpt2 data_file=valid.jsonl parallel.tensor=2 launcher.nproc_per_node=2
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def read_token_stream(path: Path, codec: TextCodec | None) -> torch.Tensor:
     """A text file's tokens, or a JSONL file's: "text" lines joined by blank lines, or
     "input_ids" lines concatenated."""
     if not path.is_file():
-        raise FileNotFoundError(f"data={path}: no such file")
+        raise FileNotFoundError(f"data_file={path}: no such file")
     if path.suffix != ".jsonl":
         return torch.tensor(encode(path.read_text(), codec, str(path)), dtype=torch.long)
     texts: list[str] = []
@@ -74,14 +74,14 @@ def eval_lm_job(config: EvalLMConfig, ctx: ParallelContext, run_dir: Path) -> No
     start = time.perf_counter()
     model, tokenizer_dir, _ = load_causal_lm(Path(config.init), ctx)
     model.eval()
-    stream = read_token_stream(Path(config.data), load_codec(tokenizer_dir))
+    stream = read_token_stream(Path(config.data_file), load_codec(tokenizer_dir))
     limit = model.config.max_position_embeddings
     seq = config.seq_length or limit
     if seq > limit:
         raise ValueError(f"seq_length={seq} exceeds the model's max_position_embeddings={limit}")
     if int(stream.max()) >= model.config.vocab_size:
         raise ValueError(
-            f"data={config.data} holds token id {int(stream.max())}, outside the model's "
+            f"data_file={config.data_file} holds token id {int(stream.max())}, outside the model's "
             f"vocabulary of {model.config.vocab_size}"
         )
     result = perplexity(
@@ -95,7 +95,7 @@ def eval_lm_job(config: EvalLMConfig, ctx: ParallelContext, run_dir: Path) -> No
     if ctx.is_main:
         record = {
             "init": config.init,
-            "data": config.data,
+            "data_file": config.data_file,
             "seq_length": seq,
             "stride": config.stride or seq,
             "tokens": len(stream),

@@ -89,7 +89,8 @@ def _record(
 
 class _Stream:
     """Prints a single prompt's completion to the console as its tokens arrive (ids when there
-    is no tokenizer), up to a stop token."""
+    is no tokenizer), up to a stop token. Text that ends inside a character (a byte-level token
+    holding part of it decodes to U+FFFD) waits for the tokens that complete it."""
 
     def __init__(self, codec: TextCodec | None, prompt: str, stop_ids: frozenset[int]) -> None:
         self.codec, self.stop_ids = codec, stop_ids
@@ -106,8 +107,19 @@ class _Stream:
             print(f" {tokens[0]}", end="", flush=True)
             return
         text = self.codec.decode(self.ids)
-        print(text[len(self.shown) :], end="", flush=True)
-        self.shown = text
+        if not text.endswith("\ufffd"):
+            self._show(text)
+
+    def finish(self, text: str) -> None:
+        """The completion as written to the output (stop strings cut): what is left of it."""
+        if self.codec is not None:
+            self._show(text)
+        print(flush=True)
+
+    def _show(self, text: str) -> None:
+        if text.startswith(self.shown):
+            print(text[len(self.shown) :], end="", flush=True)
+            self.shown = text
 
 
 def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) -> None:
@@ -141,23 +153,21 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
         total=len(prompts), desc="generate", unit=" prompts", enabled=ctx.is_main and not streaming
     )
     mine: dict[int, list[int]] = {}
+    stream = _Stream(codec, prompts[0][0], stop_ids) if streaming else None
     for number in range(ctx.dp.rank, len(batches), ctx.dp.size):
         batch = batches[number]
         generator = torch.Generator(device=ctx.device).manual_seed(config.seed + number)
-        on_tokens = _Stream(codec, prompts[0][0], stop_ids) if streaming else None
         out = generate(
             model,
             [prompts[i][1] for i in batch],
             settings,
             generator,
             stop=stop,
-            on_tokens=on_tokens,
+            on_tokens=stream,
         )
         mine.update(zip(batch, out))
         bar.update(len(batch) * ctx.dp.size)
     bar.close()
-    if streaming:
-        print(flush=True)
     done: dict[int, list[int]] = {}
     for part in all_gather_object(mine, ctx.dp):
         done.update(part)
@@ -169,6 +179,8 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
         for i, (text, _) in enumerate(prompts):
             record = _record(i, text, done[i], stop_ids, codec, list(config.stop))
             out_file.write(json.dumps(record) + "\n")
+            if stream is not None:
+                stream.finish(record["text"])
     tokens = sum(len(ids) for ids in done.values())
     seconds = time.perf_counter() - start
     log.info(

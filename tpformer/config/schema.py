@@ -607,7 +607,7 @@ class EvalLMConfig:
 
     init: str = MISSING
     """A tpformer GPT checkpoint directory or a Hugging Face GPT-2 directory."""
-    data: str = MISSING
+    data_file: str = MISSING
     """A text file (one document) or JSONL with "text" (joined by blank lines) or "input_ids"
     (concatenated) per line."""
     seq_length: int = ranged(0, 0)

@@ -302,9 +302,13 @@ class Trainer:
                 f"{k}: checkpoint {a} vs run {b}" for k, (a, b) in mismatched.items()
             )
             raise ValueError(f"{directory} holds another model ({details})")
-        same_world = meta.get("world_size") == self.ctx.layout.world_size
+        rng_key = f"rng_rank{self.ctx.rank}"
+        same_world = (  # per-rank RNG states only mean something for the same ranks
+            meta.get("world_size") == self.ctx.layout.world_size
+            and rng_key in store.saved_keys(directory)  # none in an imported checkpoint
+        )
         template: dict[str, Any] = {"engine": self.engine}
-        if same_world:  # per-rank RNG states only mean something for the same ranks
+        if same_world:
             template[f"rng_rank{self.ctx.rank}"] = store.rng_state()
         store.load(directory, template)
         if same_world:

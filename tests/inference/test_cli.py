@@ -1,0 +1,165 @@
+"""tpformer-generate and tpformer-eval-lm as a user runs them: GPT pretrained through the CLI on
+the default corpus, resumed, exported with tpformer-convert and loaded by transformers, whose
+greedy tokens and perplexity the commands reproduce at TP=2; a Hugging Face GPT-2 directory
+generated from directly and imported to continue pretraining; bad input exits with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.inference.tiny_gpt2 import save_tiny_gpt2
+from tests.train.test_trainer import REPO
+from tpformer.inference.perplexity import sliding_windows
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+TINY_GPT = [
+    "model=gpt2_small",
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.intermediate_size=256",
+    "model.max_position_embeddings=64",
+    "model.vocab_size=1000",
+    "data.seq_length=32",
+    "trainer.micro_batch_size=4",
+    "trainer.progress=false",
+    "trainer.log_every=2",
+]
+TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+
+
+def _run(module: str, *args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", f"tpformer.cli.{module}", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_pretrain_resume_export_generate_and_evaluate(tmp_path: Path) -> None:
+    import sentencepiece as spm
+    import transformers
+
+    run = tmp_path / "run"
+    _run("pretrain", *TINY_GPT, "trainer.max_steps=4", "trainer.save_every=4",
+         f"hydra.run.dir={run}", cwd=tmp_path)  # fmt: skip
+    resumed = _run("pretrain", *TINY_GPT, "trainer.max_steps=6", "trainer.save_every=6",
+                   "trainer.resume=auto", f"hydra.run.dir={run}", cwd=tmp_path)  # fmt: skip
+    assert "resumed from" in resumed.stderr
+    checkpoint = run / "checkpoints" / "step00000006"
+    _run("convert", "to-hf", str(checkpoint), str(tmp_path / "hf"), cwd=tmp_path)
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "hf" / "tokenizer.model"))
+    prompts = ["To be, or not to be", "whether 'tis nobler"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    _run("generate", f"init={checkpoint}", f"prompts={tmp_path / 'prompts.txt'}",
+         "max_new_tokens=12", "parallel.tensor=2", "launcher.nproc_per_node=2",
+         f"output={tmp_path / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'gen'}",
+         cwd=tmp_path)  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == prompts
+    for prompt, record in zip(prompts, records, strict=True):
+        ids = sp.encode(prompt)
+        want = hf.generate(
+            torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0
+        )[0, len(ids) :].tolist()
+        assert record["output_ids"] == want, (record, want)
+        assert record["text"] == sp.decode(want)
+
+    (tmp_path / "text.txt").write_text(TEXT * 4)
+    _run("eval_lm", f"init={checkpoint}", f"data_file={tmp_path / 'text.txt'}", "seq_length=32",
+         "stride=16", "parallel.tensor=2", "launcher.nproc_per_node=2",
+         f"hydra.run.dir={tmp_path / 'ppl'}", cwd=tmp_path)  # fmt: skip
+    got = json.loads((tmp_path / "ppl" / "eval_lm.json").read_text())
+    stream = torch.tensor(sp.encode(TEXT * 4))
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for w in sliding_windows(len(stream), 32, 16):
+            logits = hf(stream[None, w.begin : w.end]).logits[0, :-1]
+            targets = stream[w.begin + 1 : w.end].clone()
+            targets[: w.scored_from - w.begin - 1] = -100
+            nll += float(F.cross_entropy(logits, targets, reduction="sum"))
+            count += int((targets != -100).sum())
+    want_ppl = float(torch.tensor(nll / count).exp())
+    assert got["scored_tokens"] == count
+    assert abs(got["perplexity"] - want_ppl) <= 1e-4 * want_ppl, (got, want_ppl)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_gpt2_generates_and_continues_pretraining(tmp_path: Path) -> None:
+    directory = save_tiny_gpt2(tmp_path / "gpt2")
+    done = _run("generate", f"init={directory}", "prompt='To be, or not'", "max_new_tokens=8",
+                f"hydra.run.dir={tmp_path / 'gen'}", cwd=tmp_path)  # fmt: skip
+    record = json.loads((tmp_path / "gen" / "completions.jsonl").read_text())
+    assert len(record["output_ids"]) == 8 or record["output_ids"][-1] == 0
+    assert done.stdout.startswith("To be, or not" + record["text"]), done.stdout  # streamed
+    _run("convert", "from-hf", str(directory), str(tmp_path / "back"), cwd=tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    continued = _run(
+        "pretrain",
+        "model=gpt2_small",
+        "model.num_layers=2",
+        "model.hidden_size=64",
+        "model.num_heads=4",
+        "model.intermediate_size=256",
+        f"model.max_position_embeddings={config['n_positions']}",
+        f"model.vocab_size={config['vocab_size']}",
+        "data=synthetic",
+        "data.seq_length=32",
+        "trainer.micro_batch_size=4",
+        "trainer.max_steps=2",
+        "trainer.progress=false",
+        f"trainer.resume={tmp_path / 'back' / 'checkpoints' / 'step00000000'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert "resumed from" in continued.stderr and "done: step 2" in continued.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give one of prompt=<text> (one prompt) or prompts=<file>"),
+        (["prompt=a", "prompts=b.txt"], "give one of prompt=<text>"),
+        (["prompt=a", "parallel.pipeline=2", "launcher.nproc_per_node=2"],
+         "parallel.pipeline=2: generation and evaluation keep the whole model"),
+        (["prompt=a", "top_p=1.5"], "top_p=1.5 must be in (0, 1]"),
+        (["prompt=a", "sampling=beam"], "sampling"),
+    ],
+)  # fmt: skip
+def test_bad_generation_settings_exit_2_naming_the_key(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    done = _run("generate", "init=nowhere", *args, f"hydra.run.dir={tmp_path}", cwd=tmp_path,
+                check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr, done.stderr[-2000:]
+
+
+def test_a_missing_model_or_prompt_file_is_one_line(tmp_path: Path) -> None:
+    done = _run("generate", f"init={tmp_path}", "prompt=a", f"hydra.run.dir={tmp_path / 'r'}",
+                cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "is neither a tpformer checkpoint (meta.json) nor a Hugging Face directory" in (
+        done.stderr
+    )
+    directory = save_tiny_gpt2(tmp_path / "gpt2")
+    done = _run("eval_lm", f"init={directory}", f"data_file={tmp_path / 'none.txt'}",
+                f"hydra.run.dir={tmp_path / 'r2'}", cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 1 and "none.txt: no such file" in done.stderr, done.stderr[-2000:]
