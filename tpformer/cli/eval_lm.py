@@ -1,6 +1,7 @@
 """`tpformer-eval-lm`: loss and perplexity of a causal LM on a text file, sliding window.
 
-tpformer-eval-lm init=runs/gpt/checkpoints/step00000300 data_file=valid.txt seq_length=512 stride=256
+tpformer-eval-lm init=runs/gpt/checkpoints/step00000300 data_file=valid.txt seq_length=512 \
+        stride=256
 tpformer-eval-lm init=hf/gpt2 data_file=valid.jsonl parallel.tensor=2 launcher.nproc_per_node=2
 """
 
