@@ -76,9 +76,9 @@ def test_pretrain_resume_export_generate_and_evaluate(tmp_path: Path) -> None:
     assert [r["prompt"] for r in records] == prompts
     for prompt, record in zip(prompts, records, strict=True):
         ids = sp.encode(prompt)
-        want = hf.generate(
-            torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0
-        )[0, len(ids) :].tolist()
+        want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)[
+            0, len(ids) :
+        ].tolist()
         assert record["output_ids"] == want, (record, want)
         assert record["text"] == sp.decode(want)
 
