@@ -104,9 +104,7 @@ def _cached_against_full(ctx: ParallelContext, directory: str) -> float:
     worst = 0.0
     ids = list(prompt)
     with torch.no_grad():
-        logits = model.decode(
-            batch.ids, batch.positions[:, :width], batch.mask[:, :, :width, :width], caches
-        )
+        logits = model.decode(batch.ids, batch.positions[:, :width], batch.slots(0, width), caches)
         for t in range(NEW):
             full = gather_from_tp(model(torch.tensor([ids])).logits, ctx.tp)
             expected = full[0, -1, : model.config.vocab_size]
@@ -117,7 +115,7 @@ def _cached_against_full(ctx: ParallelContext, directory: str) -> float:
             logits = model.decode(
                 torch.tensor([[token]]),
                 batch.positions[:, at : at + 1],
-                batch.mask[:, :, at : at + 1, : at + 1],
+                batch.slots(at, at + 1),
                 caches,
             )
     return worst

@@ -42,8 +42,9 @@ class Batch:
     """[b, prompt length] prompt ids (0 on padding)."""
     positions: Tensor
     """[b, total] each slot's position (prompt, then generated slots)."""
-    mask: Tensor
-    """[b, 1, total, total] bool: query slot i may attend key slot j."""
+    mask: Tensor | None
+    """[b, 1, total, total] bool: query slot i may attend key slot j; None when no prompt is
+    padded (causal prefill, and each decode step sees every cached slot: the fused kernels)."""
 
     @classmethod
     def of(cls, prompts: list[list[int]], max_new_tokens: int, device: torch.device) -> Batch:
@@ -55,12 +56,18 @@ class Batch:
             ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             real[row, width - len(prompt) :] = True
         positions = (real.long().cumsum(1) - 1).clamp(min=0)
+        if bool(real.all()):
+            return cls(ids.to(device), positions.to(device), None)
         slot = torch.arange(total)
         causal = slot[None, :] <= slot[:, None]  # [query, key]
         # a padding slot attends to itself only: its (unused) output stays finite
         visible = real[:, None, :] | torch.eye(total, dtype=torch.bool)[None]
         mask = causal[None] & visible
         return cls(ids.to(device), positions.to(device), mask[:, None].to(device))
+
+    def slots(self, start: int, stop: int) -> Tensor | None:
+        """The mask of query slots start..stop over every key slot before stop."""
+        return None if self.mask is None else self.mask[:, :, start:stop, :stop]
 
 
 def new_caches(model: GPTForCausalLM, batch: int, length: int) -> list[KVCache]:
@@ -114,9 +121,7 @@ def generate(
     out = torch.zeros(b, settings.max_new_tokens, dtype=torch.long, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     host_done = [False] * b
-    logits = model.decode(
-        batch.ids, batch.positions[:, :width], batch.mask[:, :, :width, :width], caches
-    )
+    logits = model.decode(batch.ids, batch.positions[:, :width], batch.slots(0, width), caches)
     steps = 0
     for t in range(settings.max_new_tokens):
         token = next_tokens(logits, settings.sampling, generator)
@@ -136,10 +141,7 @@ def generate(
             break
         at = width + t
         logits = model.decode(
-            token[:, None],
-            batch.positions[:, at : at + 1],
-            batch.mask[:, :, at : at + 1, : at + 1],
-            caches,
+            token[:, None], batch.positions[:, at : at + 1], batch.slots(at, at + 1), caches
         )
     rows = out[:, :steps].tolist()
     return [_trimmed(ids, settings.stop_tokens, stop, r) for r, ids in enumerate(rows)]

@@ -58,24 +58,31 @@ class ParallelSelfAttention(nn.Module):
         b, s = qkv.shape[:2]
         qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # [b, h/tp, s, d]; backward: one stack
+        causal = self.causal
         if cache is not None:
+            causal = causal and cache.length == 0  # a decode step sees every cached position
             k, v = cache.append(k, v)
-        ctx = self.core(q, k, v, mask)
+        ctx = self.core(q, k, v, mask, causal)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return self.out(ctx)
 
-    def core(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    def core(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool | None = None
+    ) -> Tensor:
         """softmax(q k^T / sqrt(d) + mask) [dropout] @ v -> [b, h/tp, s, d]; what selective
-        recomputation wraps."""
+        recomputation wraps. Without a mask, `causal` (default: the layer's) masks the future."""
+        causal = self.causal if causal is None else causal
         if self.training and self.dropout.p > 0:
-            return self._explicit_core(q, k, v, mask)
+            return self._explicit_core(q, k, v, mask, causal)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=self.causal and mask is None
+            q, k, v, attn_mask=mask, is_causal=causal and mask is None
         )
 
-    def _explicit_core(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    def _explicit_core(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
+    ) -> Tensor:
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
-        if mask is None and self.causal:
+        if mask is None and causal:
             s = q.shape[-2]
             mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
         if mask is not None:

@@ -121,12 +121,12 @@ class GPTForCausalLM(TPModel):
         return self.head(x, labels=labels)
 
     def decode(
-        self, input_ids: Tensor, positions: Tensor, mask: Tensor, caches: list[KVCache]
+        self, input_ids: Tensor, positions: Tensor, mask: Tensor | None, caches: list[KVCache]
     ) -> Tensor:
         """Run new tokens [b, s] at `positions` through the stack, appending their keys and
         values to `caches` (one per layer; `mask` [b, 1, s, cached + s] says which cached
-        positions each attends to); -> the full-vocabulary logits of the last position [b,
-        vocab], the same on every TP rank."""
+        positions each attends to; None: causal over an empty cache, else all of it); -> the
+        full-vocabulary logits of the last position [b, vocab], the same on every TP rank."""
         x = self.transformer.embed(input_ids, positions)
         for block, cache in zip(self.blocks(), caches, strict=True):
             x = block(x, mask, cache)
