@@ -32,6 +32,7 @@ FORBIDDEN = {
         "tpformer.train",
         "tpformer.checkpoint",
     ],
+    "inference": ["tpformer.engine", "tpformer.train", "tpformer.checkpoint", "tpformer.data"],
     "train": [],
     "config": [],
 }

@@ -25,7 +25,7 @@ from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import check_choices
 from tpformer.inference.generation import GenerationSettings, generate
 from tpformer.inference.sampling import Sampling
-from tpformer.inference.text import TextCodec, encode, load_codec, read_prompts
+from tpformer.inference.text import TextCodec, continuation, encode, load_codec, read_prompts
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
@@ -76,15 +76,15 @@ def _cut(text: str, stops: list[str]) -> str:
 
 def _record(
     index: int,
-    prompt: str,
+    prompt: tuple[str, list[int]],
     ids: list[int],
     stop_ids: frozenset[int],
     codec: TextCodec | None,
     stops: list[str],
 ) -> dict:
     text_ids = ids[:-1] if ids and ids[-1] in stop_ids else ids
-    text = _cut(codec.decode(text_ids), stops) if codec is not None else ""
-    return {"index": index, "prompt": prompt, "text": text, "output_ids": ids}
+    text = _cut(continuation(codec, prompt[1], text_ids), stops) if codec is not None else ""
+    return {"index": index, "prompt": prompt[0], "text": text, "output_ids": ids}
 
 
 class _Stream:
@@ -92,11 +92,13 @@ class _Stream:
     is no tokenizer), up to a stop token. Text that ends inside a character (a byte-level token
     holding part of it decodes to U+FFFD) waits for the tokens that complete it."""
 
-    def __init__(self, codec: TextCodec | None, prompt: str, stop_ids: frozenset[int]) -> None:
-        self.codec, self.stop_ids = codec, stop_ids
+    def __init__(
+        self, codec: TextCodec | None, prompt: tuple[str, list[int]], stop_ids: frozenset[int]
+    ) -> None:
+        self.codec, self.prompt, self.stop_ids = codec, prompt[1], stop_ids
         self.ids: list[int] = []
         self.shown, self.stopped = "", False
-        print(prompt, end="", flush=True)
+        print(prompt[0], end="", flush=True)
 
     def __call__(self, tokens: list[int]) -> None:
         if self.stopped or tokens[0] in self.stop_ids:
@@ -106,7 +108,7 @@ class _Stream:
         if self.codec is None:
             print(f" {tokens[0]}", end="", flush=True)
             return
-        text = self.codec.decode(self.ids)
+        text = continuation(self.codec, self.prompt, self.ids)
         if not text.endswith("\ufffd"):
             self._show(text)
 
@@ -153,7 +155,7 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
         total=len(prompts), desc="generate", unit=" prompts", enabled=ctx.is_main and not streaming
     )
     mine: dict[int, list[int]] = {}
-    stream = _Stream(codec, prompts[0][0], stop_ids) if streaming else None
+    stream = _Stream(codec, prompts[0], stop_ids) if streaming else None
     for number in range(ctx.dp.rank, len(batches), ctx.dp.size):
         batch = batches[number]
         generator = torch.Generator(device=ctx.device).manual_seed(config.seed + number)
@@ -176,8 +178,8 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
     output = Path(config.output) if config.output else run_dir / "completions.jsonl"
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("w") as out_file:
-        for i, (text, _) in enumerate(prompts):
-            record = _record(i, text, done[i], stop_ids, codec, list(config.stop))
+        for i, prompt in enumerate(prompts):
+            record = _record(i, prompt, done[i], stop_ids, codec, list(config.stop))
             out_file.write(json.dumps(record) + "\n")
             if stream is not None:
                 stream.finish(record["text"])

@@ -15,7 +15,9 @@ from dataclasses import MISSING, Field
 from tpformer.config.schema import (
     ClusterConfig,
     DataConfig,
+    EvalLMConfig,
     FinetuneTrainerConfig,
+    GenerateConfig,
     GlueDataConfig,
     LauncherConfig,
     ModelConfig,
@@ -38,6 +40,10 @@ PRETRAIN_GROUPS: dict[str, type] = {
 """tpformer-pretrain's groups (tpformer-plan adds `plan`)."""
 
 FINETUNE_GROUPS: dict[str, type] = {"data": GlueDataConfig, "trainer": FinetuneTrainerConfig}
+INFERENCE_COMMANDS: dict[str, type] = {
+    "tpformer-generate": GenerateConfig,
+    "tpformer-eval-lm": EvalLMConfig,
+}
 """Where tpformer-finetune's groups differ from pretraining's (parallel, optim, launcher are
 shared)."""
 
@@ -97,9 +103,14 @@ def allowed_values(cls: type, f: Field[typing.Any]) -> str:
 
 
 def group_table(group: str, cls: type) -> str:
+    """One row per key of `cls` (a command's top level: its own keys, not its groups)."""
     docs = field_docstrings(cls)
     rows = ["| key | default | values | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+            f.default_factory
+        ):
+            continue  # a group: it has its own table
         meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
         key = f"{group}.{f.name}" if group else f.name
         rows.append(
@@ -131,6 +142,16 @@ def config_reference_markdown() -> str:
             " ".join(doc.split()),
             "",
             group_table(group, cls),
+            "",
+        ]
+    for command, cls in INFERENCE_COMMANDS.items():
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        parts += [
+            f"## {command}",
+            "",
+            " ".join(doc.split()) + " `parallel` and `launcher` are the groups above.",
+            "",
+            group_table("", cls),
             "",
         ]
     return "\n".join(parts)

@@ -51,6 +51,14 @@ class HFCodec:
         return str(self.tokenizer.decode(ids))
 
 
+def continuation(codec: TextCodec, prompt: list[int], new: list[int]) -> str:
+    """The text `new` adds after `prompt`: decoded together, less the prompt's text (a
+    sentencepiece word's leading space is only kept inside a sequence)."""
+    before = codec.decode(prompt)
+    text = codec.decode(prompt + new)
+    return text[len(before) :] if text.startswith(before) else codec.decode(new)
+
+
 def load_codec(location: Path) -> TextCodec | None:
     """The tokenizer at `location` (a checkpoint's tokenizer/ or a HF directory); None when
     there is none (prompts must then be given as input_ids)."""
