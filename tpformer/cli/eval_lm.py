@@ -22,7 +22,7 @@ from tpformer.config.schema import EvalLMConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import check_choices
 from tpformer.inference.perplexity import perplexity
-from tpformer.inference.text import TextCodec, encode, load_codec
+from tpformer.inference.text import load_codec, read_token_stream
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
 
@@ -40,42 +40,15 @@ def validate_eval_lm(config: EvalLMConfig, layout: Layout, *, device_type: str =
         )
 
 
-def read_token_stream(path: Path, codec: TextCodec | None) -> torch.Tensor:
-    """A text file's tokens, or a JSONL file's: "text" lines joined by blank lines, or
-    "input_ids" lines concatenated."""
-    if not path.is_file():
-        raise FileNotFoundError(f"data_file={path}: no such file")
-    if path.suffix != ".jsonl":
-        return torch.tensor(encode(path.read_text(), codec, str(path)), dtype=torch.long)
-    texts: list[str] = []
-    ids: list[int] = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number} is not JSON ({err.msg})") from None
-        if isinstance(record, dict) and isinstance(record.get("input_ids"), list):
-            ids.extend(int(i) for i in record["input_ids"])
-        elif isinstance(record, dict) and isinstance(record.get("text"), str):
-            texts.append(record["text"])
-        else:
-            raise ValueError(f'{path}:{number} has neither "text" nor "input_ids"')
-    if texts and ids:
-        raise ValueError(f'{path} mixes "text" and "input_ids" lines; use one kind')
-    if texts:
-        return torch.tensor(encode("\n\n".join(texts), codec, str(path)), dtype=torch.long)
-    return torch.tensor(ids, dtype=torch.long)
-
-
 def eval_lm_job(config: EvalLMConfig, ctx: ParallelContext, run_dir: Path) -> None:
     from tpformer.convert import load_causal_lm  # the model stack: after validation
 
     start = time.perf_counter()
     model, tokenizer_dir, _ = load_causal_lm(Path(config.init), ctx)
     model.eval()
-    stream = read_token_stream(Path(config.data_file), load_codec(tokenizer_dir))
+    stream = torch.tensor(
+        read_token_stream(Path(config.data_file), load_codec(tokenizer_dir)), dtype=torch.long
+    )
     limit = model.config.max_position_embeddings
     seq = config.seq_length or limit
     if seq > limit:

@@ -69,34 +69,74 @@ def load_codec(location: Path) -> TextCodec | None:
     return None
 
 
-def read_prompts(path: Path, codec: TextCodec | None) -> list[tuple[str, list[int]]]:
-    """(text, ids) of each prompt in a file: JSONL lines with "text" or "input_ids" (a .jsonl
-    file), else one text prompt per non-empty line."""
-    if not path.is_file():
-        raise FileNotFoundError(f"prompts={path}: no such file")
-    records: list[tuple[str, list[int]]] = []
-    jsonl = path.suffix == ".jsonl"
+def _jsonl_lines(path: Path) -> list[tuple[str, str | None, list[int] | None]]:
+    """(where, text, ids) of each non-empty line of a JSONL file: a line holds "input_ids" (and
+    perhaps "text") or "text"."""
+    lines: list[tuple[str, str | None, list[int] | None]] = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        if not jsonl:
-            records.append((line, encode(line, codec, f"{path}:{number}")))
-            continue
+        where = f"{path}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number} is not JSON ({err.msg})") from None
-        if isinstance(record, dict) and isinstance(record.get("input_ids"), list):
-            ids = [int(i) for i in record["input_ids"]]
-            text = codec.decode(ids) if codec is not None else ""
-            records.append((str(record.get("text", text)), ids))
-        elif isinstance(record, dict) and isinstance(record.get("text"), str):
-            records.append((record["text"], encode(record["text"], codec, f"{path}:{number}")))
-        else:
-            raise ValueError(f'{path}:{number} has neither "text" nor "input_ids"')
+            raise ValueError(f"{where} is not JSON ({err.msg})") from None
+        text = record.get("text") if isinstance(record, dict) else None
+        ids = record.get("input_ids") if isinstance(record, dict) else None
+        if not isinstance(ids, list) and not isinstance(text, str):
+            raise ValueError(f'{where} has neither "text" nor "input_ids"')
+        lines.append(
+            (
+                where,
+                text if isinstance(text, str) else None,
+                [int(i) for i in ids] if isinstance(ids, list) else None,
+            )
+        )
+    return lines
+
+
+def _existing(path: Path, key: str) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{key}={path}: no such file")
+    return path
+
+
+def read_prompts(path: Path, codec: TextCodec | None) -> list[tuple[str, list[int]]]:
+    """(text, ids) of each prompt in a file: JSONL lines with "text" or "input_ids" (a .jsonl
+    file), else one text prompt per non-empty line."""
+    _existing(path, "prompts")
+    records: list[tuple[str, list[int]]] = []
+    if path.suffix == ".jsonl":
+        for where, text, ids in _jsonl_lines(path):
+            if ids is None:
+                records.append((text or "", encode(text or "", codec, where)))
+            else:
+                shown = codec.decode(ids) if codec is not None else ""
+                records.append((text if text is not None else shown, ids))
+    else:
+        records = [
+            (line, encode(line, codec, f"{path}:{number}"))
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            if line.strip()
+        ]
     if not records:
         raise ValueError(f"prompts={path} holds no prompt")
     return records
+
+
+def read_token_stream(path: Path, codec: TextCodec | None) -> list[int]:
+    """A text file's tokens, or a JSONL file's: "text" lines joined by blank lines, or
+    "input_ids" lines concatenated."""
+    _existing(path, "data_file")
+    if path.suffix != ".jsonl":
+        return encode(path.read_text(), codec, str(path))
+    lines = _jsonl_lines(path)
+    ids = [line[2] for line in lines]
+    if all(i is not None for i in ids):
+        return [token for i in ids for token in i or []]
+    if any(i is not None for i in ids):
+        raise ValueError(f'{path} mixes "text" and "input_ids" lines; use one kind')
+    return encode("\n\n".join(text or "" for _, text, _ in lines), codec, str(path))
 
 
 def encode(text: str, codec: TextCodec | None, where: str) -> list[int]:
