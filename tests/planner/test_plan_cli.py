@@ -53,7 +53,13 @@ def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
     data = json.loads(result.stdout)
     assert data["cluster"]["nodes"] == 2 and data["workload"]["global_batch"] == 256
     steps = [t["step_s"] for t in data["top"]]
-    assert len(steps) == 8 and steps == sorted(steps)
+    assert len(steps) == 8 and data["model_error"] == 0.1
+    tied = min(data["tied"], 8)  # within 10% of the fastest: simplest first, then by time
+    assert all(s <= min(steps) * 1.1 for s in steps[:tied])
+    assert steps[tied:] == sorted(steps[tied:]) and all(s > min(steps) * 1.1 for s in steps[tied:])
+    stages = [t["layout"]["zero_stage"] for t in data["top"][:tied]]
+    assert stages == sorted(stages)
+    assert all(t["why"].startswith("tied") for t in data["top"][1:tied])
     for entry in data["top"]:
         layout = entry["layout"]
         assert entry["fits"] and entry["memory_bytes"]["total"] <= 80e9
@@ -129,3 +135,62 @@ def test_calibration_is_stored_and_used(tmp_path: Path) -> None:
     assert f"calibration {tmp_path / 'calibration' / 'cpu.json'}" in result.stdout
     again = plan("cluster=cpu", f"data.cache_dir={tmp_path}", "cluster.calibration=none")
     assert "preset constants" in again.stdout
+
+
+def test_confirmation_runs_cover_distinct_splits() -> None:
+    result = plan("--json", "model=bert_large", "cluster=h100_node", "parallel.precision=bf16")
+    confirm = json.loads(result.stdout)["confirm"]
+    splits = {
+        tuple(
+            word
+            for word in line.split()
+            if word.startswith(("parallel.tensor=", "parallel.pipeline="))
+        )
+        for line in confirm
+    }
+    assert len(confirm) == 3 and len(splits) == 3, confirm
+
+
+def test_a_given_layout_is_priced_and_ranked() -> None:
+    """Layout keys on the command line: that layout, not a search's pick (it was ignored)."""
+    args = ["model=bert_large", "cluster=h100_node", "parallel.precision=bf16"]
+    given = ["parallel.tensor=4", "parallel.zero_stage=1", "trainer.micro_batch_size=16"]
+    result = plan(*args, *given)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "evaluated (parallel.tensor, parallel.zero_stage, trainer.micro_batch_size): " in out
+    assert "tp4 pp1 dp2 z1 mb16" in out and "-> fits" in out and "rank: #" in out
+    assert "run it: tpformer-pretrain" in out and "parallel.tensor=4" in out
+    data = json.loads(plan("--json", *args, *given).stdout)
+    evaluated = data["evaluated"]
+    assert evaluated["layout"]["tp"] == 4 and evaluated["layout"]["zero_stage"] == 1
+    assert evaluated["rank"] >= 1 and evaluated["why"].startswith(("slower by", "tied"))
+    assert evaluated["step_s"] >= min(t["step_s"] for t in data["top"])
+    default = plan("--json", *args, "plan.evaluate=true").stdout
+    assert json.loads(default)["evaluated"]["layout"]["tp"] == 1  # the configured defaults
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("parallel.tensor=3", "parallel.tensor=3 does not divide world_size=8; valid values are"),
+        ("parallel.tensor=32", "parallel.tensor=32 does not divide world_size=8"),
+        ("parallel.sequence_parallel=true", "needs parallel.tensor > 1"),
+    ],
+)
+def test_a_given_layout_the_run_would_refuse_is_an_error(given: str, message: str) -> None:
+    result = plan("model=bert_large", "cluster=h100_node", given)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_json_all_lists_every_layout_with_its_numbers_or_why_not() -> None:
+    result = plan(
+        "--json", "--all", "model=gpt2_medium", "cluster=a100_node", "cluster.device_memory_gb=8"
+    )
+    data = json.loads(result.stdout)
+    entries = data["all"]
+    assert len(entries) == data["searched"] > data["fit"] > 0
+    misfits = [e for e in entries if not e["fits"]]
+    assert len(misfits) == data["searched"] - data["fit"]
+    assert all(e["why"].startswith("does not fit: ") and "step_s" not in e for e in misfits)
+    assert all("step_s" in e for e in entries if e["fits"])

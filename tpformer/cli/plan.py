@@ -26,10 +26,20 @@ from tpformer.config.store import CONF_DIR, register_configs, to_config
 from tpformer.config.validate import validate, validate_model
 from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.auto import auto_global_batch
-from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.candidate import Candidate, Workload, candidate_of
 from tpformer.planner.cluster import Cluster, calibration_path, device_kind, resolve_cluster
 from tpformer.planner.memory import stage_params
-from tpformer.planner.search import GB, Evaluated, PlanResult, best_per_family, search, why_not
+from tpformer.planner.search import (
+    GB,
+    MODEL_ERROR,
+    Evaluated,
+    PlanResult,
+    best_per_family,
+    distinct_splits,
+    evaluate,
+    search,
+    why_not,
+)
 
 LAYOUT_KEYS = (
     "parallel.tensor",
@@ -104,16 +114,14 @@ def _row(i: int, e: Evaluated, result: PlanResult) -> str:
     )
 
 
-def format_result(
-    result: PlanResult, top: int, base: list[str], model_name: str, seconds: float
-) -> str:
+def _header(result: PlanResult, model_name: str, seconds: float) -> list[str]:
     w, cl = result.work, result.cluster
     params = sum(s.total for s in stage_params(w, Candidate(1, 1, 1, 1, 1)))
     link = (
         f"intra-node {cl.intra.bandwidth / 1e9:g} GB/s, "
         f"inter-node {cl.inter.bandwidth / 1e9:g} GB/s"
     )
-    lines = [
+    return [
         f"workload: {model_name} ({w.model.num_layers} layers, hidden {w.model.hidden_size}, "
         f"{params / 1e6:,.0f}M parameters), seq {w.seq}, global batch {w.global_batch}, "
         f"{w.precision}",
@@ -122,16 +130,29 @@ def format_result(
         + (f"; calibration {cl.calibrated}" if cl.calibrated else "; preset constants"),
         f"searched {len(result.evaluated):,} layouts in {seconds:.1f} s: {len(result.ranked):,} "
         f"fit, {len(result.evaluated) - len(result.ranked):,} do not",
+    ]
+
+
+def format_result(
+    result: PlanResult, top: int, base: list[str], model_name: str, seconds: float
+) -> str:
+    cl = result.cluster
+    lines = [
+        *_header(result, model_name, seconds),
         "",
         "  #  layout                             memory/rank      step    tokens/s    MFU  vs best",
     ]
     lines += [_row(i, e, result) for i, e in enumerate(result.ranked[:top], 1)]
     best = result.best
+    confirm = distinct_splits(result.ranked, 3)
+    tied = sum(result.tied(e) for e in result.ranked)
     lines += [
         "",
+        f"{tied} layout(s) tied with the fastest (predicted within the model's "
+        f"{MODEL_ERROR:.0%}), simplest first: measure before trusting the order",
         f"run #1: {launch_line(best.candidate, cl, base)}",
-        f"confirm the top {min(top, 3)} (20 steps each):",
-        *(f"  {line}" for line in confirm_lines(result.ranked[:3], cl, base)),
+        f"confirm the top {len(confirm)} tensor x pipeline splits (20 steps each):",
+        *(f"  {line}" for line in confirm_lines(confirm, cl, base)),
         "",
         "the best of each tensor x pipeline degree:",
     ]
@@ -141,46 +162,52 @@ def format_result(
     return "\n".join(lines)
 
 
-def result_json(result: PlanResult, top: int, base: list[str]) -> dict:
-    def entry(e: Evaluated) -> dict:
-        t = e.time
-        return {
-            "layout": asdict(e.candidate),
-            "overrides": e.candidate.overrides(),
-            "memory_bytes": {
-                **{
-                    k: getattr(e.memory, k)
-                    for k in (
-                        "params",
-                        "grads",
-                        "optimizer",
-                        "activations",
-                        "buffers",
-                        "overhead",
-                        "host",
-                    )
-                },
-                "total": e.memory.total,
+def _entry(e: Evaluated, result: PlanResult) -> dict:
+    """One layout's numbers for --json: memory by part, time by part (when it fits), why it
+    loses against the best."""
+    t = e.time
+    return {
+        "layout": asdict(e.candidate),
+        "overrides": e.candidate.overrides(),
+        "memory_bytes": {
+            **{
+                k: getattr(e.memory, k)
+                for k in (
+                    "params",
+                    "grads",
+                    "optimizer",
+                    "activations",
+                    "buffers",
+                    "overhead",
+                    "host",
+                )
             },
-            "fits": e.fits,
-            **(
-                {
-                    "step_s": t.step,
-                    "tokens_per_s": t.tokens_per_s(result.work),
-                    "mfu": t.mfu(result.cluster),
-                    "parts_s": {
-                        "compute": t.compute,
-                        "tensor_comm": t.tensor_comm,
-                        "bubble": t.bubble,
-                        "data_comm": t.data_comm,
-                        "optimizer": t.optimizer,
-                    },
-                }
-                if t
-                else {}
-            ),
-        }
+            "total": e.memory.total,
+        },
+        "fits": e.fits,
+        "why": "best" if e is result.best else why_not(result, e),
+        **(
+            {
+                "step_s": t.step,
+                "tokens_per_s": t.tokens_per_s(result.work),
+                "mfu": t.mfu(result.cluster),
+                "parts_s": {
+                    "compute": t.compute,
+                    "tensor_comm": t.tensor_comm,
+                    "bubble": t.bubble,
+                    "data_comm": t.data_comm,
+                    "optimizer": t.optimizer,
+                },
+            }
+            if t
+            else {}
+        ),
+    }
 
+
+def result_json(result: PlanResult, top: int, base: list[str], *, every: bool = False) -> dict:
+    """The search as JSON; `every`: also every enumerated layout, with its numbers or why it
+    does not fit (key "all")."""
     return {
         "workload": {
             "seq": result.work.seq,
@@ -197,13 +224,96 @@ def result_json(result: PlanResult, top: int, base: list[str]) -> dict:
         },
         "searched": len(result.evaluated),
         "fit": len(result.ranked),
-        "top": [entry(e) for e in result.ranked[:top]],
+        "top": [_entry(e, result) for e in result.ranked[:top]],
+        "tied": sum(result.tied(e) for e in result.ranked),
+        "model_error": MODEL_ERROR,
         "launch": launch_line(result.best.candidate, result.cluster, base),
-        "confirm": confirm_lines(result.ranked[:3], result.cluster, base),
+        "confirm": confirm_lines(distinct_splits(result.ranked, 3), result.cluster, base),
+        **({"all": [_entry(e, result) for e in result.evaluated]} if every else {}),
     }
 
 
-def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrate: bool) -> str:
+def given_layout_keys(overrides: list[str]) -> list[str]:
+    """The layout keys the command line sets (auto is not a setting)."""
+    return [
+        o.split("=", 1)[0].lstrip("+~")
+        for o in overrides
+        if o.split("=", 1)[0].lstrip("+~") in LAYOUT_KEYS
+        and o.split("=", 1)[0] != "launcher.nproc_per_node"
+        and not o.endswith("=auto")
+    ]
+
+
+def evaluate_given(
+    config: PlanConfig, result: PlanResult, *, device_type: str
+) -> tuple[Evaluated, int | None]:
+    """The configured layout on the cluster, priced, and its place in the ranking (None: not
+    among the layouts that fit). A layout the run would refuse is a ValueError naming why."""
+    p = config.parallel
+    tp = int(p.tensor) if p.tensor != "auto" else 1
+    pp = int(p.pipeline) if p.pipeline != "auto" else 1
+    layout = resolve_layout(tp, p.data, result.cluster.world_size, pp)
+    at = dataclasses.replace(
+        config,
+        parallel=dataclasses.replace(p, tensor=tp, pipeline=pp),
+        trainer=dataclasses.replace(config.trainer, global_batch_size=result.work.global_batch),
+    )
+    validate(at, layout, device_type=device_type)
+    chosen = evaluate(result.work, candidate_of(at, layout.dp), result.cluster)
+    place = next(
+        (i for i, e in enumerate(result.ranked, 1) if e.candidate == chosen.candidate), None
+    )
+    return chosen, place
+
+
+def format_evaluation(
+    result: PlanResult, chosen: Evaluated, place: int | None, keys: list[str], base: list[str],
+    model_name: str, seconds: float,
+) -> str:  # fmt: skip
+    m, t, cl = chosen.memory, chosen.time, result.cluster
+    parts = ("params", "grads", "optimizer", "activations", "buffers", "overhead")
+    lines = [
+        *_header(result, model_name, seconds),
+        "",
+        f"evaluated ({', '.join(keys) if keys else 'plan.evaluate=true'}): "
+        f"{chosen.candidate.label()}",
+        "  memory per rank (GB): "
+        + ", ".join(f"{k} {getattr(m, k) / GB:.2f}" for k in parts)
+        + f"; total {m.total / GB:.2f} GB of {cl.device_memory / GB:.1f} GB"
+        + (f" (+ {m.host / GB:.2f} GB on the host)" if m.host else "")
+        + (" -> fits" if chosen.fits else " -> " + why_not(result, chosen)),
+    ]
+    if t is not None:
+        lines.append(
+            f"  step {t.step:.4g} s (compute {t.compute:.3g}, TP {t.tensor_comm:.3g}, bubble "
+            f"{t.bubble:.3g}, DP {t.data_comm:.3g}, optimizer {t.optimizer:.3g}); "
+            f"{t.tokens_per_s(result.work):,.0f} tokens/s, MFU {t.mfu(cl):.1%}"
+        )
+        where = (
+            f"#{place} of {len(result.ranked):,} that fit"
+            if place is not None
+            else f"not among the {len(result.ranked):,} searched (micro-batch above "
+            "plan.max_micro_batch?)"
+        )
+        verdict = "the best" if place == 1 else why_not(result, chosen)
+        lines.append(f"  rank: {where}; {verdict}")
+    best = result.best
+    lines += [
+        f"  the best: {best.candidate.label()} ({best.time.step:.4g} s)",  # type: ignore[union-attr]
+        f"run it: {launch_line(chosen.candidate, cl, base)}",
+        f"run the best: {launch_line(best.candidate, cl, base)}",
+    ]
+    return "\n".join(lines)
+
+
+def plan(
+    config: PlanConfig,
+    overrides: list[str],
+    *,
+    as_json: bool,
+    do_calibrate: bool,
+    every: bool = False,
+) -> str:
     precision = str(config.parallel.precision)
     if do_calibrate:
         import torch
@@ -258,8 +368,16 @@ def plan(config: PlanConfig, overrides: list[str], *, as_json: bool, do_calibrat
             device_type=device_type,
         )
     base = _user_overrides(overrides)
+    keys = given_layout_keys(overrides)
+    if keys or config.plan.evaluate:
+        chosen, place = evaluate_given(config, result, device_type=device_type)
+        if as_json:
+            data = result_json(result, config.plan.top, base, every=every)
+            data["evaluated"] = {**_entry(chosen, result), "rank": place}
+            return json.dumps(data, indent=1)
+        return format_evaluation(result, chosen, place, keys, base, model_name, seconds)
     if as_json:
-        return json.dumps(result_json(result, config.plan.top, base), indent=1)
+        return json.dumps(result_json(result, config.plan.top, base, every=every), indent=1)
     return format_result(result, config.plan.top, base, model_name, seconds)
 
 
@@ -272,10 +390,23 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="measure this machine's constants and store them for its preset",
     )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="with --json: every enumerated layout, with its numbers or why it does not fit",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (key=value)")
     args = parser.parse_args(argv)
     config = _compose(args.overrides)
-    print(plan(config, args.overrides, as_json=args.json, do_calibrate=args.calibrate))
+    print(
+        plan(
+            config,
+            args.overrides,
+            as_json=args.json,
+            do_calibrate=args.calibrate,
+            every=args.all,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -501,6 +501,9 @@ class PlanOptions:
     """Layouts shown."""
     max_micro_batch: int = ranged(64, 1)
     """Largest micro-batch size tried."""
+    evaluate: bool = False
+    """Price the configured layout (parallel.*, trainer.micro_batch_size) and rank it against
+    the best, instead of searching; on whenever a layout key is given on the command line."""
 
 
 @dataclass

@@ -12,6 +12,9 @@ from tpformer.planner.memory import MemoryPrediction, predict_memory
 from tpformer.planner.step_time import TimePrediction, predict_time
 
 GB = 1e9
+MODEL_ERROR = 0.10
+"""The step-time model's error as stated (predicted against published large-model runs: within
+about 10%): layouts predicted within it of the fastest are tied, and ranked by simplicity."""
 
 
 @dataclass(frozen=True)
@@ -31,13 +34,22 @@ class PlanResult:
     work: Workload
     cluster: Cluster
     ranked: list[Evaluated]
-    """Layouts that fit, fastest first (ties: the simpler, then less memory)."""
+    """Layouts that fit: those tied with the fastest (within MODEL_ERROR) first, simplest
+    first, then the rest, fastest first."""
     evaluated: list[Evaluated]
     """Every layout searched."""
 
     @property
     def best(self) -> Evaluated:
         return self.ranked[0]
+
+    @property
+    def fastest(self) -> float:
+        """The fastest predicted step (seconds)."""
+        return min(e.time.step for e in self.ranked)  # type: ignore[union-attr]
+
+    def tied(self, e: Evaluated) -> bool:
+        return e.time is not None and e.time.step <= self.fastest * (1 + MODEL_ERROR)
 
 
 def evaluate(work: Workload, c: Candidate, cluster: Cluster) -> Evaluated:
@@ -57,6 +69,42 @@ def rank_key(e: Evaluated) -> tuple:
         ["none", "selective", "full"].index(c.recompute),
     )
     return (round(e.time.step, 12), *simpler, e.memory.total)  # type: ignore[union-attr]
+
+
+def simplicity_key(e: Evaluated) -> tuple:
+    """Among tied layouts: the lower ZeRO stage, no offload, less recomputation, fewer
+    pipeline stages (what the model prices least surely), then the faster."""
+    c = e.candidate
+    return (
+        c.zero_stage,
+        c.cpu_offload != "none",
+        ["none", "selective", "full"].index(c.recompute),
+        c.pp,
+        *rank_key(e),
+    )
+
+
+def tie_ranked(fitting: list[Evaluated]) -> list[Evaluated]:
+    """The layouts within MODEL_ERROR of the fastest, simplest first; then the rest by time."""
+    by_time = sorted(fitting, key=rank_key)
+    limit = by_time[0].time.step * (1 + MODEL_ERROR)  # type: ignore[union-attr]
+    tied = [e for e in by_time if e.time.step <= limit]  # type: ignore[union-attr]
+    return sorted(tied, key=simplicity_key) + by_time[len(tied) :]
+
+
+def distinct_splits(ranked: list[Evaluated], count: int) -> list[Evaluated]:
+    """The first layout of each tensor x pipeline split, in ranked order, up to `count`: what
+    confirmation runs compare (not one split at three ZeRO stages)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for e in ranked:
+        split = (e.candidate.tp, e.candidate.pp)
+        if split not in seen:
+            seen.add(split)
+            out.append(e)
+        if len(out) == count:
+            break
+    return out
 
 
 def _no_layout_message(work: Workload, cluster: Cluster) -> str:
@@ -96,8 +144,8 @@ def search(
     ]
     if not evaluated:
         raise ValueError(_no_layout_message(work, cluster))
-    ranked = sorted((e for e in evaluated if e.fits), key=rank_key)
-    if not ranked:
+    fitting = [e for e in evaluated if e.fits]
+    if not fitting:
         smallest = min(evaluated, key=lambda e: e.memory.total)
         c = smallest.candidate
         raise ValueError(
@@ -108,7 +156,7 @@ def search(
             f"{cluster.device_memory / GB:.1f} GB (cluster.device_memory_gb): add devices "
             f"(cluster.nodes), shorten data.seq_length or lower the global batch"
         )
-    return PlanResult(work, cluster, ranked, evaluated)
+    return PlanResult(work, cluster, tie_ranked(fitting), evaluated)
 
 
 def why_not(result: PlanResult, e: Evaluated) -> str:
@@ -118,20 +166,17 @@ def why_not(result: PlanResult, e: Evaluated) -> str:
             f"does not fit: {e.memory.total / GB:.1f} GB > "
             f"{result.cluster.device_memory / GB:.1f} GB"
         )
-    best = result.best.time.step  # type: ignore[union-attr]
-    return f"slower by {(e.time.step / best - 1):.1%}"  # type: ignore[union-attr]
+    if result.tied(e):
+        return f"tied (within the model's {MODEL_ERROR:.0%})"
+    return f"slower by {(e.time.step / result.fastest - 1):.1%}"  # type: ignore[union-attr]
 
 
 def best_per_family(result: PlanResult) -> dict[tuple[int, int], Evaluated]:
-    """The best layout of each tensor x pipeline degree: the fastest that fits, else the one
-    needing the least memory."""
-
-    def better(e: Evaluated) -> tuple[bool, float]:
-        return (e.fits, -(e.time.step if e.time is not None else e.memory.total))
-
+    """The best layout of each tensor x pipeline degree: its first in the ranking, else (none
+    fits) the one needing the least memory."""
     families: dict[tuple[int, int], Evaluated] = {}
-    for e in result.evaluated:
-        key = (e.candidate.tp, e.candidate.pp)
-        if key not in families or better(e) > better(families[key]):
-            families[key] = e
+    for e in result.ranked:
+        families.setdefault((e.candidate.tp, e.candidate.pp), e)
+    for e in sorted(result.evaluated, key=lambda e: e.memory.total):
+        families.setdefault((e.candidate.tp, e.candidate.pp), e)
     return families
