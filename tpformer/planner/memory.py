@@ -64,9 +64,12 @@ def layer_params(work: Workload, tp: int) -> int:
     return (4 * h * h + 3 * h + 2 * h * f + f) // tp + 6 * h
 
 
-def stage_params(work: Workload, c: Candidate) -> list[StageParams]:
-    """Per rank, each stage: the word embedding (vocab-parallel) on the first (and, tied, on the
-    last when pipelined), position/segment embeddings, the layers of its split, the head."""
+def stage_params(
+    work: Workload, c: Candidate, only: list[int] | None = None
+) -> list[StageParams]:
+    """Per rank, each stage (or those `only` names): the word embedding (vocab-parallel) on the
+    first (and, tied, on the last when pipelined), position/segment embeddings, the layers of
+    its split, the head."""
     m = work.model
     h = m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
@@ -80,7 +83,7 @@ def stage_params(work: Workload, c: Candidate) -> list[StageParams]:
     split = c.split(work)
     per_layer = layer_params(work, c.tp)
     stages = []
-    for r in range(c.pp):
+    for r in range(c.pp) if only is None else only:
         layers = sum(split[r :: c.pp]) * per_layer
         first, last = r == 0, r == c.pp - 1
         stages.append(
@@ -164,13 +167,16 @@ def activation_parts(
     return layer, embedding, head
 
 
-def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster) -> list[MemoryPrediction]:
-    """Memory per rank of each pipeline stage."""
+def predict_stage_memory(
+    work: Workload, c: Candidate, cluster: Cluster, only: list[int] | None = None
+) -> list[MemoryPrediction]:
+    """Memory per rank of each pipeline stage (or of the stages `only` names, in order)."""
     layer, embedding, head = activation_parts(work, c, cluster.activation_scale, cluster.mask_bytes)
     split = c.split(work)
     mixed = work.precision != "fp32"
     stages = []
-    for r, params in enumerate(stage_params(work, c)):
+    numbers = list(range(c.pp)) if only is None else only
+    for r, params in zip(numbers, stage_params(work, c, numbers), strict=True):
         state = zero_memory_bytes(
             c.zero_stage, params.total, c.dp, param_bytes=work.itemsize, mixed=mixed
         )
@@ -211,6 +217,22 @@ def predict_stage_memory(work: Workload, c: Candidate, cluster: Cluster) -> list
     return stages
 
 
+def candidate_peak_stages(work: Workload, c: Candidate) -> list[int]:
+    """The stages that can need the most: the first, the last, and of the middle stages the
+    first of each layer count. Middle stages with as many layers hold the same parameters and
+    differ only in the micro-batches in flight, which no schedule lets grow with the stage
+    index, so the first of them needs the most (and is the one a full scan would return)."""
+    split = c.split(work)
+    stages, counts = [0], set()
+    for r in range(1, c.pp - 1):
+        layers = sum(split[r :: c.pp])
+        if layers not in counts:
+            counts.add(layers)
+            stages.append(r)
+    return [*stages, c.pp - 1] if c.pp > 1 else stages
+
+
 def predict_memory(work: Workload, c: Candidate, cluster: Cluster) -> MemoryPrediction:
     """Memory per rank of the stage that needs the most."""
-    return max(predict_stage_memory(work, c, cluster), key=lambda m: m.total)
+    only = candidate_peak_stages(work, c)
+    return max(predict_stage_memory(work, c, cluster, only), key=lambda m: m.total)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class StageCosts:
@@ -36,37 +38,50 @@ class StageCosts:
 
 def best_split(costs: StageCosts, stages: int) -> list[int]:
     """Layers per stage (each >= 1) minimizing the slowest stage; among splits with the same
-    slowest stage, the most even one (so equal costs give the equal split)."""
+    slowest stage, the most even one (so equal costs give the equal split).
+
+    The dynamic program runs one stage count at a time over every (end, start) pair at once
+    (numpy), so a 128-layer model on 64 stages takes milliseconds, not seconds (the planner
+    splits every pipeline degree it prices)."""
     n = len(costs.layers)
     if not 1 <= stages <= n:
         raise ValueError(
             f"cannot split {n} layers over {stages} pipeline stages; "
             f"parallel.pipeline must be between 1 and {n}"
         )
-    inf = float("inf")
-    # best[m][j]: (slowest stage, split) of layers [0, j) on m stages
-    best: list[list[tuple[float, list[int]]]] = [[(inf, [])] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = (0.0, [])
+    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs.layers, dtype=np.float64))])
+    end = np.arange(n + 1)[:, None]  # j: the stage ends before layer j
+    start = np.arange(n + 1)[None, :]  # i: the stage starts at layer i
+    cost = (
+        prefix[end] - prefix[start]
+        + np.where(start == 0, costs.embedding, costs.transfer)
+        + np.where(end == n, costs.head, 0.0)
+    )  # fmt: skip
+    size = (end - start).astype(np.float64)
+    # slowest[j], largest[j], smallest[j]: the best split of layers [0, j) on m stages: its
+    # slowest stage (rounded as compared), its largest and smallest stage sizes
+    slowest = np.full(n + 1, np.inf)
+    slowest[0] = 0.0
+    largest = np.full(n + 1, -np.inf)
+    smallest = np.full(n + 1, np.inf)
+    back = np.zeros((stages + 1, n + 1), dtype=np.int64)
     for m in range(1, stages + 1):
-        for j in range(m, n + 1):
-            options = []
-            for i in range(m - 1, j):
-                prev, split = best[m - 1][i]
-                if prev == inf:
-                    continue
-                slowest = max(prev, costs.stage_cost(i, j))
-                # prefer the split whose stage sizes are most even among equal slowest stages
-                options.append(
-                    (
-                        round(slowest, 9),
-                        max([*split, j - i]) - min([*split, j - i]),
-                        [*split, j - i],
-                    )
-                )
-            if options:
-                slowest, _, split = min(options, key=lambda o: (o[0], o[1]))
-                best[m][j] = (slowest, split)
-    return best[stages][n][1]
+        valid = (start >= m - 1) & (start < end) & (end >= m) & np.isfinite(slowest)[None, :]
+        worst = np.where(valid, np.round(np.maximum(slowest[None, :], cost), 9), np.inf)
+        spread = np.maximum(largest[None, :], size) - np.minimum(smallest[None, :], size)
+        best = worst.min(axis=1)
+        choice = np.where(worst == best[:, None], spread, np.inf).argmin(axis=1)
+        chosen_size = np.arange(n + 1) - choice
+        largest = np.maximum(largest[choice], chosen_size)
+        smallest = np.minimum(smallest[choice], chosen_size)
+        slowest = best
+        back[m] = choice
+    split, j = [], n
+    for m in range(stages, 0, -1):
+        i = int(back[m, j])
+        split.append(j - i)
+        j = i
+    return split[::-1]
 
 
 def equal_split(layers: int, parts: int) -> list[int]:
