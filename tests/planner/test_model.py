@@ -113,3 +113,50 @@ def test_calibration_fit_survives_times_that_do_not_grow() -> None:
     assert bandwidth == pytest.approx(4e6 / 1.5e-3) and intercept == 0.0
     bandwidth, intercept = _fit([(1e6, 1e-3 + 1e-5), (2e6, 2e-3 + 1e-5), (4e6, 4e-3 + 1e-5)])
     assert bandwidth == pytest.approx(1e9) and intercept == pytest.approx(1e-5)
+
+
+def test_the_peak_stage_is_found_without_pricing_every_stage() -> None:
+    """predict_memory prices the first, the last and the first middle stage of each layer
+    count; on every pipelined layout of a search it equals the scan of all stages."""
+    from tpformer.config.presets import preset
+    from tpformer.planner.candidate import enumerate_candidates
+    from tpformer.planner.memory import predict_memory, predict_stage_memory
+
+    work = Workload(preset("bert_large"), 512, 512, "bf16", 0.15)
+    config = replace(load_preset("h100_node"), nodes=8, calibration="none")
+    cluster = resolve_cluster(config, "bf16", cache_dir="")
+    checked = 0
+    for c in enumerate_candidates(work, cluster.world_size, cluster.gpus_per_node):
+        if c.pp < 3 or c.recompute != "none":
+            continue
+        full = max(predict_stage_memory(work, c, cluster), key=lambda m: m.total)
+        assert predict_memory(work, c, cluster) == full, c
+        checked += 1
+    assert checked > 100
+
+
+def test_the_pipeline_split_is_optimal_and_even() -> None:
+    """Against every split of up to 9 layers: no split has a faster slowest stage, and among
+    those as fast none is more even."""
+    import itertools
+    import random
+
+    from tpformer.parallel.pipeline.partition import StageCosts, best_split
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 9)
+        costs = StageCosts(
+            [rng.choice([1.0, 2.0, rng.random()]) for _ in range(n)],
+            rng.random(),
+            rng.random(),
+            rng.choice([0.0, 0.1]),
+        )
+        stages = rng.randint(1, n)
+        got = best_split(costs, stages)
+        assert sum(got) == n and len(got) == stages and min(got) >= 1
+        slowest = round(max(costs.of_split(got)), 9)
+        for cuts in itertools.combinations(range(1, n), stages - 1):
+            split = [b - a for a, b in itertools.pairwise((0, *cuts, n))]
+            other = round(max(costs.of_split(split)), 9)
+            assert other >= slowest, (costs, stages, got, split)
