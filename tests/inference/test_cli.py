@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 from tests.train.test_trainer import REPO
+from tpformer.config.schema import GenerateConfig
 from tpformer.inference.perplexity import sliding_windows
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -132,24 +134,45 @@ def test_a_hugging_face_gpt2_generates_and_continues_pretraining(tmp_path: Path)
     assert "resumed from" in continued.stderr and "done: step 2" in continued.stderr
 
 
+def _composed(*overrides: str) -> GenerateConfig:
+    from hydra import compose, initialize_config_dir
+
+    from tpformer.config.store import CONF_DIR, register_configs, to_config
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return to_config(compose("generate", overrides=["init=nowhere", *overrides]))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         ([], "give one of prompt=<text> (one prompt) or prompts=<file>"),
         (["prompt=a", "prompts=b.txt"], "give one of prompt=<text>"),
-        (["prompt=a", "parallel.pipeline=2", "launcher.nproc_per_node=2"],
+        (["prompt=a", "parallel.pipeline=2"],
          "parallel.pipeline=2: generation and evaluation keep the whole model"),
+        (["prompt=a", "parallel.tensor=2", "parallel.sequence_parallel=true"],
+         "decoding runs one token per step"),
         (["prompt=a", "top_p=1.5"], "top_p=1.5 must be in (0, 1]"),
-        (["prompt=a", "sampling=beam"], "sampling"),
     ],
 )  # fmt: skip
-def test_bad_generation_settings_exit_2_naming_the_key(
-    tmp_path: Path, args: list[str], message: str
-) -> None:
-    done = _run("generate", "init=nowhere", *args, f"hydra.run.dir={tmp_path}", cwd=tmp_path,
-                check=False)  # fmt: skip
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert message in done.stderr, done.stderr[-2000:]
+def test_bad_generation_settings_name_the_key(args: list[str], message: str) -> None:
+    from tpformer.cli.generate import validate_generate
+    from tpformer.cli.shell import resolve
+
+    config = _composed(*args)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        validate_generate(config, resolve(config, 2))
+
+
+def test_bad_generation_settings_exit_2_at_the_command_line(tmp_path: Path) -> None:
+    for args, message in (
+        (["prompt=a", "top_p=1.5"], "top_p=1.5 must be in (0, 1]"),
+        (["prompt=a", "sampling=beam"], "sampling"),
+    ):
+        done = _run("generate", "init=nowhere", *args, f"hydra.run.dir={tmp_path}",
+                    cwd=tmp_path, check=False)  # fmt: skip
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
 
 
 def test_a_missing_model_or_prompt_file_is_one_line(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,9 +138,24 @@ def test_calibration_is_stored_and_used(tmp_path: Path) -> None:
     assert "preset constants" in again.stdout
 
 
+def in_process(*args: str) -> str:
+    """tpformer-plan's output without a process of its own (its errors raise)."""
+    from tpformer.cli.plan import _compose
+    from tpformer.cli.plan import plan as run_plan
+
+    flags = [a for a in args if a.startswith("--")]
+    overrides = [a for a in args if not a.startswith("--")]
+    return run_plan(
+        _compose(overrides),
+        overrides,
+        as_json="--json" in flags,
+        do_calibrate=False,
+        every="--all" in flags,
+    )
+
+
 def test_confirmation_runs_cover_distinct_splits() -> None:
-    result = plan("--json", "model=bert_large", "cluster=h100_node", "parallel.precision=bf16")
-    confirm = json.loads(result.stdout)["confirm"]
+    confirm = json.loads(in_process("--json", "model=bert_large", "cluster=h100_node"))["confirm"]
     splits = {
         tuple(
             word
@@ -155,18 +171,16 @@ def test_a_given_layout_is_priced_and_ranked() -> None:
     """Layout keys on the command line: that layout, not a search's pick (it was ignored)."""
     args = ["model=bert_large", "cluster=h100_node", "parallel.precision=bf16"]
     given = ["parallel.tensor=4", "parallel.zero_stage=1", "trainer.micro_batch_size=16"]
-    result = plan(*args, *given)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = in_process(*args, *given)
     assert "evaluated (parallel.tensor, parallel.zero_stage, trainer.micro_batch_size): " in out
     assert "tp4 pp1 dp2 z1 mb16" in out and "-> fits" in out and "rank: #" in out
     assert "run it: tpformer-pretrain" in out and "parallel.tensor=4" in out
-    data = json.loads(plan("--json", *args, *given).stdout)
+    data = json.loads(in_process("--json", *args, *given))
     evaluated = data["evaluated"]
     assert evaluated["layout"]["tp"] == 4 and evaluated["layout"]["zero_stage"] == 1
     assert evaluated["rank"] >= 1 and evaluated["why"].startswith(("slower by", "tied"))
     assert evaluated["step_s"] >= min(t["step_s"] for t in data["top"])
-    default = plan("--json", *args, "plan.evaluate=true").stdout
+    default = in_process("--json", *args, "plan.evaluate=true")
     assert json.loads(default)["evaluated"]["layout"]["tp"] == 1  # the configured defaults
 
 
@@ -179,15 +193,20 @@ def test_a_given_layout_is_priced_and_ranked() -> None:
     ],
 )
 def test_a_given_layout_the_run_would_refuse_is_an_error(given: str, message: str) -> None:
-    result = plan("model=bert_large", "cluster=h100_node", given)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
+    with pytest.raises(ValueError, match=re.escape(message)):
+        in_process("model=bert_large", "cluster=h100_node", given)
 
 
 def test_json_all_lists_every_layout_with_its_numbers_or_why_not() -> None:
-    result = plan(
-        "--json", "--all", "model=gpt2_medium", "cluster=a100_node", "cluster.device_memory_gb=8"
+    data = json.loads(
+        in_process(
+            "--json",
+            "--all",
+            "model=gpt2_medium",
+            "cluster=a100_node",
+            "cluster.device_memory_gb=8",
+        )
     )
-    data = json.loads(result.stdout)
     entries = data["all"]
     assert len(entries) == data["searched"] > data["fit"] > 0
     misfits = [e for e in entries if not e["fits"]]
