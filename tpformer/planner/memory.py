@@ -64,9 +64,7 @@ def layer_params(work: Workload, tp: int) -> int:
     return (4 * h * h + 3 * h + 2 * h * f + f) // tp + 6 * h
 
 
-def stage_params(
-    work: Workload, c: Candidate, only: list[int] | None = None
-) -> list[StageParams]:
+def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) -> list[StageParams]:
     """Per rank, each stage (or those `only` names): the word embedding (vocab-parallel) on the
     first (and, tied, on the last when pipelined), position/segment embeddings, the layers of
     its split, the head."""
