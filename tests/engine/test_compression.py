@@ -2,6 +2,7 @@
 a real change against uncompressed, error feedback that converges on a quadratic, and the
 settings the validator refuses."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,24 @@ def _losses(tmp_path: Path, tp: int, **parallel: object) -> list[float]:
     return [loss for loss, _, _ in results[0]]
 
 
+@pytest.fixture(scope="module")
+def uncompressed(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], list[float]]:
+    """The uncompressed DP=2 losses at a ZeRO stage, run once per stage for the module."""
+    runs: dict[int, list[float]] = {}
+
+    def losses(stage: int) -> list[float]:
+        if stage not in runs:
+            runs[stage] = _losses(tmp_path_factory.mktemp(f"plain{stage}"), 1, zero_stage=stage)
+        return runs[stage]
+
+    return losses
+
+
 @pytest.mark.parametrize(
     ("compression", "stage"), [("bf16", 1), ("bf16", 2), ("powersgd", 0), ("powersgd", 1)]
 )
 def test_compressed_losses_are_the_same_at_every_tp_layout(
-    tmp_path: Path, compression: str, stage: int
+    tmp_path: Path, compression: str, stage: int, uncompressed: Callable[[int], list[float]]
 ) -> None:
     """DP=2 at TP=1 and TP=2 (dropout 0.1), compression from the second step on: it acts on DP
     only, on the logical parameters, so TP does not change the run; and it does change it."""
@@ -41,7 +55,7 @@ def test_compressed_losses_are_the_same_at_every_tp_layout(
         "powersgd_start_step": 1,
         "powersgd_rank": 2,
     }
-    plain = _losses(tmp_path / "plain", 1, zero_stage=stage)
+    plain = uncompressed(stage)
     one = _losses(tmp_path / "one", 1, **extra)
     two = _losses(tmp_path / "two", 2, **extra)
     for got, want in zip(two, one):
