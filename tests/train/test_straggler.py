@@ -76,10 +76,10 @@ def test_the_slowest_rank_is_named_in_the_metrics_and_the_progress_line(tmp_path
 
 
 def test_ranks_at_the_same_speed_show_no_straggler() -> None:
-    even = RankTimes.of([0.10, 0.11, 0.10, 0.105])
+    even = RankTimes([0.10, 0.11, 0.10, 0.105])
     assert even.lag() < 0.2 and even.slowest == 1
-    assert RankTimes.of([0.1]).lag() == 0.0
-    slow = RankTimes.of([0.1, 0.1, 0.3])
+    assert RankTimes([0.1]).lag() == 0.0
+    slow = RankTimes([0.1, 0.1, 0.3])
     assert slow.slowest == 2 and abs(slow.lag() - 2.0) < 1e-12
     assert slow.metrics() == {
         "slowest_rank": 2,

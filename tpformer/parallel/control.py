@@ -25,15 +25,3 @@ def agree_any(ctx: ParallelContext, *flags: bool) -> list[bool]:
     with WAIT_CLOCK.waiting(ctx.device):  # on CUDA the compute stream does not wait: ~0
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.control.group)
     return [bool(x) for x in t.tolist()]
-
-
-def gather_floats(ctx: ParallelContext, value: float) -> list[float]:
-    """Every rank's host `value`, by global rank, over the gloo control group (at log time: the
-    device keeps running)."""
-    if ctx.control.size == 1:
-        return [value]
-    mine = torch.tensor([value], dtype=torch.float64)
-    out = torch.empty(ctx.control.size, dtype=torch.float64)
-    RECORDER.record("all_gather", ctx.control.group, tuple(mine.shape))
-    dist.all_gather_into_tensor(out, mine, group=ctx.control.group)
-    return out.tolist()

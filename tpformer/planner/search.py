@@ -62,26 +62,18 @@ def rank_key(e: Evaluated) -> tuple:
     """Fastest first; at equal predicted time the simpler layout (lower ZeRO stage, no
     offload, less recomputation: what the model does not price, such as hook overheads),
     then the one with more memory to spare."""
-    c = e.candidate
-    simpler = (
-        c.zero_stage,
-        c.cpu_offload != "none",
-        ["none", "selective", "full"].index(c.recompute),
-    )
-    return (round(e.time.step, 12), *simpler, e.memory.total)  # type: ignore[union-attr]
+    return (round(e.time.step, 12), *_memory_savers(e.candidate), e.memory.total)  # type: ignore[union-attr]
+
+
+def _memory_savers(c: Candidate) -> tuple[int, bool, int]:
+    """What the model prices least surely, lowest first: ZeRO stage, offload, recomputation."""
+    return c.zero_stage, c.cpu_offload != "none", ["none", "selective", "full"].index(c.recompute)
 
 
 def simplicity_key(e: Evaluated) -> tuple:
     """Among tied layouts: the lower ZeRO stage, no offload, less recomputation, fewer
     pipeline stages (what the model prices least surely), then the faster."""
-    c = e.candidate
-    return (
-        c.zero_stage,
-        c.cpu_offload != "none",
-        ["none", "selective", "full"].index(c.recompute),
-        c.pp,
-        *rank_key(e),
-    )
+    return (*_memory_savers(e.candidate), e.candidate.pp, *rank_key(e))
 
 
 def tie_ranked(fitting: list[Evaluated]) -> list[Evaluated]:

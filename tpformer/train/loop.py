@@ -35,9 +35,9 @@ from tpformer.config.schema import LoaderConfig, LoopConfig, ModelConfig, OptimC
 from tpformer.data.steps import StepInput, StepLoader, StepSource, prepare_step
 from tpformer.engine import ZeroEngine
 from tpformer.engine.step_runner import StepRunner
-from tpformer.parallel.comm import all_reduce
+from tpformer.parallel.comm import all_gather_object, all_reduce
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.control import agree_any, gather_floats
+from tpformer.parallel.control import agree_any
 from tpformer.parallel.wait_clock import WAIT_CLOCK
 from tpformer.planner.step_time import flops_per_step
 from tpformer.progress import Progress, progress
@@ -412,7 +412,7 @@ class Trainer:
                     taken = time.perf_counter()
                     own = (taken - own_since - WAIT_CLOCK.take()) / len(window)
                     own_since = taken
-                    ranks = RankTimes.of(gather_floats(self.ctx, own))
+                    ranks = RankTimes(all_gather_object(own, self.ctx.control))  # host floats, gloo
                     records.append(self._log(step + 1, values, step_time, ranks, peak, bar))
                     window, last = [], now
                 bar.update(1)

@@ -30,10 +30,6 @@ class RankTimes:
 
     seconds: list[float]
 
-    @classmethod
-    def of(cls, seconds: list[float]) -> RankTimes:
-        return cls(list(seconds))
-
     @property
     def slowest(self) -> int:
         return max(range(len(self.seconds)), key=self.seconds.__getitem__)
