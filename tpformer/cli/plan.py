@@ -25,7 +25,7 @@ from tpformer.config.schema import PlanConfig
 from tpformer.config.store import CONF_DIR, register_configs, to_config
 from tpformer.config.validate import validate, validate_model
 from tpformer.parallel.layout import resolve_layout
-from tpformer.planner.auto import auto_global_batch
+from tpformer.planner.auto import at_layout, auto_global_batch
 from tpformer.planner.candidate import Candidate, Workload, candidate_of
 from tpformer.planner.cluster import Cluster, calibration_path, device_kind, resolve_cluster
 from tpformer.planner.memory import stage_params
@@ -253,11 +253,7 @@ def evaluate_given(
     tp = int(p.tensor) if p.tensor != "auto" else 1
     pp = int(p.pipeline) if p.pipeline != "auto" else 1
     layout = resolve_layout(tp, p.data, result.cluster.world_size, pp)
-    at = dataclasses.replace(
-        config,
-        parallel=dataclasses.replace(p, tensor=tp, pipeline=pp),
-        trainer=dataclasses.replace(config.trainer, global_batch_size=result.work.global_batch),
-    )
+    at = at_layout(config, tp, pp, result.work.global_batch)
     validate(at, layout, device_type=device_type)
     chosen = evaluate(result.work, candidate_of(at, layout.dp), result.cluster)
     place = next(

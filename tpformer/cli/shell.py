@@ -27,7 +27,13 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv
 from tpformer.parallel.hang_report import enable_nccl_flight_recorder, gather_summary, write_report
 from tpformer.parallel.layout import Layout, resolve_layout
-from tpformer.planner.auto import apply_auto_layout, auto_keys, check_degree, choose_layout
+from tpformer.planner.auto import (
+    apply_auto_layout,
+    auto_keys,
+    auto_label,
+    check_degree,
+    choose_layout,
+)
 
 log = logging.getLogger("tpformer")
 
@@ -69,7 +75,7 @@ def resolve_run_layout(
     if keys:
         if not isinstance(config, Config):
             raise ValueError(
-                f"{' and '.join(f'{k}=auto' for k in keys)}: the planner chooses layouts for "
+                f"{auto_label(keys)}: the planner chooses layouts for "
                 "pretraining runs; give fine-tuning integer degrees (e.g. parallel.tensor=2)"
             )
         choice = choose_layout(

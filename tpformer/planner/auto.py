@@ -34,7 +34,7 @@ class AutoLayout:
         """The startup plan's lines: what was chosen for `keys`, and the runner-up."""
         first = self.chosen
         lines = [
-            f"{' and '.join(f'{k}=auto' for k in keys)}: chose {_label(first)} of "
+            f"{auto_label(keys)}: chose {_label(first)} of "
             f"{self.compared} valid layout(s) for world {self.cluster.world_size}, global batch "
             f"{self.global_batch} (predicted on cluster {self.cluster.name}"
             + ("" if first.fits else "; none is predicted to fit: the smallest is taken")
@@ -63,6 +63,11 @@ def auto_keys(config: Config) -> list[str]:
         for name, value in (("tensor", p.tensor), ("pipeline", p.pipeline))
         if value == AUTO
     ]
+
+
+def auto_label(keys: list[str]) -> str:
+    """`parallel.tensor=auto and parallel.pipeline=auto`, for messages."""
+    return " and ".join(f"{k}=auto" for k in keys)
 
 
 def check_degree(name: str, value: int | str) -> None:
@@ -106,7 +111,7 @@ def choose_layout(
     for tp in tensors:
         pipelines = [p.pipeline] if p.pipeline != AUTO else divisors(world_size // int(tp))
         for pp in pipelines:
-            at = _at_layout(config, int(tp), int(pp), global_batch)
+            at = at_layout(config, int(tp), int(pp), global_batch)
             try:
                 layout = resolve_layout(int(tp), p.data, world_size, int(pp))
                 validate(at, layout, device_type=device_type)
@@ -117,7 +122,7 @@ def choose_layout(
     if not evaluated:
         why = "; ".join(sorted(reasons)[:3])
         raise ValueError(
-            f"{' and '.join(f'{k}=auto' for k in auto_keys(config))}: no layout of world "
+            f"{auto_label(auto_keys(config))}: no layout of world "
             f"{world_size} is valid with the other keys as set: {why}"
         )
     fitting = sorted((e for e in evaluated if e.fits), key=rank_key)
@@ -127,7 +132,7 @@ def choose_layout(
     )
 
 
-def _at_layout(config: Config, tp: int, pp: int, global_batch: int) -> Config:
+def at_layout(config: Config, tp: int, pp: int, global_batch: int) -> Config:
     """A copy of `config` at these degrees, with the global batch fixed (grad_accum derived)."""
     parallel = replace(config.parallel, tensor=tp, pipeline=pp)
     trainer = replace(config.trainer, global_batch_size=global_batch)
