@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tpformer.config.schema import ParallelConfig
+from tpformer.config.schema import ParallelConfig, RngMode
 from tpformer.parallel.context import ParallelContext
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -55,6 +55,7 @@ def _worker(
             timeout_s=timeout_s,
             sequence_parallel=config.sequence_parallel,
             pipeline=config.pipeline,
+            rng=str(config.rng),
         )
         try:
             result = fn(ctx, *args)
@@ -84,6 +85,7 @@ def start_ranks(
     seed: int = 1234,
     sequence_parallel: bool = False,
     pipeline: int = 1,
+    rng: str = "exact",
 ) -> tuple[list[mp.process.BaseProcess], str]:
     """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
     and their work directory (for tests that kill ranks themselves)."""
@@ -93,6 +95,7 @@ def start_ranks(
         seed=seed,
         sequence_parallel=sequence_parallel,
         pipeline=pipeline,
+        rng=RngMode(rng),
     )
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
     mpctx = _context()
@@ -115,6 +118,7 @@ def run_distributed(
     seed: int = 1234,
     sequence_parallel: bool = False,
     pipeline: int = 1,
+    rng: str = "exact",
 ) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
@@ -129,6 +133,7 @@ def run_distributed(
         seed=seed,
         sequence_parallel=sequence_parallel,
         pipeline=pipeline,
+        rng=rng,
     )
     try:
         deadline = time.monotonic() + timeout_s + 30

@@ -55,6 +55,7 @@ PUBLIC_KEYS = {
         "powersgd_rank",
         "powersgd_start_step",
         "precision",
+        "rng",
         "seed",
         "sequence_parallel",
         "tensor",

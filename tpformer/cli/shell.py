@@ -174,9 +174,10 @@ def run_entry_point(
             timeout_s=config.launcher.timeout_s,
             sequence_parallel=config.parallel.sequence_parallel,
             pipeline=layout.pp,
+            rng=config.parallel.rng,
         )
     else:
-        ctx = ParallelContext.single(seed=config.parallel.seed)
+        ctx = ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)
     shared = run_dir
     try:
         shared = _shared_run_dir(cfg, run_dir, ctx)

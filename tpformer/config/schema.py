@@ -45,6 +45,12 @@ class Recompute(Choice):
     full = "full"
 
 
+class RngMode(Choice):
+    auto = "auto"
+    exact = "exact"
+    fast = "fast"
+
+
 class GradCompression(Choice):
     none = "none"
     bf16 = "bf16"
@@ -185,7 +191,12 @@ class ParallelConfig:
     data: str = "auto"
     """DP degree, or "auto" = world_size / tensor."""
     seed: int = ranged(1234, 0)
-    """Seeds weight init and every dropout mask; masks do not depend on the layout."""
+    """Seeds weight init and every dropout mask."""
+    rng: RngMode = RngMode.auto
+    """exact: dropout masks are keyed by global sample and position, the same in every layout
+    (any layout reproduces the TP=1 losses); fast: Megatron-style streams, one call per tensor,
+    attention dropout inside the fused SDPA kernel (deterministic, not layout-independent);
+    auto: fast on accelerators, exact on the CPU."""
     zero_stage: ZeroStage = field(default=ZeroStage(0))
     """0: plain DP; 1: shard optimizer state; 2: + gradients; 3: + parameters (over DP)."""
     cpu_offload: CpuOffload = field(default=CpuOffload("none"))

@@ -23,9 +23,9 @@ class ParallelSelfAttention(nn.Module):
     replicated [b, s, hidden]; one all-reduce forward (output) and one backward (input). With
     ctx.sequence_parallel both are [b, s/tp, hidden]: the QKV projection all-gathers the
     sequence, the output projection reduce-scatters it; the core always sees the whole sequence.
-    With attention dropout active in training the core is computed explicitly, so the mask can
-    be the TP=1 model's (layers/dropout.py); otherwise `scaled_dot_product_attention`
-    (flash/efficient kernels).
+    The core is `scaled_dot_product_attention` (flash / memory-efficient kernels), with attention
+    dropout inside it under parallel.rng=fast; under exact with attention dropout active in
+    training it is computed explicitly, so the mask can be the TP=1 model's (layers/dropout.py).
     """
 
     def __init__(
@@ -72,10 +72,21 @@ class ParallelSelfAttention(nn.Module):
         """softmax(q k^T / sqrt(d) + mask) [dropout] @ v -> [b, h/tp, s, d]; what selective
         recomputation wraps. Without a mask, `causal` (default: the layer's) masks the future."""
         causal = self.causal if causal is None else causal
-        if self.training and self.dropout.p > 0:
+        dropping = self.training and self.dropout.p > 0
+        if dropping and not self.dropout.rng.fast:
             return self._explicit_core(q, k, v, mask, causal)
+        if not dropping:
+            return self._fused_core(q, k, v, mask, causal, 0.0)
+        assert self.dropout.site is not None, "call assign_dropout_sites(model)"
+        with self.dropout.rng.forked(q.device, self.dropout.site, sharded=True):
+            return self._fused_core(q, k, v, mask, causal, self.dropout.p)
+
+    @staticmethod
+    def _fused_core(
+        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float
+    ) -> Tensor:
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
         )
 
     def _explicit_core(

@@ -1,17 +1,22 @@
-"""Dropout whose mask depends on global positions only (see tpformer.parallel.random).
+"""Dropout keyed by the training position (see tpformer.parallel.random for the two modes).
 
-A mask is drawn per global sample, from a generator keyed by the module's name and the sample's
-global index: one stream per sample covers the sample's whole tensor as the TP=1 model holds it
-(all heads of the attention probabilities; the whole sequence of a residual branch). A rank
-whose tensor is a slice of that (its heads under TP, its chunk of the sequence under sequence
-parallelism) draws the sample's whole stream and keeps its slice, so every layout applies the
-TP=1 run's masks. One generator per sample (not per head) keeps the cost at a re-seed per
-sample (a few microseconds) besides the drawing (about 2 ns per element on one CPU core).
+fast mode: one `F.dropout` call per tensor from a generator seeded for this call (replicated
+regions: the same on every TP rank; sharded regions: this TP rank's own stream).
+
+exact mode: a mask is drawn per global sample, from a generator keyed by the module's name and
+the sample's global index: one stream per sample covers the sample's whole tensor as the TP=1
+model holds it (all heads of the attention probabilities; the whole sequence of a residual
+branch). A rank whose tensor is a slice of that (its heads under TP, its chunk of the sequence
+under sequence parallelism) draws the sample's whole stream and keeps its slice, so every layout
+applies the TP=1 run's masks. One generator per sample (not per head) keeps the cost at a re-
+seed per sample (a few microseconds) besides the drawing (about 2 ns per element on one CPU
+core).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.parallel.comm import SEQUENCE_DIM, sequence_range
@@ -50,10 +55,10 @@ def _masked(x: Tensor, mask: Tensor, scale: float) -> Tensor:
 
 
 class ParallelDropout(nn.Module):
-    """Layout-independent dropout. Input [b, ...] (per sample); with `heads` (the model's
+    """Dropout keyed by position. Input [b, ...] (per sample); with `heads` (the model's
     number of attention heads) [b, heads/tp, ...], this rank's heads starting at `head_offset`;
     with `sequence` (the TP group of a sequence-parallel region) [b, s/tp, ...], this rank's
-    chunk of the sequence.
+    chunk of the sequence. Both are sharded regions (their own stream per TP rank in fast mode).
 
     `site` is a stable key of this module, set by `assign_dropout_sites` from its name.
     """
@@ -78,6 +83,9 @@ class ParallelDropout(nn.Module):
             return x
         if self.site is None:
             raise RuntimeError("ParallelDropout has no site; call assign_dropout_sites(model)")
+        if self.rng.fast:
+            with self.rng.forked(x.device, self.site, sharded=self.sharded):
+                return F.dropout(x, self.p, training=True)
         whole, slices = self._sample_layout(x.shape[1:], head_offset)
         direct = whole == list(x.shape[1:])
         noise = torch.empty(x.shape, device=x.device, dtype=torch.float32)
@@ -95,6 +103,11 @@ class ParallelDropout(nn.Module):
         else:
             mask = noise >= self.p
         return _ApplyMask.apply(x, mask, scale)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each TP rank holds a different part of the tensor (its heads or its chunk)."""
+        return self.heads is not None or self.sequence is not None
 
     def _sample_layout(
         self, shape: torch.Size, head_offset: int

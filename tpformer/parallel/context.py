@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from tpformer.parallel.env import LaunchEnv
 from tpformer.parallel.hang_report import RECORDER
 from tpformer.parallel.layout import Layout, resolve_layout
-from tpformer.parallel.random import RNGTracker
+from tpformer.parallel.random import RNGTracker, resolve_rng_mode
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -109,15 +109,19 @@ class ParallelContext:
     for the device. The world group itself when the backend is gloo."""
 
     @classmethod
-    def single(cls, seed: int = 1234, device: torch.device | str | None = None) -> ParallelContext:
-        """The one-process context: no torch.distributed, every collective is the identity."""
+    def single(
+        cls, seed: int = 1234, device: torch.device | str | None = None, rng: str = "auto"
+    ) -> ParallelContext:
+        """The one-process context: no torch.distributed, every collective is the identity.
+        `rng`: parallel.rng (auto: fast on an accelerator, exact on the CPU)."""
+        device = torch.device(device) if device is not None else default_device(LaunchEnv.read())
         return cls(
             layout=Layout(dp=1, tp=1),
             rank=0,
             tp=GroupHandle.single(),
             dp=GroupHandle.single(),
-            rng=RNGTracker(seed),
-            device=torch.device(device) if device is not None else default_device(LaunchEnv.read()),
+            rng=RNGTracker(seed, resolve_rng_mode(rng, device)),
+            device=device,
         )
 
     @classmethod
@@ -132,12 +136,14 @@ class ParallelContext:
         env: LaunchEnv | None = None,
         sequence_parallel: bool = False,
         pipeline: int = 1,
+        rng: str = "auto",
     ) -> ParallelContext:
         """Check the layout against the world size, initialize torch.distributed if needed (from
         `env`, read from the environment when not given), and build the mesh.
 
         The layout is checked before any collective is issued, against WORLD_SIZE when the
-        process group does not exist yet.
+        process group does not exist yet. `rng`: parallel.rng (auto: fast on an accelerator,
+        exact on the CPU); fast-mode streams of sharded regions are keyed by the TP rank.
         """
         env = env if env is not None else LaunchEnv.read()
         world = dist.get_world_size() if dist.is_initialized() else env.world_size
@@ -165,7 +171,7 @@ class ParallelContext:
             rank=rank,
             tp=_handle(mesh, "tp", tp_rank, layout.tp),
             dp=_handle(mesh, "dp", dp_rank, layout.dp),
-            rng=RNGTracker(seed),
+            rng=RNGTracker(seed, resolve_rng_mode(rng, device), stream_rank=tp_rank),
             device=device,
             mesh=mesh,
             sequence_parallel=sequence_parallel,

@@ -1,10 +1,18 @@
-"""Layout-independent randomness.
+"""Keyed randomness: dropout masks as pure functions of the training position.
 
-A dropout mask is a pure function of (seed, step, site, global sample index, position in the
-sample), never of which rank computes it. Each rank seeds a generator per sample it owns (a DP
-rank its own samples) and keeps its slice of each (a TP rank its heads). So TP=2 or DP=2 with
-dropout on reproduces the TP=1 losses, and recomputation (activation checkpointing) redraws the
-same masks for free as long as the position has not moved.
+Two modes (`parallel.rng`), both deterministic and both replayed exactly by recomputation, which
+restores the position:
+
+exact  a mask is a function of (seed, step, site, global sample index, position in the sample),
+       never of which rank computes it. Each rank seeds a generator per sample it owns (a DP
+       rank its own samples) and keeps its slice of each (a TP rank its heads). So TP=2 or DP=2
+       with dropout on reproduces the TP=1 losses: the validation mode.
+fast   Megatron's streams: per dropout call, the device's default generator is seeded by (seed,
+       step, first sample of the micro-batch, site) for replicated regions (the same on every TP
+       rank, so replicated activations stay identical) and additionally by the TP rank for
+       sharded ones (attention heads, sequence-parallel chunks); the mask is then drawn in one
+       call (`F.dropout`, or inside `scaled_dot_product_attention`'s fused kernel). Seeding is
+       host-side (no device sync); the generator's state is restored after the call.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+RNG_MODES = ("exact", "fast")
 
 _MASK64 = (1 << 64) - 1
 
@@ -41,15 +51,51 @@ def name_key(name: str) -> int:
     return zlib.crc32(name.encode("utf-8"))
 
 
+def resolve_rng_mode(mode: str, device: torch.device) -> str:
+    """parallel.rng: auto -> fast on an accelerator, exact on the CPU (where exactness is what
+    is checked and the per-sample streams cost little next to the matmuls)."""
+    if mode == "auto":
+        return "exact" if device.type == "cpu" else "fast"
+    if mode not in RNG_MODES:
+        raise ValueError(f"parallel.rng={mode!r}: expected auto, exact or fast")
+    return str(mode)
+
+
+def rng_mode_line(requested: str, device_type: str) -> str:
+    """The startup plan's line: which mode runs and why."""
+    mode = resolve_rng_mode(requested, torch.device(device_type))
+    why = f"auto on {device_type}" if requested == "auto" else "as set"
+    what = (
+        "layout-independent masks: any layout reproduces the TP=1 losses"
+        if mode == "exact"
+        else "Megatron-style streams per TP rank, attention dropout inside the fused SDPA kernel"
+    )
+    return f"randomness: parallel.rng={mode} ({why}); {what}"
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    if device.type == "cpu":
+        return torch.default_generator
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.default_generators[index]
+
+
 class RNGTracker:
-    """Holds the seed and the current (step, first global sample) of the micro-batch.
+    """Holds the seed, the mode and the current (step, first global sample) of the micro-batch.
+
+    `stream_rank` (fast mode) is this rank's position in the TP group: it keys the masks of
+    sharded regions, so each rank's heads or sequence chunk get their own.
 
     NOTE: the training loop calls `set_position(step, sample_offset)` before every micro-batch;
     without it every forward redraws the masks of position (0, 0).
     """
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, mode: str = "exact", stream_rank: int = 0) -> None:
+        if mode not in RNG_MODES:
+            raise ValueError(f"RNGTracker mode {mode!r}: expected one of {RNG_MODES}")
         self.seed = seed
+        self.mode = mode
+        self.stream_rank = stream_rank
         self.step = 0
         self.sample_offset = 0
         self.mask_width = 0
@@ -75,6 +121,23 @@ class RNGTracker:
         for sample in range(self.sample_offset, self.sample_offset + count):
             gen.manual_seed(_splitmix64(prefix ^ sample) >> 1)
             yield gen
+
+    @property
+    def fast(self) -> bool:
+        return self.mode == "fast"
+
+    @contextmanager
+    def forked(self, device: torch.device, site: int, *, sharded: bool) -> Iterator[None]:
+        """fast mode: inside, `device`'s default generator (what F.dropout and the fused SDPA
+        kernels draw from) is seeded by this call's key; its previous state is back after."""
+        gen = _default_generator(device)
+        saved = gen.get_state()  # host-side: CUDA keeps (seed, offset) on the CPU
+        rank = self.stream_rank if sharded else -1
+        gen.manual_seed(derive_seed(self.seed, self.step, self.sample_offset, site, rank))
+        try:
+            yield
+        finally:
+            gen.set_state(saved)
 
     def init_generator(self, name: str) -> torch.Generator:
         """CPU generator for the layout-independent initialization of parameter `name`."""

@@ -10,6 +10,7 @@ from tpformer.config.schema import Config
 from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.parallel.pipeline.split import SplitChoice
+from tpformer.parallel.random import rng_mode_line
 from tpformer.planner.candidate import Workload, candidate_of
 from tpformer.planner.cluster import Cluster, resolve_cluster
 from tpformer.planner.memory import MemoryPrediction, predict_stage_memory
@@ -162,6 +163,7 @@ def format_plan(
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
         f"checkpointing {config.parallel.activation_checkpointing} ({len(checkpointed)} wrapped), "
         f"sequence_parallel {str(config.parallel.sequence_parallel).lower()}",
+        rng_mode_line(config.parallel.rng, device_type),
         *predicted,
     ]
     return "\n".join(lines), warnings
