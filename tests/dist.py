@@ -56,6 +56,7 @@ def _worker(
             sequence_parallel=config.sequence_parallel,
             pipeline=config.pipeline,
             rng=str(config.rng),
+            gloo_shortcuts=config.gloo_shortcuts,
         )
         try:
             result = fn(ctx, *args)
@@ -86,6 +87,7 @@ def start_ranks(
     sequence_parallel: bool = False,
     pipeline: int = 1,
     rng: str = "exact",
+    gloo_shortcuts: bool = True,
 ) -> tuple[list[mp.process.BaseProcess], str]:
     """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
     and their work directory (for tests that kill ranks themselves)."""
@@ -96,6 +98,7 @@ def start_ranks(
         sequence_parallel=sequence_parallel,
         pipeline=pipeline,
         rng=RngMode(rng),
+        gloo_shortcuts=gloo_shortcuts,
     )
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
     mpctx = _context()
@@ -119,6 +122,7 @@ def run_distributed(
     sequence_parallel: bool = False,
     pipeline: int = 1,
     rng: str = "exact",
+    gloo_shortcuts: bool = True,
 ) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
@@ -134,6 +138,7 @@ def run_distributed(
         sequence_parallel=sequence_parallel,
         pipeline=pipeline,
         rng=rng,
+        gloo_shortcuts=gloo_shortcuts,
     )
     try:
         deadline = time.monotonic() + timeout_s + 30

@@ -48,6 +48,7 @@ PUBLIC_KEYS = {
         "checkpoint_offload",
         "cpu_offload",
         "data",
+        "gloo_shortcuts",
         "grad_compression",
         "pipeline",
         "pipeline_schedule",

@@ -1,6 +1,7 @@
 """The four autograd collectives: values and gradients in both directions, and their counts;
 the flat DP collectives of the ZeRO engine on every path (one rank, the two-rank exchange,
-gloo's all-reduce for more ranks), several in flight at once."""
+gloo's all-reduce for more ranks, and with parallel.gloo_shortcuts=false the generic
+reduce-scatter and all-gather NCCL takes), several in flight at once."""
 
 import pytest
 import torch
@@ -53,9 +54,12 @@ def _collectives(ctx: ParallelContext) -> None:
     )
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
-def test_collectives_forward_and_backward(tp: int) -> None:
-    run_distributed(_collectives, tp, tensor=tp)
+@pytest.mark.parametrize(
+    ("tp", "shortcuts"), [(1, True), (2, True), (4, True), (2, False), (4, False)]
+)
+def test_collectives_forward_and_backward(tp: int, shortcuts: bool) -> None:
+    """gloo_shortcuts=False: the generic collectives NCCL takes, on gloo."""
+    run_distributed(_collectives, tp, tensor=tp, gloo_shortcuts=shortcuts)
 
 
 def _flat_dp_collectives(ctx: ParallelContext) -> None:
@@ -82,6 +86,11 @@ def _flat_dp_collectives(ctx: ParallelContext) -> None:
         assert torch.equal(out, torch.cat([torch.arange(12.0) + 100 * r + k for r in range(n)]))
 
 
-@pytest.mark.parametrize("dp", [1, 2, 4])
-def test_flat_dp_reduce_scatter_and_all_gather(dp: int) -> None:
-    run_distributed(_flat_dp_collectives, dp)
+@pytest.mark.parametrize("shortcuts", [True, False])
+@pytest.mark.parametrize("dp", [2, 4])
+def test_flat_dp_reduce_scatter_and_all_gather(dp: int, shortcuts: bool) -> None:
+    run_distributed(_flat_dp_collectives, dp, gloo_shortcuts=shortcuts)
+
+
+def test_flat_dp_collectives_on_one_rank() -> None:
+    run_distributed(_flat_dp_collectives, 1)

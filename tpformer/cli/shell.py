@@ -175,6 +175,7 @@ def run_entry_point(
             sequence_parallel=config.parallel.sequence_parallel,
             pipeline=layout.pp,
             rng=config.parallel.rng,
+            gloo_shortcuts=config.parallel.gloo_shortcuts,
         )
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)

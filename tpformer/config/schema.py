@@ -218,6 +218,10 @@ class ParallelConfig:
     """powersgd: rank of the low-rank approximation of each matrix gradient."""
     powersgd_start_step: int = ranged(10, 0)
     """powersgd: steps reduced uncompressed before compression starts (warm-up)."""
+    gloo_shortcuts: bool = True
+    """CPU (gloo) only: two-rank groups swap tensors point to point instead of running gloo's
+    collectives, and reduce-scatter runs as all-reduce + slice (both faster on gloo, same sums);
+    false takes the generic collectives NCCL takes (the tests prove that path on the CPU)."""
     sequence_parallel: bool = False
     """Megatron-SP: LayerNorm, dropout and residual activations hold 1/tensor of the sequence
     (needs tensor > 1 and a sequence length divisible by tensor); same losses as without."""

@@ -284,11 +284,17 @@ class _PairExchange:
             self.finish()
 
 
+def _gloo_shortcuts(handle: GroupHandle) -> bool:
+    """Whether this group may take the CPU-only shortcuts below (parallel.gloo_shortcuts, on a
+    gloo group); without them every collective takes the generic path NCCL takes."""
+    return handle.gloo_shortcuts and dist.get_backend(handle.group) == "gloo"
+
+
 def _pairwise(handle: GroupHandle) -> bool:
     """gloo with two ranks: a swap of halves moves half the bytes of gloo's ring collectives
     and runs on gloo's transport without its collective algorithms (measured on CPU, 32 MB,
     2 ranks: exchange 17.7 ms vs all-reduce 29.6 ms and all_gather_into_tensor 44.0 ms)."""
-    return handle.size == 2 and dist.get_backend(handle.group) == "gloo"
+    return handle.size == 2 and _gloo_shortcuts(handle)
 
 
 PAIR_SWAP_MAX_BYTES = 8 << 20
@@ -329,7 +335,7 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> Pending
             handle,
             finish=lambda: out.add_(addend),
         )
-    if dist.get_backend(handle.group) == "gloo":
+    if _gloo_shortcuts(handle):
         work = dist.all_reduce(x, group=handle.group, async_op=True)
         return _AllReduceThenSlice(work, out, x, handle.rank)
     return _Timed(_reduce_scatter(out, x, group=handle.group, async_op=True), out.device)

@@ -24,11 +24,15 @@ DEFAULT_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class GroupHandle:
-    """A frozen (group, rank, size) view of one mesh dimension; group is None when size == 1."""
+    """A frozen (group, rank, size) view of one mesh dimension; group is None when size == 1.
+
+    `gloo_shortcuts`: on gloo, comm may take CPU-only shortcuts for this group (two-rank swaps,
+    reduce-scatter as all-reduce + slice); False keeps the generic path NCCL takes."""
 
     group: dist.ProcessGroup | None
     rank: int
     size: int
+    gloo_shortcuts: bool = True
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -137,6 +141,7 @@ class ParallelContext:
         sequence_parallel: bool = False,
         pipeline: int = 1,
         rng: str = "auto",
+        gloo_shortcuts: bool = True,
     ) -> ParallelContext:
         """Check the layout against the world size, initialize torch.distributed if needed (from
         `env`, read from the environment when not given), and build the mesh.
@@ -144,6 +149,7 @@ class ParallelContext:
         The layout is checked before any collective is issued, against WORLD_SIZE when the
         process group does not exist yet. `rng`: parallel.rng (auto: fast on an accelerator,
         exact on the CPU); fast-mode streams of sharded regions are keyed by the TP rank.
+        `gloo_shortcuts`: parallel.gloo_shortcuts, carried by every group handle.
         """
         env = env if env is not None else LaunchEnv.read()
         world = dist.get_world_size() if dist.is_initialized() else env.world_size
@@ -166,17 +172,18 @@ class ParallelContext:
         )
         dp_rank, tp_rank = layout.coords(rank)
         pp_rank = layout.stage_of(rank)
+        shortcuts = gloo_shortcuts
         return cls(
             layout=layout,
             rank=rank,
-            tp=_handle(mesh, "tp", tp_rank, layout.tp),
-            dp=_handle(mesh, "dp", dp_rank, layout.dp),
+            tp=_handle(mesh, "tp", tp_rank, layout.tp, shortcuts),
+            dp=_handle(mesh, "dp", dp_rank, layout.dp, shortcuts),
             rng=RNGTracker(seed, resolve_rng_mode(rng, device), stream_rank=tp_rank),
             device=device,
             mesh=mesh,
             sequence_parallel=sequence_parallel,
-            pp=_handle(mesh, "pp", pp_rank, layout.pp),
-            pipeline_ends=_pipeline_ends(layout, rank),
+            pp=_handle(mesh, "pp", pp_rank, layout.pp, shortcuts),
+            pipeline_ends=_pipeline_ends(layout, rank, shortcuts),
             control=_control_group(rank, layout.world_size),
         )
 
@@ -215,14 +222,14 @@ def _check_same_layout(layout: Layout) -> None:
         )
 
 
-def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int) -> GroupHandle:
+def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int, shortcuts: bool) -> GroupHandle:
     if size == 1:
         return GroupHandle.single()
     group = mesh.get_group(dim)
     if dist.get_rank(group) != rank:
         raise RuntimeError(f"mesh dim {dim!r}: rank {dist.get_rank(group)} != layout rank {rank}")
     RECORDER.name_group(group, dim)
-    return GroupHandle(group=group, rank=rank, size=size)
+    return GroupHandle(group=group, rank=rank, size=size, gloo_shortcuts=shortcuts)
 
 
 def _control_group(rank: int, world: int) -> GroupHandle:
@@ -235,7 +242,7 @@ def _control_group(rank: int, world: int) -> GroupHandle:
     return GroupHandle(group=group, rank=rank, size=world)
 
 
-def _pipeline_ends(layout: Layout, rank: int) -> GroupHandle:
+def _pipeline_ends(layout: Layout, rank: int, shortcuts: bool) -> GroupHandle:
     """The group of each pipeline's first and last stage (every rank creates every group, in
     the same order, as torch.distributed requires); the single handle on middle stages."""
     if layout.pp == 1:
@@ -245,5 +252,5 @@ def _pipeline_ends(layout: Layout, rank: int) -> GroupHandle:
         ends = [ranks[0], ranks[-1]]
         group = dist.new_group(ends)
         if rank in ends:
-            mine = GroupHandle(group=group, rank=ends.index(rank), size=2)
+            mine = GroupHandle(group=group, rank=ends.index(rank), size=2, gloo_shortcuts=shortcuts)
     return mine if mine is not None else GroupHandle.single()
