@@ -105,6 +105,7 @@ PUBLIC_KEYS = {
     ],
     "trainer": [
         "async_save",
+        "compile",
         "eval_every",
         "eval_steps",
         "exit_at_step",

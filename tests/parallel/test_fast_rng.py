@@ -1,6 +1,7 @@
 """parallel.rng=fast: Megatron-style dropout streams. Each site drops about p; replicated regions
 get the same mask on every TP rank and sharded ones (heads, sequence chunks) their own; a run
-repeats bit for bit; the default generator is left as it was; every layout trains with it."""
+repeats bit for bit; the default generator is left as it was; a resumed run continues the
+streams. Training in each layout under fast: tests/engine/test_compile.py."""
 
 from __future__ import annotations
 
@@ -13,13 +14,11 @@ import torch
 from tests.dist import run_distributed
 from tests.models.common import tiny_bert
 from tests.pipeline.test_pipeline_training import EXIT, STEPS, _save_then_resume, pipeline_config
-from tpformer.config.schema import Config
 from tpformer.layers.attention import ParallelSelfAttention
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.models import build_model
 from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.parallel.random import RNGTracker, resolve_rng_mode
-from tpformer.train.pretraining import pretraining_trainer
 
 P = 0.1
 BATCH, SEQ = 8, 64
@@ -109,52 +108,6 @@ def test_auto_is_exact_on_the_cpu_and_fast_on_an_accelerator() -> None:
     with pytest.raises(ValueError, match="'auto'"):
         RNGTracker(1, "auto")
     assert GroupHandle.single().size == 1
-
-
-LAYOUTS = [  # (world, run_distributed kwargs, parallel keys, micro, accum)
-    (2, {"tensor": 2}, {}, 8, 1),
-    (2, {"tensor": 2, "sequence_parallel": True}, {}, 8, 1),
-    (4, {"tensor": 2}, {"zero_stage": 1, "activation_checkpointing": "full"}, 4, 1),
-    (2, {}, {"zero_stage": 3, "activation_checkpointing": "selective"}, 4, 1),
-    (2, {"pipeline": 2}, {}, 2, 4),
-]
-FAST_NOISE = 0.02
-"""Relative distance allowed between a layout's fast-mode losses and the one-process run's:
-other masks give other losses, by about the dropout noise (measured over these 3 steps: at most
-0.49% (TP=2 + SP), against 0.41% between exact and fast at TP=1; plain TP=2 0.006%, since only
-the heads' masks differ from one process's)."""
-
-
-def _fast_run(ctx: ParallelContext, config: Config, run_dir: str) -> tuple[list[float], dict]:
-    """Losses, and the LayerNorm weights (replicated over TP, gradients not reduced over TP
-    without sequence parallelism) when this rank holds them whole."""
-    trainer = pretraining_trainer(config, ctx, Path(run_dir))
-    losses = [r["loss"] for r in trainer.train()]
-    norms = {}
-    if ctx.tp.size > 1 and config.parallel.zero_stage < 3:
-        norms = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "norm" in n}
-    return losses, norms
-
-
-@pytest.mark.parametrize(("world", "layout", "keys", "micro", "accum"), LAYOUTS)
-def test_every_layout_trains_with_fast_streams(
-    tmp_path: Path, world: int, layout: dict, keys: dict, micro: int, accum: int
-) -> None:
-    """Global batch 8, dropout 0.1, 3 steps: losses near the one-process fast run's; the TP
-    ranks' replicated parameters stay bitwise equal (their masks are shared)."""
-    base = pipeline_config(micro=8)
-    reference = _fast_run(ParallelContext.single(device="cpu", rng="fast"), base, str(tmp_path))
-    config = pipeline_config(micro=micro, accum=accum, **keys, **layout)
-    ranks = run_distributed(_fast_run, world, config, str(tmp_path / "run"), rng="fast", **layout)
-    for losses, _ in ranks:
-        for got, want in zip(losses, reference[0], strict=True):
-            assert abs(got - want) <= FAST_NOISE * want, (losses, reference[0])
-    tp = layout.get("tensor", 1)
-    for first in range(0, world, tp):  # each TP group's ranks hold the same replicated weights
-        for rank in range(first + 1, first + tp):
-            norms, others = ranks[first][1], ranks[rank][1]
-            assert norms and norms.keys() == others.keys()
-            assert all(torch.equal(norms[n], others[n]) for n in norms), rank
 
 
 def test_a_resumed_fast_run_continues_the_same_streams(tmp_path: Path) -> None:

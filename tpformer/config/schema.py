@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any, Union
 
-from omegaconf import MISSING
+MISSING: Any = "???"
+"""OmegaConf's marker of a required value (omegaconf.MISSING), spelled here so the schema, and
+everything that builds models from it, imports without Hydra (tools/gpu_check.py on a bare GPU
+machine)."""
 
 
 class Choice(str, Enum):
@@ -379,6 +382,9 @@ class LoopConfig:
     """Steps per metrics.jsonl line and progress-bar update."""
     progress: bool = True
     """Rank 0 shows a progress bar; off a terminal, a plain log line every log_every steps."""
+    compile: bool = False
+    """torch.compile each transformer block (inductor); dropout sites and recomputation stay
+    eager between the compiled graphs, so losses equal the eager run's (docs: Performance)."""
     straggler_threshold: float = ranged(0.2, 0)
     """The progress display names the slowest rank when its own step time (waits for peers
     excluded) exceeds the ranks' median by more than this fraction."""

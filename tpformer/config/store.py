@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from tpformer.config import CONF_DIR
 from tpformer.config.presets import PRESETS
 from tpformer.config.schema import (
     Config,
@@ -17,10 +17,7 @@ from tpformer.config.schema import (
     PlanConfig,
 )
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-"""tpformer/conf, shipped inside the package (package data), so a wheel install finds it; the
-repository's top-level conf/ is a link to it. Users add their own directories with Hydra's
---config-dir."""
+__all__ = ["CONF_DIR", "register_configs", "to_config"]
 
 
 def register_configs() -> None:

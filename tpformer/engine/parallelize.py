@@ -5,7 +5,8 @@ here reaches all of them at once. Order:
 
 1. pipeline parallelism (parallel.pipeline > 1) keeps this rank's stage of the model: the split
    is chosen (pipeline/split.py) and every other stage's parameters are dropped;
-2. activation recomputation wraps the model's blocks (before the engine, whose stage-3 hooks
+2. trainer.compile: each remaining block's forward is torch.compile'd (engine/compiled.py);
+   activation recomputation then wraps the blocks (before the engine, whose stage-3 hooks
    must see the recomputed forward as a forward inside backward, and skip the free);
 3. the engine takes over the parameters (flat buffers, ZeRO partitioning, precision, offload)
    and builds the optimizer over them; the pipeline runner gets the engine's compute dtype;
@@ -14,12 +15,13 @@ here reaches all of them at once. Order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig, ParallelConfig
+from tpformer.engine.compiled import apply_compile
 from tpformer.engine.engine import ZeroEngine
 from tpformer.engine.recompute import apply_recompute
 from tpformer.engine.step_runner import LocalStepRunner, PipelineStepRunner, StepRunner
@@ -41,6 +43,8 @@ class Parallelized:
     pipeline: PipelineRunner | None = None
     """This rank's pipeline stage and schedule (parallel.pipeline > 1)."""
     split: SplitChoice | None = None
+    compiled: list[str] = field(default_factory=list)
+    """The blocks whose forward torch.compile runs (trainer.compile)."""
 
 
 def build_engine(
@@ -69,10 +73,12 @@ def parallelize(
     head_fraction: float = 0.0,
     seq: int = 128,
     sample: dict[str, Tensor] | None = None,
+    compile_blocks: bool = False,
 ) -> Parallelized:
-    """Keep this rank's pipeline stage, apply recomputation, then the engine, to a model built
-    at ctx's TP degree. `head_fraction` (share of tokens the output head runs on), `seq` and
-    `sample` (a micro-batch, for pipeline_split=profile) inform the pipeline split."""
+    """Keep this rank's pipeline stage, compile its blocks (`compile_blocks`, trainer.compile),
+    apply recomputation, then the engine, to a model built at ctx's TP degree.
+    `head_fraction` (share of tokens the output head runs on), `seq` and `sample` (a micro-
+    batch, for pipeline_split=profile) inform the pipeline split."""
     split = stage = None
     if ctx.pp.size > 1:
         pipelined(model)  # what the stages call, checked before anything is split
@@ -87,6 +93,7 @@ def parallelize(
             sample=sample,
         )
         stage = build_stage(model, split.split, ctx.pp.rank, ctx.pp.size)
+    compiled = apply_compile(model) if compile_blocks else []
     recomputed = apply_recompute(model, parallel, ctx.rng)
     engine = build_engine(model, optim, parallel, ctx)
     runner = None
@@ -104,4 +111,4 @@ def parallelize(
         if runner is None
         else PipelineStepRunner(runner, engine, ctx)
     )
-    return Parallelized(engine, steps, recomputed, runner, split)
+    return Parallelized(engine, steps, recomputed, runner, split, compiled)

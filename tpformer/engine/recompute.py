@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tpformer.config.schema import ParallelConfig
 from tpformer.engine.units import model_blocks
-from tpformer.parallel.random import RNGTracker
+from tpformer.parallel.random import RNGTracker, eager_island
 
 
 def checkpointed_layer_indices(num_layers: int, num_checkpointed: int, every: int) -> list[int]:
@@ -66,7 +66,9 @@ def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker)
         wrapped = []
         for block in blocks:
             for module, method in getattr(block, "selective_recompute_targets", list)():
-                setattr(module, method, _recomputed(getattr(module, method), rng, offload=False))
+                # called inside a block's forward, which trainer.compile compiles: kept eager
+                recomputed = eager_island(_recomputed(getattr(module, method), rng, offload=False))
+                setattr(module, method, recomputed)
                 wrapped.append(f"{names[id(module)]}.{method}")
         return wrapped
     indices = checkpointed_layer_indices(

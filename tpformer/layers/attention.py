@@ -13,6 +13,7 @@ from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import divide
+from tpformer.parallel.random import eager_island
 
 
 class ParallelSelfAttention(nn.Module):
@@ -72,11 +73,18 @@ class ParallelSelfAttention(nn.Module):
         """softmax(q k^T / sqrt(d) + mask) [dropout] @ v -> [b, h/tp, s, d]; what selective
         recomputation wraps. Without a mask, `causal` (default: the layer's) masks the future."""
         causal = self.causal if causal is None else causal
-        dropping = self.training and self.dropout.p > 0
-        if dropping and not self.dropout.rng.fast:
+        if self.training and self.dropout.p > 0:
+            return self._dropping_core(q, k, v, mask, causal)
+        return self._fused_core(q, k, v, mask, causal, 0.0)
+
+    @eager_island
+    def _dropping_core(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
+    ) -> Tensor:
+        """The core with attention dropout: fast, SDPA's own dropout from this call's stream;
+        exact, the explicit core with the TP=1 model's masks."""
+        if not self.dropout.rng.fast:
             return self._explicit_core(q, k, v, mask, causal)
-        if not dropping:
-            return self._fused_core(q, k, v, mask, causal, 0.0)
         assert self.dropout.site is not None, "call assign_dropout_sites(model)"
         with self.dropout.rng.forked(q.device, self.dropout.site, sharded=True):
             return self._fused_core(q, k, v, mask, causal, self.dropout.p)

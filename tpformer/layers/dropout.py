@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from tpformer.parallel.comm import SEQUENCE_DIM, sequence_range
 from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.random import RNGTracker, name_key
+from tpformer.parallel.random import RNGTracker, eager_island, name_key
 
 
 class _ApplyMask(torch.autograd.Function):
@@ -81,6 +81,10 @@ class ParallelDropout(nn.Module):
     def forward(self, x: Tensor, head_offset: int = 0) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
+        return self._drop(x, head_offset)
+
+    @eager_island
+    def _drop(self, x: Tensor, head_offset: int) -> Tensor:
         if self.site is None:
             raise RuntimeError("ParallelDropout has no site; call assign_dropout_sites(model)")
         if self.rng.fast:

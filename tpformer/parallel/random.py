@@ -18,14 +18,23 @@ fast   Megatron's streams: per dropout call, the device's default generator is s
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
 RNG_MODES = ("exact", "fast")
 
 _MASK64 = (1 << 64) - 1
+Fn = TypeVar("Fn", bound=Callable)
+
+
+def eager_island(fn: Fn) -> Fn:
+    """Run `fn` outside torch.compile's graphs (trainer.compile): keyed dropout seeds generators
+    from host state a graph would not replay, so it runs eagerly between the compiled parts and
+    draws the eager run's masks."""
+    return torch.compiler.disable(fn, recursive=True)
 
 
 def _splitmix64(x: int) -> int:

@@ -11,10 +11,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
+from tpformer.config import CONF_DIR
 from tpformer.config.schema import ClusterConfig
-from tpformer.config.store import CONF_DIR
 from tpformer.layers.dropout import dropout_mask_bytes
 
 GPU_PRESETS = {"H100": "h100_node", "H200": "h100_node", "A100": "a100_node"}
@@ -131,6 +130,8 @@ def load_preset(name: str) -> ClusterConfig:
     if not path.exists():
         valid = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"cluster={name}: no such preset; valid presets are {valid}")
+    from omegaconf import OmegaConf  # here: the planner also runs where Hydra is not installed
+
     return OmegaConf.to_object(
         OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(path))
     )  # type: ignore[return-value]

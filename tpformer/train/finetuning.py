@@ -177,7 +177,13 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
         else None
     )
     wrapped = parallelize(
-        model, config.parallel, config.optim, ctx, seq=data.max_length, sample=sample
+        model,
+        config.parallel,
+        config.optim,
+        ctx,
+        seq=data.max_length,
+        sample=sample,
+        compile_blocks=config.trainer.compile,
     )
     # prediction keeps no activations for backward, so twice the training micro-batch's worst
     # case fits; measured on CPU (MiniLM, 2 cores, TP=1 and TP=2) faster than 1x or 4x

@@ -131,6 +131,7 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
         head_fraction=objective.head_fraction,
         seq=config.data.seq_length,
         sample=sample,
+        compile_blocks=t.compile,
     )
 
     stage_params = [

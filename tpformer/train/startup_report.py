@@ -162,7 +162,8 @@ def format_plan(
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
         f"checkpointing {config.parallel.activation_checkpointing} ({len(checkpointed)} wrapped), "
-        f"sequence_parallel {str(config.parallel.sequence_parallel).lower()}",
+        f"sequence_parallel {str(config.parallel.sequence_parallel).lower()}, compile "
+        f"{str(config.trainer.compile).lower()}",
         rng_mode_line(config.parallel.rng, device_type),
         *predicted,
     ]
