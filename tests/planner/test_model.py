@@ -160,3 +160,33 @@ def test_the_pipeline_split_is_optimal_and_even() -> None:
             split = [b - a for a, b in itertools.pairwise((0, *cuts, n))]
             other = round(max(costs.of_split(split)), 9)
             assert other >= slowest, (costs, stages, got, split)
+
+
+def test_fast_rng_is_priced_as_the_fused_attention_kernel() -> None:
+    """bert_large, seq 512, bf16 on h100_node: under parallel.rng=fast (auto on a GPU) a layer
+    keeps no [b, h, s, s] tensors (the 5as/h term of Korthikanti's sbh(34 + 5as/h): 40 of 74
+    units here) and draws no per-sample streams; exact keeps today's costs; on the cpu preset
+    auto stays exact and nothing changes."""
+    from tpformer.config.presets import preset
+    from tpformer.planner.memory import activation_parts, fused_attention, predict_memory
+    from tpformer.planner.step_time import predict_time
+
+    model = preset("bert_large")
+    gpu = resolve_cluster(
+        replace(load_preset("h100_node"), calibration="none"), "bf16", cache_dir=""
+    )
+    c = Candidate(tp=1, pp=1, dp=8, micro_batch=32, grad_accum=1, zero_stage=1)
+    work = {rng: Workload(model, 512, 256, "bf16", 0.15, rng=rng) for rng in ("exact", "fast")}
+    assert not fused_attention(work["exact"], gpu) and fused_attention(work["fast"], gpu)
+    assert fused_attention(Workload(model, 512, 256, "bf16", 0.15), gpu)  # auto on a GPU
+    layer = {r: activation_parts(work[r], c, fused=fused_attention(work[r], gpu))[0] for r in work}
+    sbh = 512 * 32 * 1024
+    assert layer["exact"] - layer["fast"] == (2 * 2 + 1) * 16 * 512 * 512 * 32  # (2i + mask) as^2b
+    assert layer["exact"] / sbh == pytest.approx(34 + 40) and layer["fast"] / sbh == 34
+    memory = {r: predict_memory(work[r], c, gpu).total for r in work}
+    time = {r: predict_time(work[r], c, gpu).step for r in work}
+    assert memory["fast"] < 0.6 * memory["exact"] and time["fast"] < 0.8 * time["exact"]
+    cpu = resolve_cluster(load_preset("cpu"), "fp32", cache_dir="/nonexistent")
+    auto = Workload(model, 128, 8, "fp32", 0.15)
+    assert not fused_attention(auto, cpu)
+    assert predict_memory(auto, c, cpu) == predict_memory(replace(auto, rng="exact"), c, cpu)

@@ -37,6 +37,9 @@ class Workload:
     """BERT's pooler and next-sentence head are part of the model."""
     name: str = ""
     """The model's preset name, for messages."""
+    rng: str = "auto"
+    """parallel.rng: exact-mode attention dropout keeps the [b, h, s, s] tensors and draws
+    per-sample streams; fast (auto on accelerators) runs the fused attention kernel."""
 
     @classmethod
     def of(cls, config: Config, global_batch: int, name: str = "") -> Workload:
@@ -50,6 +53,7 @@ class Workload:
             str(config.parallel.grad_compression),
             nsp=bert,
             name=name or str(config.model.arch),
+            rng=str(config.parallel.rng),
         )
 
     @property

@@ -99,6 +99,8 @@ class Cluster:
     else 1 (layers.dropout.dropout_mask_bytes)."""
     calibrated: str = ""
     """The calibration file applied, if any."""
+    device_type: str = "cuda"
+    """cpu for the cpu preset, else cuda: what parallel.rng=auto resolves against."""
 
     @property
     def world_size(self) -> int:
@@ -253,6 +255,7 @@ def resolve_cluster(
     bits16 = precision != "fp32"
     peak = (config.peak_tflops_16bit if bits16 else config.peak_tflops_fp32) * 1e12
     curve = calibration.get("matmul", {}).get("16bit" if bits16 else "fp32")
+    device_type = "cpu" if config.name == "cpu" else "cuda"
     matmul_curve = (
         tuple((int(s), tflops * 1e12 / peak) for s, tflops in curve)
         if curve
@@ -282,8 +285,7 @@ def resolve_cluster(
         comm_overlap=config.comm_overlap,
         overhead=config.overhead_gb * GB,
         activation_scale=float(calibration.get("activation_scale", 1.0)),
-        mask_bytes=dropout_mask_bytes(
-            "cpu" if config.name == "cpu" else "cuda", torch.bfloat16 if bits16 else torch.float32
-        ),
+        mask_bytes=dropout_mask_bytes(device_type, torch.bfloat16 if bits16 else torch.float32),
         calibrated=str(path) if path else "",
+        device_type=device_type,
     )

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.layers.embedding import padded_vocab_size
+from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
 
@@ -24,6 +27,7 @@ def layer_activation_bytes(
     recompute: str,
     itemsize: int,
     mask_bytes: int = 1,
+    fused_attention: bool = False,
 ) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
     tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
@@ -32,16 +36,29 @@ def layer_activation_bytes(
     sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and output 2sbf (1/t
     under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b (times
     mask_bytes). 16-bit, 1-byte masks, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP
-    sbh/t (34 + 5as/h), SP + selective 34 sbh/t. selective drops the as^2 terms; full keeps only
-    the layer's input."""
+    sbh/t (34 + 5as/h), SP + selective 34 sbh/t. selective drops the as^2 terms, and so does a
+    fused attention kernel (`fused_attention`: flash / memory-efficient SDPA keeps only q, k, v,
+    its output and a row statistic); full keeps only the layer's input."""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
     sbh, attention = s * b * h, a * s * s * b
     if recompute == "full":
         return itemsize * sbh / q
     kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * s * b * f) / tp) + mask_bytes * 2 * sbh / q
-    if recompute != "selective":
+    if recompute != "selective" and not fused_attention:
         kept += (2 * itemsize + mask_bytes) * attention / tp
     return kept
+
+
+def rng_mode(work: Workload, cluster: Cluster) -> str:
+    """The parallel.rng mode the run resolves to on the cluster's devices (exact or fast)."""
+    return resolve_rng_mode(work.rng, torch.device(cluster.device_type))
+
+
+def fused_attention(work: Workload, cluster: Cluster) -> bool:
+    """Whether the attention core is one fused SDPA kernel that keeps no [b, h, s, s] tensor:
+    on an accelerator, unless exact-mode attention dropout makes the core explicit."""
+    explicit = work.model.attention_dropout > 0 and rng_mode(work, cluster) == "exact"
+    return cluster.device_type != "cpu" and not explicit
 
 
 @dataclass(frozen=True)
@@ -136,7 +153,11 @@ class MemoryPrediction:
 
 
 def activation_parts(
-    work: Workload, c: Candidate, activation_scale: float = 1.0, mask_bytes: int = 1
+    work: Workload,
+    c: Candidate,
+    activation_scale: float = 1.0,
+    mask_bytes: int = 1,
+    fused: bool = False,
 ) -> tuple[float, float, float]:
     """(one layer, the embedding output, the head) bytes per micro-batch on one rank."""
     m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
@@ -152,6 +173,7 @@ def activation_parts(
         recompute=c.recompute,
         itemsize=i,
         mask_bytes=mask_bytes,
+        fused_attention=fused,
     )
     sbh = s * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
@@ -169,7 +191,9 @@ def predict_stage_memory(
     work: Workload, c: Candidate, cluster: Cluster, only: list[int] | None = None
 ) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage (or of the stages `only` names, in order)."""
-    layer, embedding, head = activation_parts(work, c, cluster.activation_scale, cluster.mask_bytes)
+    layer, embedding, head = activation_parts(
+        work, c, cluster.activation_scale, cluster.mask_bytes, fused_attention(work, cluster)
+    )
     split = c.split(work)
     mixed = work.precision != "fp32"
     stages = []

@@ -10,7 +10,13 @@ from tpformer.config.schema import ModelConfig
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
-from tpformer.planner.memory import activation_parts, layer_activation_bytes, stage_params
+from tpformer.planner.memory import (
+    activation_parts,
+    fused_attention,
+    layer_activation_bytes,
+    rng_mode,
+    stage_params,
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
         work.model.num_heads,
         work.model.intermediate_size,
     )
+    fused = fused_attention(work, cl)
     touched = layer_activation_bytes(
         *shape,
         tp=c.tp,
@@ -65,17 +72,22 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
         recompute="none",
         itemsize=work.itemsize,
         mask_bytes=cl.mask_bytes,
+        fused_attention=fused,
     )
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
-    # dropout noise: one stream per sample, which every rank draws whole (all heads of the
-    # attention probabilities, the whole sequence of the two residual branches) and slices
-    m = work.model
+    # exact-mode dropout noise: one stream per sample, which every rank draws whole (all heads
+    # of the attention probabilities, the whole sequence of the two residual branches) and
+    # slices; fast mode draws in one call (its cost is in the elementwise passes) and the
+    # fused kernel draws the attention's itself
+    m, exact = work.model, rng_mode(work, cl) == "exact"
     attention_noise = (
         m.num_heads * work.seq**2 * c.micro_batch * cl.dropout_time
-        if m.attention_dropout > 0
+        if m.attention_dropout > 0 and exact
         else 0.0
     )
-    residual_noise = 2 * shape[0] * shape[1] * shape[2] * cl.dropout_time if m.dropout > 0 else 0.0
+    residual_noise = (
+        2 * shape[0] * shape[1] * shape[2] * cl.dropout_time if m.dropout > 0 and exact else 0.0
+    )
     time = 3 * forward + elementwise + cl.layer_overhead + attention_noise + residual_noise
     if c.recompute == "full":
         time += forward + (elementwise + cl.layer_overhead) / 3 + attention_noise + residual_noise
@@ -87,6 +99,7 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
             recompute="selective",
             itemsize=work.itemsize,
             mask_bytes=cl.mask_bytes,
+            fused_attention=fused,
         )
         time += (
             cl.matmul_time(*mm[-1])
@@ -124,7 +137,8 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
     passes = cl.elementwise_passes / cl.memory_bandwidth
     embed_comm = cl.link(c.tp).all_reduce(work.seq * c.micro_batch * h * work.itemsize, c.tp)
     # each end has about a layer's fixed cost (its kernels, the loss's collectives)
-    noise = work.seq * c.micro_batch * h * cl.dropout_time if m.dropout > 0 else 0.0
+    exact = rng_mode(work, cl) == "exact"
+    noise = work.seq * c.micro_batch * h * cl.dropout_time if m.dropout > 0 and exact else 0.0
     return (
         embedding_bytes * passes + embed_comm + cl.layer_overhead + noise,
         head + head_bytes * passes + cl.layer_overhead,
