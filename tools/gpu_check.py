@@ -94,9 +94,10 @@ def tpformer_step(
     compiled: bool,
     recompute: str,
     lr: float = 1e-4,
+    rng: str = "fast",
 ) -> Callable[[int, Batch], torch.Tensor]:
-    """One training step of tpformer at TP=1 (rng fast): forward, backward, queued update."""
-    ctx = ParallelContext.single(seed=1234, device=device, rng="fast")
+    """One training step of tpformer at TP=1: forward, backward, queued update."""
+    ctx = ParallelContext.single(seed=1234, device=device, rng=rng)
     model = build_model(config, ctx, task="pretraining").train()
     parallel = ParallelConfig(
         precision=Precision(precision), activation_checkpointing=Recompute(recompute)

@@ -75,18 +75,20 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
         fused_attention=fused,
     )
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
-    # exact-mode dropout noise: one stream per sample, which every rank draws whole (all heads
-    # of the attention probabilities, the whole sequence of the two residual branches) and
-    # slices; fast mode draws in one call (its cost is in the elementwise passes) and the
-    # fused kernel draws the attention's itself
+    # dropout noise. exact: one stream per sample, which every rank draws whole (all heads of
+    # the attention probabilities, the whole sequence of the two residual branches) and
+    # slices; fast: each rank draws its own tensor in one call, and a fused attention kernel
+    # draws its own mask inside
     m, exact = work.model, rng_mode(work, cl) == "exact"
+    heads = m.num_heads if exact else m.num_heads / c.tp
     attention_noise = (
-        m.num_heads * work.seq**2 * c.micro_batch * cl.dropout_time
-        if m.attention_dropout > 0 and exact
+        heads * work.seq**2 * c.micro_batch * cl.dropout_time
+        if m.attention_dropout > 0 and not fused
         else 0.0
     )
+    split = 1 if exact or not c.sequence_parallel else c.tp
     residual_noise = (
-        2 * shape[0] * shape[1] * shape[2] * cl.dropout_time if m.dropout > 0 and exact else 0.0
+        2 * shape[0] * shape[1] * shape[2] / split * cl.dropout_time if m.dropout > 0 else 0.0
     )
     time = 3 * forward + elementwise + cl.layer_overhead + attention_noise + residual_noise
     if c.recompute == "full":
@@ -137,8 +139,7 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
     passes = cl.elementwise_passes / cl.memory_bandwidth
     embed_comm = cl.link(c.tp).all_reduce(work.seq * c.micro_batch * h * work.itemsize, c.tp)
     # each end has about a layer's fixed cost (its kernels, the loss's collectives)
-    exact = rng_mode(work, cl) == "exact"
-    noise = work.seq * c.micro_batch * h * cl.dropout_time if m.dropout > 0 and exact else 0.0
+    noise = work.seq * c.micro_batch * h * cl.dropout_time if m.dropout > 0 else 0.0
     return (
         embedding_bytes * passes + embed_comm + cl.layer_overhead + noise,
         head + head_bytes * passes + cl.layer_overhead,
