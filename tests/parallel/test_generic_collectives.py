@@ -11,12 +11,7 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
-from tests.pipeline.test_pipeline_training import (
-    _assert_same_curves,
-    _curves,
-    _reference,
-    pipeline_config,
-)
+from tests.pipeline.test_pipeline_training import _assert_same_curves, _curves, pipeline_config
 from tpformer.parallel.comm import all_gather_async, all_reduce_async, reduce_scatter_async
 from tpformer.parallel.context import ParallelContext
 
@@ -28,11 +23,23 @@ LAYOUTS = [  # (world, run_distributed kwargs, parallel keys, micro, accum)
 ]
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[float, ...]]:
+    """The one-process curve, global batch 8."""
+    run_dir = str(tmp_path_factory.mktemp("reference"))
+    return _curves(ParallelContext.single(device="cpu"), pipeline_config(), run_dir)
+
+
 @pytest.mark.parametrize(("world", "layout", "keys", "micro", "accum"), LAYOUTS)
 def test_layouts_on_the_generic_collectives_give_the_one_process_curve(
-    tmp_path: Path, world: int, layout: dict, keys: dict, micro: int, accum: int
+    tmp_path: Path,
+    reference: list[tuple[float, ...]],
+    world: int,
+    layout: dict,
+    keys: dict,
+    micro: int,
+    accum: int,
 ) -> None:
-    reference = _reference(tmp_path)
     config = pipeline_config(micro=micro, accum=accum, gloo_shortcuts=False, **keys, **layout)
     for curves in run_distributed(
         _curves, world, config, str(tmp_path / "run"), gloo_shortcuts=False, **layout
