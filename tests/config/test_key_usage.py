@@ -80,6 +80,7 @@ def _run(
 
 READ_BY_RANKS_ONLY = {
     "launcher.timeout_s",
+    "parallel.gloo_shortcuts",
     "parallel.sequence_parallel",
     "parallel.virtual_stages",
     "parallel.pipeline_schedule",

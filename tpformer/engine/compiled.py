@@ -5,10 +5,10 @@ Order (parallelize): the pipeline keeps this rank's stage, then each remaining b
 is compiled, then recomputation wraps it (full: the checkpoint around the compiled forward, so
 a recomputation re-runs the compiled code), then the engine flattens the parameters and adds its
 hooks. The engine's hooks sit on the block modules and the parameters, outside the compiled
-function, so ZeRO-3's gathers and the gradient reduction run as in eager mode. Parts that draw
-dropout masks or wrap recomputation run eagerly between the compiled graphs (see
-tpformer.parallel.random.eager_island): masks stay the eager ones, so compiled and eager runs
-give the same losses.
+function, so ZeRO-3's gathers and the gradient reduction run as in eager mode. The dropout draws
+and selective recomputation's wrapper of the attention core run eagerly between the compiled
+graphs (tpformer.parallel.random.eager_island): masks stay the eager ones, so compiled and eager
+runs give the same losses.
 """
 
 from __future__ import annotations
@@ -19,12 +19,8 @@ from torch import nn
 from tpformer.engine.units import model_blocks
 
 
-def apply_compile(model: nn.Module) -> list[str]:
-    """Replace each block's forward by its torch.compile'd version (inductor); returns the
-    compiled blocks' names for the startup plan."""
-    names = {id(m): n for n, m in model.named_modules()}
-    compiled = []
+def apply_compile(model: nn.Module) -> None:
+    """Replace each block's forward by its torch.compile'd version (inductor): compiled at the
+    first call, from then on reused by every block of the same shape."""
     for block in model_blocks(model):
         block.forward = torch.compile(block.forward)
-        compiled.append(names[id(block)])
-    return compiled

@@ -15,7 +15,7 @@ here reaches all of them at once. Order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
@@ -43,8 +43,6 @@ class Parallelized:
     pipeline: PipelineRunner | None = None
     """This rank's pipeline stage and schedule (parallel.pipeline > 1)."""
     split: SplitChoice | None = None
-    compiled: list[str] = field(default_factory=list)
-    """The blocks whose forward torch.compile runs (trainer.compile)."""
 
 
 def build_engine(
@@ -93,7 +91,8 @@ def parallelize(
             sample=sample,
         )
         stage = build_stage(model, split.split, ctx.pp.rank, ctx.pp.size)
-    compiled = apply_compile(model) if compile_blocks else []
+    if compile_blocks:
+        apply_compile(model)
     recomputed = apply_recompute(model, parallel, ctx.rng)
     engine = build_engine(model, optim, parallel, ctx)
     runner = None
@@ -111,4 +110,4 @@ def parallelize(
         if runner is None
         else PipelineStepRunner(runner, engine, ctx)
     )
-    return Parallelized(engine, steps, recomputed, runner, split, compiled)
+    return Parallelized(engine, steps, recomputed, runner, split)
