@@ -59,3 +59,17 @@ def test_package_imports_flow_one_way(package: str) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[package])
     ]
     assert bad == []
+
+
+def test_a_run_that_does_not_compile_never_imports_dynamo() -> None:
+    """torch._dynamo costs 1.5 s per process to import (every rank, every CLI start): only
+    trainer.compile may pull it in (eager islands are marks until then)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tpformer.cli.pretrain, tpformer.cli.finetune, tpformer.models, "
+        "tpformer.engine.parallelize; print('torch._dynamo' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]

@@ -6,9 +6,10 @@ is compiled, then recomputation wraps it (full: the checkpoint around the compil
 a recomputation re-runs the compiled code), then the engine flattens the parameters and adds its
 hooks. The engine's hooks sit on the block modules and the parameters, outside the compiled
 function, so ZeRO-3's gathers and the gradient reduction run as in eager mode. The dropout draws
-and selective recomputation's wrapper of the attention core run eagerly between the compiled
-graphs (tpformer.parallel.random.eager_island): masks stay the eager ones, so compiled and eager
-runs give the same losses.
+and selective recomputation's wrapper of the attention core (marked with
+tpformer.parallel.random.eager_island) are wrapped with torch.compiler.disable after
+recomputation, and run eagerly between the compiled graphs: masks stay the eager ones, so
+compiled and eager runs give the same losses.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from tpformer.engine.units import model_blocks
+from tpformer.parallel.random import EAGER_ISLAND
 
 
 def apply_compile(model: nn.Module) -> None:
@@ -24,3 +26,26 @@ def apply_compile(model: nn.Module) -> None:
     first call, from then on reused by every block of the same shape."""
     for block in model_blocks(model):
         block.forward = torch.compile(block.forward)
+
+
+def isolate_eager_islands(model: nn.Module) -> list[str]:
+    """Wrap every method marked `eager_island` (on a module's class, or set on the module, as
+    selective recomputation sets its wrapper) with torch.compiler.disable, on the module itself;
+    run after recomputation has wrapped its targets. Returns the wrapped "module.method" names."""
+    wrapped = []
+    for name, module in model.named_modules():
+        methods = {
+            attr
+            for cls in type(module).__mro__
+            for attr, value in vars(cls).items()
+            if getattr(value, EAGER_ISLAND, False)
+        }
+        methods |= {
+            attr
+            for attr, value in vars(module).items()
+            if callable(value) and getattr(value, EAGER_ISLAND, False)
+        }
+        for attr in sorted(methods):
+            setattr(module, attr, torch.compiler.disable(getattr(module, attr), recursive=True))
+            wrapped.append(f"{name}.{attr}")
+    return wrapped

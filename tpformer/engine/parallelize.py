@@ -7,7 +7,9 @@ here reaches all of them at once. Order:
    is chosen (pipeline/split.py) and every other stage's parameters are dropped;
 2. trainer.compile: each remaining block's forward is torch.compile'd (engine/compiled.py);
    activation recomputation then wraps the blocks (before the engine, whose stage-3 hooks
-   must see the recomputed forward as a forward inside backward, and skip the free);
+   must see the recomputed forward as a forward inside backward, and skip the free); with
+   compile, the methods marked eager (dropout draws, selective recomputation's wrapper) are
+   then kept out of the graphs;
 3. the engine takes over the parameters (flat buffers, ZeRO partitioning, precision, offload)
    and builds the optimizer over them; the pipeline runner gets the engine's compute dtype;
 4. the step runner (engine/step_runner.py): the micro-batch loop of a step, local or pipelined.
@@ -21,7 +23,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.engine.compiled import apply_compile
+from tpformer.engine.compiled import apply_compile, isolate_eager_islands
 from tpformer.engine.engine import ZeroEngine
 from tpformer.engine.recompute import apply_recompute
 from tpformer.engine.step_runner import LocalStepRunner, PipelineStepRunner, StepRunner
@@ -94,6 +96,8 @@ def parallelize(
     if compile_blocks:
         apply_compile(model)
     recomputed = apply_recompute(model, parallel, ctx.rng)
+    if compile_blocks:
+        isolate_eager_islands(model)
     engine = build_engine(model, optim, parallel, ctx)
     runner = None
     if stage is not None:  # pipelined models name their ModelConfig (engine/ imports no model)
