@@ -1,9 +1,9 @@
 """run_distributed: spawn gloo ranks from a test, each with a ParallelContext, and collect results.
 
 Ranks start from a forkserver that has already imported torch and the training stack (fast, and
-fork-safe because the server never ran a parallel region), rendezvous through a file in a temp dir (no port races),
-and run with one intra-op thread each. A rank that raises fails the test with its traceback;
-a rank that hangs is killed at the deadline, so CI never waits forever.
+fork-safe because the server never ran a parallel region), rendezvous through a file in a temp
+dir (no port races), and run with one intra-op thread each. A rank that raises fails the test
+with its traceback; a rank that hangs is killed at the deadline, so CI never waits forever.
 """
 
 from __future__ import annotations
