@@ -71,5 +71,7 @@ def test_a_run_that_does_not_compile_never_imports_dynamo() -> None:
         "import sys, tpformer.cli.pretrain, tpformer.cli.finetune, tpformer.models, "
         "tpformer.engine.parallelize; print('torch._dynamo' in sys.modules)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.stdout.strip() == "False", result.stderr[-2000:]

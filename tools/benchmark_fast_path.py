@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from gpu_check import _model_config, measure, synthetic_batches, tpformer_step
+from gpu_check import measure, model_config, synthetic_batches, tpformer_step
 
 VARIANTS = [("exact", False), ("fast", False), ("exact", True), ("fast", True)]
 
@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    config = _model_config(args.model, args.seq, tiny=False)
+    config = model_config(args.model, args.seq, tiny=False)
     batches = synthetic_batches(config, args.batch, args.seq, args.steps, device)
     print(
         f"{args.model}, seq {args.seq}, batch {args.batch}, {args.precision}, {device}, "

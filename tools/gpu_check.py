@@ -31,8 +31,8 @@ from tpformer.engine.parallelize import parallelize
 from tpformer.models import build_model
 from tpformer.models.hf_keys import hf_config_from_model
 from tpformer.parallel.context import ParallelContext
-from tpformer.planner.cluster import KNOWN_PEAKS
 from tpformer.planner.step_time import flops_per_step
+from tpformer.train.metrics import peak_tflops
 
 Batch = dict[str, torch.Tensor]
 VOCAB = 30522
@@ -175,20 +175,13 @@ def measure(
     return seconds, peak
 
 
-def device_peak_tflops(device: torch.device, given: float) -> float:
-    """--peak-tflops, or the bf16 datasheet peak of a known GPU (0: MFU not shown)."""
-    if given > 0 or device.type != "cuda":
-        return given
-    name = torch.cuda.get_device_name(device)
-    return next((v for (gpu, d), v in KNOWN_PEAKS.items() if gpu in name and d == "bf16"), 0.0)
-
-
 def throughput_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
     rows = []
-    peak = device_peak_tflops(device, args.peak_tflops)
+    # --peak-tflops, else the datasheet bf16 peak of a known GPU (0 elsewhere: MFU not shown)
+    peak = peak_tflops(args.peak_tflops, "bf16") if device.type == "cuda" else args.peak_tflops
     for name in args.models:
         for seq in args.seqs:
-            config = _model_config(name, seq, args.tiny)
+            config = model_config(name, seq, args.tiny)
             batch = max(1, args.tokens // seq)
             batches = synthetic_batches(config, batch, seq, args.steps, device)
             flops = flops_per_step(config, samples=batch, seq=seq, head_tokens=batch * seq)
@@ -224,7 +217,7 @@ def throughput_rows(args: argparse.Namespace, device: torch.device) -> list[Row]
 def loss_check(args: argparse.Namespace, device: torch.device) -> list[tuple[str, float, float]]:
     """(precision, largest relative loss difference to fp32, final loss) over args.loss_steps
     steps of tpformer on the same batches; fp16 (with its loss scaler) on a GPU only."""
-    config = _model_config("bert_tiny" if args.tiny else "bert_small", 128, args.tiny)
+    config = model_config("bert_tiny" if args.tiny else "bert_small", 128, args.tiny)
     seq = 32 if args.tiny else 128
     batches = synthetic_batches(config, 8 if args.tiny else 32, seq, args.loss_steps, device)
     curves = {}
@@ -241,7 +234,7 @@ def loss_check(args: argparse.Namespace, device: torch.device) -> list[tuple[str
     return out
 
 
-def _model_config(name: str, seq: int, tiny: bool) -> ModelConfig:
+def model_config(name: str, seq: int, tiny: bool) -> ModelConfig:
     config = preset(name, vocab_size=512 if tiny else VOCAB)
     return replace(config, max_position_embeddings=max(config.max_position_embeddings, seq))
 

@@ -384,7 +384,7 @@ class LoopConfig:
     """Rank 0 shows a progress bar; off a terminal, a plain log line every log_every steps."""
     compile: bool = False
     """torch.compile each transformer block (inductor); dropout sites and recomputation stay
-    eager between the compiled graphs, so losses equal the eager run's (docs: Performance)."""
+    eager between the compiled graphs, so losses equal the eager run's (docs: On GPUs)."""
     straggler_threshold: float = ranged(0.2, 0)
     """The progress display names the slowest rank when its own step time (waits for peers
     excluded) exceeds the ranks' median by more than this fraction."""

@@ -28,12 +28,11 @@ def apply_compile(model: nn.Module) -> None:
         block.forward = torch.compile(block.forward)
 
 
-def isolate_eager_islands(model: nn.Module) -> list[str]:
+def isolate_eager_islands(model: nn.Module) -> None:
     """Wrap every method marked `eager_island` (on a module's class, or set on the module, as
     selective recomputation sets its wrapper) with torch.compiler.disable, on the module itself;
-    run after recomputation has wrapped its targets. Returns the wrapped "module.method" names."""
-    wrapped = []
-    for name, module in model.named_modules():
+    run after recomputation has wrapped its targets."""
+    for module in model.modules():
         methods = {
             attr
             for cls in type(module).__mro__
@@ -47,5 +46,3 @@ def isolate_eager_islands(model: nn.Module) -> list[str]:
         }
         for attr in sorted(methods):
             setattr(module, attr, torch.compiler.disable(getattr(module, attr), recursive=True))
-            wrapped.append(f"{name}.{attr}")
-    return wrapped
