@@ -262,6 +262,9 @@ def evaluate_given(
     return chosen, place
 
 
+GRADS_NOTE = " (fp32: tpformer's engine keeps fp32 gradients, also under bf16 compression)"
+
+
 def format_evaluation(
     result: PlanResult, chosen: Evaluated, place: int | None, keys: list[str], base: list[str],
     model_name: str, seconds: float,
@@ -274,7 +277,9 @@ def format_evaluation(
         f"evaluated ({', '.join(keys) if keys else 'plan.evaluate=true'}): "
         f"{chosen.candidate.label()}",
         "  memory per rank (GB): "
-        + ", ".join(f"{k} {getattr(m, k) / GB:.2f}" for k in parts)
+        + ", ".join(
+            f"{k} {getattr(m, k) / GB:.2f}" + (GRADS_NOTE if k == "grads" else "") for k in parts
+        )
         + f"; total {m.total / GB:.2f} GB of {cl.device_memory / GB:.1f} GB"
         + (f" (+ {m.host / GB:.2f} GB on the host)" if m.host else "")
         + (" -> fits" if chosen.fits else " -> " + why_not(result, chosen)),

@@ -466,7 +466,11 @@ class ClusterConfig:
     peak_tflops_16bit: float = ranged(0.0, 0)
     """Dense bf16/fp16 peak of one device."""
     matmul_efficiency: float = ranged(0.0, 0, 1)
-    """Fraction of peak large matmuls reach (calibration measures it per matrix size)."""
+    """Fraction of peak large matmuls reach (GPU presets: the measured maximum achievable
+    matmul FLOPS; calibration measures it, on CPU per matrix size)."""
+    sm_count: int = ranged(0, 0)
+    """Streaming multiprocessors of one GPU: each GEMM is priced by its output tiles and waves
+    over them (tile and wave quantization); 0 prices by matrix size only (CPU)."""
     memory_gbps: float = ranged(0.0, 0)
     """Device memory bandwidth in GB/s (elementwise work, the optimizer step)."""
     elementwise_passes: float = ranged(0.0, 0)
@@ -488,6 +492,11 @@ class ClusterConfig:
     """Latency of one collective step between nodes, microseconds."""
     host_gbps: float = ranged(0.0, 0)
     """Device <-> host bandwidth (PCIe) for CPU offload, GB/s."""
+    host_memory_gb: float = ranged(0.0, 0)
+    """Host RAM per node that offloaded state may fill (0: not checked)."""
+    host_step_gbps: float = ranged(0.0, 0)
+    """Host memory bandwidth one device's offloaded optimizer step gets, GB/s (the node's DRAM
+    bandwidth / gpus_per_node; 0: the host step is not charged)."""
     comm_overlap: float = ranged(0.0, 0, 1)
     """Fraction of the data-parallel gradient reduction hidden behind backward."""
     overhead_gb: float = ranged(0.0, 0)

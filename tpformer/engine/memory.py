@@ -24,18 +24,24 @@ class MemoryBytes:
 
 
 def zero_memory_bytes(
-    stage: int, n_params: int, dp: int, *, param_bytes: int = 4, mixed: bool = False
+    stage: int,
+    n_params: int,
+    dp: int,
+    *,
+    param_bytes: int = 4,
+    mixed: bool = False,
+    grad_bytes: int = 4,
 ) -> MemoryBytes:
     """The ZeRO paper's model-state bytes per rank for `n_params` (this rank's TP share).
 
-    Parameters (param_bytes each) are divided by dp at stage 3, fp32 gradients (4 bytes; this
-    engine accumulates in fp32) at stage >= 2, and the optimizer state (2 fp32 moments, plus an
-    fp32 master copy when mixed) at stage >= 1.
+    Parameters (param_bytes each) are divided by dp at stage 3, gradients (grad_bytes each: 4,
+    this engine accumulates in fp32; the paper's formula keeps 16-bit ones) at stage >= 2, and
+    the optimizer state (2 fp32 moments, plus an fp32 master copy when mixed) at stage >= 1.
     """
     optimizer = n_params * (8 + (4 if mixed else 0))
     return MemoryBytes(
         params=n_params * param_bytes // (dp if stage >= 3 else 1),
-        grads=n_params * 4 // (dp if stage >= 2 else 1),
+        grads=n_params * grad_bytes // (dp if stage >= 2 else 1),
         optimizer=optimizer // (dp if stage >= 1 else 1),
     )
 

@@ -29,7 +29,7 @@ from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import GB, Cluster
 from tpformer.planner.memory import layer_activation_bytes
-from tpformer.planner.step_time import _layer_matmuls
+from tpformer.planner.step_time import gemms_time, layer_gemms
 
 COLLECTIVE_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
 
@@ -182,9 +182,7 @@ def layer_constants(cluster: Cluster, device: torch.device, precision: str) -> d
     without = _timed(lambda: plain(x, None).sum().backward(), device, min_time=0.5)
     overhead = _timed(lambda: plain(small, None).sum().backward(), device)
     work = Workload(config, s, b, precision, 0.15)
-    matmuls = 3 * sum(
-        cluster.matmul_time(fl, d) for fl, d in _layer_matmuls(work, Candidate(1, 1, 1, b, 1))
-    )
+    matmuls = sum(gemms_time(cluster, layer_gemms(work, Candidate(1, 1, 1, b, 1)), work.itemsize))
     saves = layer_activation_bytes(
         s,
         b,
@@ -225,6 +223,10 @@ def calibrate(cluster: Cluster, precision: str, device: torch.device, *, collect
             "matmul": curves,
             "memory_gbps": memory_gbps(device),
         }
+        if device.type == "cuda":  # the tile model's plateau and SMs, measured here
+            best = max(t for _, t in curves["16bit" if precision != "fp32" else "fp32"])
+            result["matmul_efficiency"] = min(1.0, best * 1e12 / cluster.peak_flops)
+            result["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
         if device.type == "cpu":  # a core has no datasheet peak: the best measured matmul
             result["peak_tflops_fp32"] = max(t for _, t in curves["fp32"])
             if "16bit" in curves:

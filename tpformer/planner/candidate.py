@@ -40,6 +40,14 @@ class Workload:
     rng: str = "auto"
     """parallel.rng: exact-mode attention dropout keeps the [b, h, s, s] tensors and draws
     per-sample streams; fast (auto on accelerators) runs the fused attention kernel."""
+    grad_bytes: int = 4
+    """Bytes per gradient element the engine keeps: 4, tpformer's fp32 buffers (also under
+    grad_compression=bf16, which only sends 16-bit); 2 prices an engine that keeps 16-bit
+    gradients (the ZeRO paper's 16 bytes per parameter, DeepSpeed, 2021 Megatron-LM)."""
+    bucket_elements: int = 0
+    """0: gradients and ZeRO-3's gathered parameters are whole blocks, as tpformer's engine
+    buckets them; > 0: an engine whose buckets hold this many elements (DeepSpeed's
+    reduce_bucket_size is 5e8), none smaller than a layer's largest matrix."""
 
     @classmethod
     def of(cls, config: Config, global_batch: int, name: str = "") -> Workload:

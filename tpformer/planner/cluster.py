@@ -31,6 +31,11 @@ KNOWN_PEAKS = {
 
 GB = 1e9
 
+GEMM_TILES = ((256, 128), (128, 256), (128, 128))
+"""Output tiles (rows, columns) of cuBLAS's large tensor-core GEMM kernels, the ones that run at
+the large-GEMM efficiency (NVIDIA, Matrix Multiplication Background User's Guide, "Typical Tile
+Dimensions in cuBLAS and Performance")."""
+
 
 @dataclass(frozen=True)
 class Link:
@@ -79,7 +84,8 @@ class Cluster:
     peak_flops: float
     """FLOP/s of one device in the run's precision."""
     matmul_curve: tuple[tuple[int, float], ...]
-    """(smallest matrix dimension, fraction of peak) measured, or ((1, matmul_efficiency),)."""
+    """(smallest matrix dimension, fraction of peak) measured, or ((1, matmul_efficiency),):
+    the efficiency of a GEMM by its size alone, used where `sm_count` is 0 (CPU)."""
     memory_bandwidth: float
     elementwise_passes: float
     layer_overhead: float
@@ -101,6 +107,13 @@ class Cluster:
     """The calibration file applied, if any."""
     device_type: str = "cuda"
     """cpu for the cpu preset, else cuda: what parallel.rng=auto resolves against."""
+    sm_count: int = 0
+    """Streaming multiprocessors: > 0 prices each GEMM by its output tiles and waves (see
+    gemm_time); 0 by the size curve."""
+    host_memory: float = 0.0
+    """bytes of host RAM per node for offloaded state (0: not checked)."""
+    host_step_bandwidth: float = 0.0
+    """bytes/s of host memory one device's offloaded optimizer step gets (0: not charged)."""
 
     @property
     def world_size(self) -> int:
@@ -119,8 +132,39 @@ class Cluster:
         w = math.log(dim / s0) / math.log(s1 / s0)
         return e0 + w * (e1 - e0)
 
-    def matmul_time(self, flops: float, dim: float) -> float:
-        return flops / (self.peak_flops * self.matmul_efficiency(dim))
+    def gemm_time(self, m: float, n: float, k: float, batch: float = 1, itemsize: int = 2) -> float:
+        """Seconds of `batch` GEMMs [m, k] @ [k, n].
+
+        On a GPU preset (sm_count > 0), as NVIDIA's Matrix Multiplication Background guide
+        describes cuBLAS: the output is cut into tiles (the best of GEMM_TILES), each SM computes
+        one tile at a time at the large-GEMM efficiency, so the time is whole waves of sm_count
+        tiles (tile and wave quantization), and never less than reading both inputs and writing
+        the output at memory bandwidth (the math/memory bound). Without SMs (CPU): FLOPs at the
+        efficiency of the smallest dimension, as measured by calibration."""
+        flops = 2 * m * n * k * batch
+        if self.sm_count <= 0:
+            return flops / (self.peak_flops * self.matmul_efficiency(min(m, n, k)))
+        rate = self.peak_flops * self.matmul_curve[-1][1] / self.sm_count  # one SM's FLOP/s
+        compute = min(
+            math.ceil(batch * math.ceil(m / tm) * math.ceil(n / tn) / self.sm_count)
+            * 2
+            * tm
+            * tn
+            * k
+            / rate
+            for tm, tn in GEMM_TILES
+        )
+        memory = itemsize * batch * (m * k + k * n + m * n) / self.memory_bandwidth
+        return max(compute, memory)
+
+    def gemm_train_time(
+        self, m: float, n: float, k: float, batch: float = 1, itemsize: int = 2
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds of a GEMM [m, k] @ [k, n] in training: backward is the
+        input gradient [m, n] @ [n, k] and the weight gradient [k, m] @ [m, n]."""
+        return self.gemm_time(m, n, k, batch, itemsize), self.gemm_time(
+            m, k, n, batch, itemsize
+        ) + self.gemm_time(k, n, m, batch, itemsize)
 
     def link(self, group_span: int) -> Link:
         """The link a group whose ranks span `group_span` consecutive ranks uses."""
@@ -256,9 +300,10 @@ def resolve_cluster(
     peak = (config.peak_tflops_16bit if bits16 else config.peak_tflops_fp32) * 1e12
     curve = calibration.get("matmul", {}).get("16bit" if bits16 else "fp32")
     device_type = "cpu" if config.name == "cpu" else "cuda"
+    # a GPU (sm_count > 0) keeps the tile model; calibration measures its plateau instead
     matmul_curve = (
         tuple((int(s), tflops * 1e12 / peak) for s, tflops in curve)
-        if curve
+        if curve and not config.sm_count
         else ((1, config.matmul_efficiency),)
     )
     return Cluster(
@@ -288,4 +333,7 @@ def resolve_cluster(
         mask_bytes=dropout_mask_bytes(device_type, torch.bfloat16 if bits16 else torch.float32),
         calibrated=str(path) if path else "",
         device_type=device_type,
+        sm_count=config.sm_count,
+        host_memory=config.host_memory_gb * GB,
+        host_step_bandwidth=config.host_step_gbps * GB,
     )

@@ -187,6 +187,19 @@ def activation_parts(
     return layer, embedding, head
 
 
+def working_params(work: Workload, c: Candidate, params: StageParams, layers: int) -> float:
+    """Parameters whose whole gradients ZeRO-2/3 hold at once (and ZeRO-3 also gathers):
+    tpformer's engine, one bucket per block, holds the root (embeddings and head, reduced
+    last) and two layers (one reducing while the next fills); an engine with buckets of
+    `work.bucket_elements` holds two buckets, each at least the largest matrix of a layer."""
+    per_layer = params.layers / max(1, layers)
+    if not work.bucket_elements:
+        return params.embedding + params.head + 2 * per_layer
+    h, f = work.model.hidden_size, work.model.intermediate_size
+    largest = max(h * f, 3 * h * h) / c.tp
+    return 2 * min(per_layer, max(work.bucket_elements, largest))
+
+
 def predict_stage_memory(
     work: Workload, c: Candidate, cluster: Cluster, only: list[int] | None = None
 ) -> list[MemoryPrediction]:
@@ -200,7 +213,12 @@ def predict_stage_memory(
     numbers = list(range(c.pp)) if only is None else only
     for r, params in zip(numbers, stage_params(work, c, numbers), strict=True):
         state = zero_memory_bytes(
-            c.zero_stage, params.total, c.dp, param_bytes=work.itemsize, mixed=mixed
+            c.zero_stage,
+            params.total,
+            c.dp,
+            param_bytes=work.itemsize,
+            mixed=mixed,
+            grad_bytes=work.grad_bytes,
         )
         alive = in_flight(c, r)
         layers = sum(split[r :: c.pp])
@@ -217,12 +235,9 @@ def predict_stage_memory(
             host, optimizer = host + optimizer, 0.0
         if c.cpu_offload == "optimizer+params":
             host, params_bytes = host + params_bytes, 0.0
-        # working buffers: ZeRO-2/3 hold whole gradients of up to three buckets (the root and
-        # two layers), ZeRO-3 the gathered parameters of as many
-        per_layer = params.layers / max(1, layers)
-        bucket = params.embedding + params.head + 2 * per_layer
-        buffers = (4 * bucket if c.zero_stage >= 2 else 0) + (
-            work.itemsize * bucket if c.zero_stage == 3 else 0
+        in_flight_params = working_params(work, c, params, layers)
+        buffers = (work.grad_bytes * in_flight_params if c.zero_stage >= 2 else 0) + (
+            work.itemsize * in_flight_params if c.zero_stage == 3 else 0
         )
         stages.append(
             MemoryPrediction(

@@ -52,9 +52,14 @@ class PlanResult:
         return e.time is not None and e.time.step <= self.fastest * (1 + MODEL_ERROR)
 
 
+def host_fits(memory: MemoryPrediction, cluster: Cluster) -> bool:
+    """Offloaded state of every rank of a node fits its host RAM (when the cluster names it)."""
+    return not cluster.host_memory or memory.host * cluster.gpus_per_node <= cluster.host_memory
+
+
 def evaluate(work: Workload, c: Candidate, cluster: Cluster) -> Evaluated:
     memory = predict_memory(work, c, cluster)
-    fits = memory.total <= cluster.device_memory
+    fits = memory.total <= cluster.device_memory and host_fits(memory, cluster)
     return Evaluated(c, memory, predict_time(work, c, cluster) if fits else None)
 
 
@@ -153,11 +158,14 @@ def search(
 
 def why_not(result: PlanResult, e: Evaluated) -> str:
     """One line: how a layout loses against the best."""
-    if not e.fits:
+    cluster = result.cluster
+    if not e.fits and not host_fits(e.memory, cluster):
         return (
-            f"does not fit: {e.memory.total / GB:.1f} GB > "
-            f"{result.cluster.device_memory / GB:.1f} GB"
+            f"does not fit the host: {cluster.gpus_per_node} x {e.memory.host / GB:.1f} GB "
+            f"offloaded > {cluster.host_memory / GB:.0f} GB of RAM per node"
         )
+    if not e.fits:
+        return f"does not fit: {e.memory.total / GB:.1f} GB > {cluster.device_memory / GB:.1f} GB"
     if result.tied(e):
         return f"tied (within the model's {MODEL_ERROR:.0%})"
     return f"slower by {(e.time.step / result.fastest - 1):.1%}"  # type: ignore[union-attr]

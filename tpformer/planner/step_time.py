@@ -40,23 +40,36 @@ class TimePrediction:
         return self.model_flops / self.step / cluster.world_size / cluster.peak_flops
 
 
-def _layer_matmuls(work: Workload, c: Candidate) -> list[tuple[float, float]]:
-    """(forward FLOPs, smallest dimension) of one layer's matmuls on one TP rank."""
+def layer_gemms(work: Workload, c: Candidate) -> list[tuple[float, float, float, float]]:
+    """(m, n, k, batch) of one layer's forward GEMMs on one TP rank: QKV, attention output,
+    FFN in and out ([tokens, k] @ [k, n]), then QK^T and PV batched over samples x heads."""
     m, s, b, t = work.model, work.seq, c.micro_batch, c.tp
     h, f, tokens = m.hidden_size, m.intermediate_size, s * b
+    d, heads = h / m.num_heads, b * m.num_heads / t
     return [
-        (2 * tokens * h * 3 * h / t, min(tokens, h, 3 * h / t)),
-        (2 * tokens * h / t * h, min(tokens, h / t, h)),
-        (2 * tokens * h * f / t, min(tokens, h, f / t)),
-        (2 * tokens * f / t * h, min(tokens, f / t, h)),
-        (4 * b * s * s * h / t, min(s, h / m.num_heads)),
-    ]  # QK^T and PV
+        (tokens, 3 * h / t, h, 1),
+        (tokens, h, h / t, 1),
+        (tokens, f / t, h, 1),
+        (tokens, h, f / t, 1),
+        (s, s, d, heads),
+        (s, d, s, heads),
+    ]
+
+
+def gemms_time(cl: Cluster, gemms: list, itemsize: int) -> tuple[float, float]:
+    """(forward, backward) seconds of `gemms` ((m, n, k, batch) each) in training."""
+    times = [cl.gemm_train_time(m, n, k, batch, itemsize) for m, n, k, batch in gemms]
+    return sum(f for f, _ in times), sum(b for _, b in times)
 
 
 def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     """Forward + backward (+ recomputation) of one layer on one rank, per micro-batch."""
-    mm = _layer_matmuls(work, c)
-    forward = sum(cl.matmul_time(fl, d) for fl, d in mm)
+    gemms = layer_gemms(work, c)
+    fused = fused_attention(work, cl)
+    forward, backward = gemms_time(cl, gemms[:4], work.itemsize)
+    # a fused attention kernel keeps the scores on chip: its GEMMs are not bound by memory
+    core_forward, core_backward = gemms_time(cl, gemms[4:], 0 if fused else work.itemsize)
+    forward, backward = forward + core_forward, backward + core_backward
     shape = (
         work.seq,
         c.micro_batch,
@@ -64,7 +77,6 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
         work.model.num_heads,
         work.model.intermediate_size,
     )
-    fused = fused_attention(work, cl)
     touched = layer_activation_bytes(
         *shape,
         tp=c.tp,
@@ -90,7 +102,7 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     residual_noise = (
         2 * shape[0] * shape[1] * shape[2] / split * cl.dropout_time if m.dropout > 0 else 0.0
     )
-    time = 3 * forward + elementwise + cl.layer_overhead + attention_noise + residual_noise
+    time = forward + backward + elementwise + cl.layer_overhead + attention_noise + residual_noise
     if c.recompute == "full":
         time += forward + (elementwise + cl.layer_overhead) / 3 + attention_noise + residual_noise
     elif c.recompute == "selective":
@@ -104,7 +116,7 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
             fused_attention=fused,
         )
         time += (
-            cl.matmul_time(*mm[-1])
+            core_forward  # QK^T and PV again
             + (elementwise / 3) * (touched - without) / touched
             + attention_noise
         )
@@ -133,9 +145,9 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
     _, embedding_bytes, head_bytes = activation_parts(work, c, mask_bytes=cl.mask_bytes)
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
     rows = work.seq * c.micro_batch * work.head_fraction
-    head = 3 * cl.matmul_time(2 * rows * h * vocab, min(h, vocab))
+    head = sum(cl.gemm_train_time(rows, vocab, h, itemsize=work.itemsize))
     if m.arch == "bert":
-        head += 3 * cl.matmul_time(2 * rows * h * h, h)
+        head += sum(cl.gemm_train_time(rows, h, h, itemsize=work.itemsize))
     passes = cl.elementwise_passes / cl.memory_bandwidth
     embed_comm = cl.link(c.tp).all_reduce(work.seq * c.micro_batch * h * work.itemsize, c.tp)
     # each end has about a layer's fixed cost (its kernels, the loss's collectives)
@@ -176,14 +188,16 @@ def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backwar
 
 def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) -> float:
     """AdamW reads parameter, gradient and two moments and writes three (28 bytes per fp32
-    parameter) on this rank's shard; offloaded, the shard's gradients go down and its
-    parameters come back over the host link, and offloaded ZeRO-3 parameters come up for
-    every forward and backward."""
+    parameter) on this rank's shard, at device memory speed; offloaded, the same step runs on
+    the host at its memory bandwidth (host_step_gbps), after the shard's fp32 gradients go
+    down and before its 16-bit parameters come back over the host link, and offloaded ZeRO-3
+    parameters also come up for every forward and backward."""
     shard = params / (c.dp if c.zero_stage >= 1 else 1)
     mixed = work.itemsize if work.precision != "fp32" else 0
     if c.cpu_offload == "none":
         return shard * (28 + mixed) / cl.memory_bandwidth
-    time = shard * (28 + 4 + work.itemsize) / cl.host_bandwidth
+    host_step = cl.host_step_bandwidth or cl.host_bandwidth
+    time = shard * 28 / host_step + shard * (4 + work.itemsize) / cl.host_bandwidth
     if c.cpu_offload == "optimizer+params":
         time += c.grad_accum * 2 * shard * work.itemsize / cl.host_bandwidth
     return time

@@ -96,7 +96,7 @@ def prediction_lines(
     device = cluster.device_memory
     lines = [
         f"memory per rank (predicted{f', stage {memory.stage}' if layout.pp > 1 else ''}): "
-        f"params {memory.params / MB:.1f} MB, grads {memory.grads / MB:.1f} MB, optimizer "
+        f"params {memory.params / MB:.1f} MB, grads {memory.grads / MB:.1f} MB (fp32), optimizer "
         f"{memory.optimizer / MB:.1f} MB, activations {memory.activations / MB:.1f} MB, "
         f"buffers {memory.buffers / MB:.1f} MB, overhead {memory.overhead / MB:.1f} MB, total "
         f"{memory.total / MB:.1f} MB of {device / MB:,.0f} MB"

@@ -1,0 +1,126 @@
+"""The planner against published GPU runs (Narayanan et al. 2021, Tables 1 and 2, priced with the
+options those runs had), and the pieces that make it: GEMMs priced by shape, engine profiles,
+offload on the host."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from tests.models.common import tiny_gpt
+from tpformer.engine.memory import zero_memory_bytes
+from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.cluster import load_preset, resolve_cluster
+from tpformer.planner.published import MEGATRON_TABLE_1, MEGATRON_TABLE_2, reproduce
+from tpformer.planner.search import MODEL_ERROR, evaluate, why_not
+from tpformer.planner.step_time import predict_time
+
+A100_PEAK, A100_MAMF = 312e12, 0.869
+
+
+def a100():
+    return resolve_cluster(
+        replace(load_preset("a100_node"), calibration="none"), "bf16", cache_dir="/nonexistent"
+    )
+
+
+def test_large_gemms_run_at_the_measured_plateau() -> None:
+    cl = a100()
+    m = 128 * 256 * 108  # whole tiles filling whole waves
+    t = cl.gemm_time(m, 8192, 8192)
+    assert t == pytest.approx(2 * m * 8192 * 8192 / (A100_PEAK * A100_MAMF), rel=1e-9)
+
+
+def test_a_partial_wave_costs_more_than_its_flops() -> None:
+    cl = a100()
+    full = cl.gemm_time(256 * 108, 256, 4096)  # whole waves of every tile shape
+    spill = cl.gemm_time(256 * 109, 256, 4096)  # 0.9% more rows: a partial wave
+    assert full == pytest.approx(2 * 256 * 108 * 256 * 4096 / (A100_PEAK * A100_MAMF))
+    assert spill > 1.2 * full
+
+
+def test_thin_gemms_are_bound_by_memory() -> None:
+    cl = a100()
+    m, n, k = 65536, 4096, 16  # 2 FLOPs per byte read or written, far below the A100's ~150
+    assert cl.gemm_time(m, n, k) == pytest.approx(2 * (m * k + k * n + m * n) / cl.memory_bandwidth)
+
+
+def test_small_per_rank_gemms_cost_more_per_flop() -> None:
+    """TP=8 at micro-batch 1 (the issue's case) gets less of the peak than TP=1 at micro 8."""
+    cl = a100()
+    h, tokens = 2304, 2048
+
+    def rate(m: int, n: int, k: int) -> float:
+        return 2 * m * n * k / cl.gemm_time(m, n, k) / A100_PEAK
+
+    assert rate(tokens, 4 * h // 8, h) < 0.8 * rate(8 * tokens, 4 * h, h)
+
+
+def test_the_cpu_preset_keeps_its_size_curve() -> None:
+    cl = resolve_cluster(load_preset("cpu"), "fp32", cache_dir="/nonexistent")
+    assert cl.sm_count == 0
+    assert cl.gemm_time(64, 64, 64) == pytest.approx(
+        2 * 64**3 / (cl.peak_flops * cl.matmul_efficiency(64))
+    )
+
+
+def test_sixteen_bit_gradients_give_the_zero_papers_sixteen_bytes() -> None:
+    mixed = zero_memory_bytes(0, 1000, 1, param_bytes=2, mixed=True, grad_bytes=2)
+    assert mixed.total == 16 * 1000
+    assert zero_memory_bytes(0, 1000, 1, param_bytes=2, mixed=True).total == 18 * 1000
+
+
+def test_offload_is_charged_on_the_host_and_checked_against_its_ram() -> None:
+    cl = a100()
+    work = Workload(tiny_gpt(), 64, 8, "bf16", 1.0, nsp=False)
+    c = Candidate(1, 1, 8, 1, 1, zero_stage=2, cpu_offload="optimizer")
+    slow_host = replace(cl, host_step_bandwidth=cl.host_step_bandwidth / 10)
+    assert predict_time(work, c, slow_host).optimizer > predict_time(work, c, cl).optimizer
+    fits = evaluate(work, c, cl)
+    assert fits.fits and fits.memory.host > 0
+    small = replace(cl, host_memory=fits.memory.host * cl.gpus_per_node / 2)
+    refused = evaluate(work, c, small)
+    assert not refused.fits
+    from tpformer.planner.search import PlanResult
+
+    result = PlanResult(work, small, [fits], [fits, refused])
+    assert "does not fit the host" in why_not(result, refused)
+
+
+@pytest.mark.parametrize("run", MEGATRON_TABLE_1, ids=lambda r: f"{r.params_b:g}B")
+def test_megatron_weak_scaling_within_ten_percent(run) -> None:
+    """Table 1 at the 2021 options: every run fits, throughput within MODEL_ERROR (measured
+    0.95-1.08)."""
+    r = reproduce(run)
+    assert r.published.fits, run
+    assert abs(math.log(r.ratio)) <= math.log(1 + MODEL_ERROR), (run, r.ratio)
+
+
+def test_megatron_first_choices() -> None:
+    """The first choice among the 2021 options is the published split, or predicted within
+    5% of it, on 7 of the 10 rows; on 18.4B, 39.1B and 76.1B the planner prefers TP=4 with a
+    deeper pipeline by 10-15% (the measured runs say TP=8: a known lean, see docs/planner.md)."""
+    close = [r for r in map(reproduce, MEGATRON_TABLE_1) if abs(r.margin) <= 0.05]
+    assert len(close) >= 7
+    assert {r.run.params_b for r in map(reproduce, MEGATRON_TABLE_1)} - {
+        r.run.params_b for r in close
+    } <= {18.4, 39.1, 76.1}
+
+
+def test_zero3_and_ptdp_runs_fit_and_keep_their_order() -> None:
+    """Table 2: every run fits (the 530B ZeRO-3 run on 640 GPUs included, under DeepSpeed's
+    16-bit bucketed gradients); throughput within 20% on every row (measured 0.87-1.16), and
+    PTD-P ahead of ZeRO-3 where the paper measured it ahead by more than the model's error
+    (768 and 1,536 GPUs: 1.7x and 3.2x)."""
+    reproduced = {
+        (r.run.scheme, r.run.params_b, r.run.gpus): r for r in map(reproduce, MEGATRON_TABLE_2)
+    }
+    for r in reproduced.values():
+        assert r.published.fits, r.run
+        assert abs(math.log(r.ratio)) <= math.log(1.2), (r.run, r.ratio)
+    for (scheme, params, gpus), r in reproduced.items():
+        ptdp = reproduced.get(("ptd-p", params, gpus))
+        if scheme == "zero-3" and ptdp and ptdp.run.tflops > (1 + MODEL_ERROR) * r.run.tflops:
+            assert ptdp.published.time.step < r.published.time.step  # type: ignore[operator]
