@@ -133,6 +133,8 @@ PUBLIC_KEYS = {
         "elementwise_passes",
         "gpus_per_node",
         "host_gbps",
+        "host_memory_gb",
+        "host_step_gbps",
         "inter_node_gbps",
         "inter_node_latency_us",
         "intra_node_gbps",
@@ -145,6 +147,7 @@ PUBLIC_KEYS = {
         "overhead_gb",
         "peak_tflops_16bit",
         "peak_tflops_fp32",
+        "sm_count",
     ],
 }
 
