@@ -14,7 +14,7 @@ from tpformer.engine.memory import zero_memory_bytes
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.published import MEGATRON_TABLE_1, MEGATRON_TABLE_2, reproduce
-from tpformer.planner.search import MODEL_ERROR, evaluate, why_not
+from tpformer.planner.search import MODEL_ERROR, PlanResult, evaluate, why_not
 from tpformer.planner.step_time import predict_time
 
 A100_PEAK, A100_MAMF = 312e12, 0.869
@@ -83,8 +83,6 @@ def test_offload_is_charged_on_the_host_and_checked_against_its_ram() -> None:
     small = replace(cl, host_memory=fits.memory.host * cl.gpus_per_node / 2)
     refused = evaluate(work, c, small)
     assert not refused.fits
-    from tpformer.planner.search import PlanResult
-
     result = PlanResult(work, small, [fits], [fits, refused])
     assert "does not fit the host" in why_not(result, refused)
 
@@ -102,11 +100,8 @@ def test_megatron_first_choices() -> None:
     """The first choice among the 2021 options is the published split, or predicted within
     5% of it, on 7 of the 10 rows; on 18.4B, 39.1B and 76.1B the planner prefers TP=4 with a
     deeper pipeline by 10-15% (the measured runs say TP=8: a known lean, see docs/planner.md)."""
-    close = [r for r in map(reproduce, MEGATRON_TABLE_1) if abs(r.margin) <= 0.05]
-    assert len(close) >= 7
-    assert {r.run.params_b for r in map(reproduce, MEGATRON_TABLE_1)} - {
-        r.run.params_b for r in close
-    } <= {18.4, 39.1, 76.1}
+    far = {r.run.params_b for r in map(reproduce, MEGATRON_TABLE_1) if abs(r.margin) > 0.05}
+    assert far <= {18.4, 39.1, 76.1}
 
 
 def test_zero3_and_ptdp_runs_fit_and_keep_their_order() -> None:

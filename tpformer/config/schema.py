@@ -496,7 +496,7 @@ class ClusterConfig:
     """Host RAM per node that offloaded state may fill (0: not checked)."""
     host_step_gbps: float = ranged(0.0, 0)
     """Host memory bandwidth one device's offloaded optimizer step gets, GB/s (the node's DRAM
-    bandwidth / gpus_per_node; 0: the host step is not charged)."""
+    bandwidth / gpus_per_node; 0: priced at host_gbps)."""
     comm_overlap: float = ranged(0.0, 0, 1)
     """Fraction of the data-parallel gradient reduction hidden behind backward."""
     overhead_gb: float = ranged(0.0, 0)

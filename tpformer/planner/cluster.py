@@ -113,7 +113,7 @@ class Cluster:
     host_memory: float = 0.0
     """bytes of host RAM per node for offloaded state (0: not checked)."""
     host_step_bandwidth: float = 0.0
-    """bytes/s of host memory one device's offloaded optimizer step gets (0: not charged)."""
+    """bytes/s of host memory one device's offloaded optimizer step gets (0: host_bandwidth)."""
 
     @property
     def world_size(self) -> int:
