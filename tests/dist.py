@@ -57,6 +57,7 @@ def _worker(
             pipeline=config.pipeline,
             rng=str(config.rng),
             gloo_shortcuts=config.gloo_shortcuts,
+            context=config.context,
         )
         try:
             result = fn(ctx, *args)
@@ -92,6 +93,7 @@ def start_ranks(
     pipeline: int = 1,
     rng: str = "exact",
     gloo_shortcuts: bool = True,
+    context: int = 1,
 ) -> tuple[list[mp.process.BaseProcess], str]:
     """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
     and their work directory (for tests that kill ranks themselves)."""
@@ -103,6 +105,7 @@ def start_ranks(
         pipeline=pipeline,
         rng=RngMode(rng),
         gloo_shortcuts=gloo_shortcuts,
+        context=context,
     )
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
     mpctx = _context()
@@ -127,6 +130,7 @@ def run_distributed(
     pipeline: int = 1,
     rng: str = "exact",
     gloo_shortcuts: bool = True,
+    context: int = 1,
 ) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
@@ -143,6 +147,7 @@ def run_distributed(
         pipeline=pipeline,
         rng=rng,
         gloo_shortcuts=gloo_shortcuts,
+        context=context,
     )
     try:
         deadline = time.monotonic() + timeout_s + 30

@@ -83,7 +83,7 @@ def resolve_run_layout(
         )
         apply_auto_layout(config, choice)
         notes = choice.describe(keys)
-    return resolve_layout(p.tensor, p.data, world_size, p.pipeline), notes
+    return resolve_layout(p.tensor, p.data, world_size, p.pipeline, p.context), notes
 
 
 def _fail(message: str) -> NoReturn:
@@ -176,6 +176,7 @@ def run_entry_point(
             pipeline=layout.pp,
             rng=config.parallel.rng,
             gloo_shortcuts=config.parallel.gloo_shortcuts,
+            context=layout.cp,
         )
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)

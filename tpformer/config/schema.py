@@ -231,6 +231,11 @@ class ParallelConfig:
     pipeline: Union[int, str] = ranged(1, 1)  # noqa: UP007
     """PP degree: pipeline stages, the outermost mesh dim (put it across nodes); "auto" as for
     tensor."""
+    context: int = ranged(1, 1)
+    """CP degree (context parallelism): each sequence is split over this many ranks (two
+    mirrored chunks each) and attention runs as ring attention over them; the sequence length
+    must be divisible by 2 x context. Parameters are replicated over CP: gradients are summed
+    and ZeRO shards over DP x CP."""
     pipeline_schedule: PipelineSchedule = field(default=PipelineSchedule("1f1b"))
     """gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (virtual_stages
     model chunks per stage). Micro-batches per step: trainer.grad_accum."""

@@ -4,6 +4,8 @@ values it produces and does not check them again."""
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import typing
 from collections.abc import Sequence
@@ -101,6 +103,35 @@ def validate_sequence_parallel(parallel: ParallelConfig, tp: int, seq_length: in
         raise ValueError(
             f"data.seq_length={seq_length} must be divisible by parallel.tensor="
             f"{tp} with parallel.sequence_parallel=true (e.g. {below} or {below + tp})"
+        )
+
+
+def context_multiple(cp: int, tp: int, sequence_parallel: bool) -> int:
+    """What a sequence length must be a multiple of for context parallelism (two mirrored chunks
+    per CP rank) and, with sequence parallelism, for the TP split of each CP rank's part."""
+    multiple = 2 * cp if cp > 1 else 1
+    return math.lcm(multiple, cp * tp) if sequence_parallel else multiple
+
+
+def validate_context_parallel(layout: Layout, parallel: ParallelConfig, seq_length: int | None) -> None:
+    """Context parallelism splits every sequence into 2 x cp chunks (fixed-length pretraining
+    sequences must divide; fine-tuning pads instead) and is not combined with pipelines yet."""
+    if layout.cp == 1:
+        return
+    if layout.pp > 1:
+        raise ValueError(
+            f"parallel.context={layout.cp} with parallel.pipeline={layout.pp}: context "
+            "parallelism does not run inside pipeline stages yet; use parallel.pipeline=1 "
+            "(or parallel.context=1)"
+        )
+    multiple = context_multiple(layout.cp, layout.tp, parallel.sequence_parallel)
+    if seq_length is not None and seq_length % multiple:
+        below = seq_length - seq_length % multiple
+        raise ValueError(
+            f"data.seq_length={seq_length} must be divisible by {multiple} with "
+            f"parallel.context={layout.cp} (two mirrored chunks per CP rank"
+            + (", each split over the TP group" if parallel.sequence_parallel else "")
+            + f"); e.g. {below or multiple} or {below + multiple}"
         )
 
 
@@ -211,6 +242,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
             f"model.max_position_embeddings={config.model.max_position_embeddings}"
         )
     validate_sequence_parallel(config.parallel, layout.tp, config.data.seq_length)
+    validate_context_parallel(layout, config.parallel, config.data.seq_length)
     t = config.trainer
     validate_pipeline(config.parallel, layout.pp, config.model.num_layers, t.grad_accum)
     validate_data(config.data)
@@ -221,6 +253,7 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
     validate_loggers(config.trainer.loggers)
     validate_engine(config.parallel, config.optim, device_type)
     validate_sequence_parallel(config.parallel, layout.tp, None)  # fine-tuning pads instead
+    validate_context_parallel(layout, config.parallel, None)
     check_choices(config)
     t = config.trainer
     micro = t.micro_batch_size or t.batch_size // layout.dp

@@ -11,9 +11,11 @@ from torch import Tensor, nn
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
+from tpformer.layers.ring_attention import RingSpec, ring_attention
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import divide
 from tpformer.parallel.random import eager_island
+from tpformer.parallel.sequence_chunks import context_positions
 
 
 class ParallelSelfAttention(nn.Module):
@@ -24,7 +26,9 @@ class ParallelSelfAttention(nn.Module):
     replicated [b, s, hidden]; one all-reduce forward (output) and one backward (input). With
     ctx.sequence_parallel both are [b, s/tp, hidden]: the QKV projection all-gathers the
     sequence, the output projection reduce-scatters it; the core always sees the whole sequence.
-    The core is `scaled_dot_product_attention` (flash / memory-efficient kernels), with attention
+    With context parallelism (ctx.cp) the sequence is also split over the CP ring: the core is
+    ring attention over it (layers/ring_attention.py). The core is otherwise
+    `scaled_dot_product_attention` (flash / memory-efficient kernels), with attention
     dropout inside it under parallel.rng=fast; under exact with attention dropout active in
     training it is computed explicitly, so the mask can be the TP=1 model's (layers/dropout.py).
     """
@@ -39,7 +43,7 @@ class ParallelSelfAttention(nn.Module):
         causal: bool,
     ) -> None:
         super().__init__()
-        self.tp, self.causal = ctx.tp, causal
+        self.tp, self.cp, self.causal = ctx.tp, ctx.cp, causal
         self.head_dim = divide(hidden_size, num_heads, what="hidden_size")
         self.local_heads = divide(num_heads, ctx.tp.size, what="num_heads")
         self.head_offset = ctx.tp.rank * self.local_heads
@@ -61,6 +65,8 @@ class ParallelSelfAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # [b, h/tp, s, d]; backward: one stack
         causal = self.causal
         if cache is not None:
+            if self.cp.size > 1:
+                raise ValueError("decoding with a KV cache runs without context parallelism")
             causal = causal and cache.length == 0  # a decode step sees every cached position
             k, v = cache.append(k, v)
         ctx = self.core(q, k, v, mask, causal)
@@ -73,6 +79,8 @@ class ParallelSelfAttention(nn.Module):
         """softmax(q k^T / sqrt(d) + mask) [dropout] @ v -> [b, h/tp, s, d]; what selective
         recomputation wraps. Without a mask, `causal` (default: the layer's) masks the future."""
         causal = self.causal if causal is None else causal
+        if self.cp.size > 1:
+            return self._ring_core(q, k, v, mask, causal)
         if self.training and self.dropout.p > 0:
             return self._dropping_core(q, k, v, mask, causal)
         return self._fused_core(q, k, v, mask, causal, 0.0)
@@ -88,6 +96,31 @@ class ParallelSelfAttention(nn.Module):
         assert self.dropout.site is not None, "call assign_dropout_sites(model)"
         with self.dropout.rng.forked(q.device, self.dropout.site, sharded=True):
             return self._fused_core(q, k, v, mask, causal, self.dropout.p)
+
+    @eager_island
+    def _ring_core(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
+    ) -> Tensor:
+        """Context parallelism: this CP rank's queries over the whole sequence, the keys and
+        values passed around the CP ring (layers/ring_attention.py). `mask` can only be a key
+        padding mask [b, 1, 1, s] over the whole sequence (the models pass that under CP)."""
+        n = q.shape[-2]
+        total = n * self.cp.size
+        if mask is not None and (mask.shape[-2] != 1 or mask.shape[-1] != total):
+            raise ValueError(
+                f"context parallelism takes a key padding mask [b, 1, 1, {total}], got "
+                f"{list(mask.shape)}: causal masks are built from positions inside the ring"
+            )
+        positions = [context_positions(total, r, self.cp.size, q.device) for r in range(self.cp.size)]
+        spec = RingSpec(
+            cp=self.cp,
+            positions=positions,
+            key_padding=None if mask is None else mask[:, 0, 0, :],
+            causal=causal,
+            scale=1.0 / math.sqrt(self.head_dim),
+            keep=self.dropout.ring_keep(q, self.head_offset, positions, self.cp.rank),
+        )
+        return ring_attention(q, k, v, spec)
 
     @staticmethod
     def _fused_core(

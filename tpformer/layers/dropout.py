@@ -15,6 +15,8 @@ core).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,6 +24,7 @@ from torch import Tensor, nn
 from tpformer.parallel.comm import SEQUENCE_DIM, sequence_range
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.random import RNGTracker, eager_island, name_key
+from tpformer.parallel.sequence_chunks import context_positions
 
 
 class _ApplyMask(torch.autograd.Function):
@@ -70,12 +73,14 @@ class ParallelDropout(nn.Module):
         *,
         heads: int | None = None,
         sequence: GroupHandle | None = None,
+        context: GroupHandle | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p={p} must be in [0, 1)")
         self.p, self.rng, self.heads = p, rng, heads
         self.sequence = sequence if sequence is not None and sequence.size > 1 else None
+        self.context = context if context is not None and context.size > 1 else None
         self.site: int | None = None
 
     def forward(self, x: Tensor, head_offset: int = 0) -> Tensor:
@@ -90,7 +95,7 @@ class ParallelDropout(nn.Module):
         if self.rng.fast:
             with self.rng.forked(x.device, self.site, sharded=self.sharded):
                 return F.dropout(x, self.p, training=True)
-        whole, slices = self._sample_layout(x.shape[1:], head_offset)
+        whole, slices = self._sample_layout(x.shape[1:], head_offset, x.device)
         direct = whole == list(x.shape[1:])
         noise = torch.empty(x.shape, device=x.device, dtype=torch.float32)
         for i, gen in enumerate(self.rng.sample_generators(x.device, self.site, x.shape[0])):
@@ -99,7 +104,11 @@ class ParallelDropout(nn.Module):
                 continue
             full = torch.empty(whole, device=x.device, dtype=noise.dtype).uniform_(generator=gen)
             for dim, start, length in slices:
-                full = full.narrow(dim, start, length)
+                full = (
+                    full.narrow(dim, start, length)
+                    if isinstance(start, int)
+                    else full.index_select(dim, start)
+                )
             noise[i].copy_(full)
         scale = 1.0 / (1.0 - self.p)
         if dropout_mask_bytes(x.device.type, x.dtype) == 4:
@@ -108,14 +117,48 @@ class ParallelDropout(nn.Module):
             mask = noise >= self.p
         return _ApplyMask.apply(x, mask, scale)
 
+    def ring_keep(
+        self, q: Tensor, head_offset: int, positions: list[Tensor], cp_rank: int
+    ) -> Callable[[int], Tensor | None]:
+        """Ring attention's dropout: src -> the scaled keep mask [b, h/tp, n, n_src] of this
+        rank's queries (q: [b, h/tp, n, d]) against CP rank src's keys, or None when no
+        dropout applies. exact: each sample's [heads, s, s] stream drawn once per call (as the
+        CP=1 model draws it) and this rank's heads and query rows kept (bool); a block is its
+        key columns. fast: a stream per (block, TP rank, CP rank), drawn again in backward
+        from the same key."""
+        if not self.training or self.p == 0.0:
+            return lambda src: None
+        if self.site is None:
+            raise RuntimeError("ParallelDropout has no site; call assign_dropout_sites(model)")
+        scale = 1.0 / (1.0 - self.p)
+        b, heads, n = q.shape[:3]
+        q_pos = positions[cp_rank]
+        if self.rng.fast:
+            site = self.site
+
+            def drawn(src: int) -> Tensor:
+                shape = (b, heads, n, positions[src].numel())
+                with self.rng.forked(q.device, name_key(f"{site}/{src}"), sharded=True):
+                    keep = torch.empty(shape, device=q.device).bernoulli_(1.0 - self.p)
+                return keep.mul_(scale)
+
+            return drawn
+        assert self.heads is not None, "attention dropout is built with heads="
+        width = max(n * len(positions), self.rng.mask_width)
+        rows = torch.empty((b, heads, n, width), dtype=torch.bool, device=q.device)
+        for i, gen in enumerate(self.rng.sample_generators(q.device, self.site, b)):
+            full = torch.empty(self.heads, width, width, device=q.device).uniform_(generator=gen)
+            rows[i] = full.narrow(0, head_offset, heads).index_select(1, q_pos) >= self.p
+        return lambda src: rows.index_select(-1, positions[src]).float().mul_(scale)
+
     @property
     def sharded(self) -> bool:
         """Whether each TP rank holds a different part of the tensor (its heads or its chunk)."""
         return self.heads is not None or self.sequence is not None
 
     def _sample_layout(
-        self, shape: torch.Size, head_offset: int
-    ) -> tuple[list[int], list[tuple[int, int, int]]]:
+        self, shape: torch.Size, head_offset: int, device: torch.device
+    ) -> tuple[list[int], list[tuple[int, int | Tensor, int]]]:
         """The shape of one sample's whole stream, and the (dim, start, length) slices of it
         that are this rank's `shape`. Attention probabilities [heads, s, s] are drawn at the
         step's mask width (RNGTracker.mask_width): a micro-batch padded narrower than the widest
@@ -126,6 +169,18 @@ class ParallelDropout(nn.Module):
             s = shape[-1]
             width = max(s, self.rng.mask_width)
             return [self.heads, width, width], [(0, head_offset, shape[0]), (1, 0, s), (2, 0, s)]
+        if self.context is not None:  # this CP rank's positions (then its TP chunk of them)
+            dim = SEQUENCE_DIM - 1
+            local = shape[dim]
+            split = self.sequence.size if self.sequence is not None else 1
+            positions = context_positions(
+                local * split * self.context.size, self.context.rank, self.context.size, device
+            )
+            if self.sequence is not None:
+                positions = positions.narrow(0, sequence_range(local, self.sequence)[0], local)
+            whole = list(shape)
+            whole[dim] = local * split * self.context.size
+            return whole, [(dim, positions, local)]
         if self.sequence is not None:
             dim = SEQUENCE_DIM - 1  # the sample's own dims: [s/tp, ...]
             local = shape[dim]
@@ -137,7 +192,8 @@ class ParallelDropout(nn.Module):
     def extra_repr(self) -> str:
         heads = f", heads={self.heads}" if self.heads is not None else ""
         sequence = f", sequence_parallel={self.sequence.size}" if self.sequence else ""
-        return f"p={self.p}{heads}{sequence}"
+        context = f", context_parallel={self.context.size}" if self.context else ""
+        return f"p={self.p}{heads}{sequence}{context}"
 
 
 def assign_dropout_sites(model: nn.Module) -> None:

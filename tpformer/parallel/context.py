@@ -1,4 +1,4 @@
-"""ParallelContext: the DeviceMesh ("pp", "dp", "tp"), its group handles and the RNG tracker.
+"""ParallelContext: the DeviceMesh ("pp", "dp", "cp", "tp"), its group handles and the RNG tracker.
 
 It is created once per run and passed explicitly: blocks take the context, linear/embedding/loss
 take `ctx.tp`. Nothing here is a module-level global, so tests create and destroy several
@@ -91,8 +91,11 @@ def init_distributed(env: LaunchEnv, *, timeout_s: float = DEFAULT_TIMEOUT_S) ->
 class ParallelContext:
     """Process groups, layout, device and RNG of one rank.
 
-    `tp`, `dp` and `pp` are GroupHandles; `mesh` is the DeviceMesh with dims ("pp", "dp", "tp")
-    (None for the single-process context). `pp` links the stages of this rank's pipeline;
+    `tp`, `dp`, `cp` and `pp` are GroupHandles; `mesh` is the DeviceMesh with dims ("pp", "dp",
+    "cp", "tp") (None for the single-process context). `cp` is this rank's context-parallel
+    ring (ranks holding other chunks of the same sequences); `dp_cp` spans DP x CP, the ranks
+    holding the same parameters, whose gradients the engine sums (the dp handle itself when
+    cp == 1). `pp` links the stages of this rank's pipeline;
     `pipeline_ends` links its first and last stage (they both hold the tied word embedding).
     `sequence_parallel`: the TP group also splits the sequence outside its tensor-parallel
     regions (Megatron-SP); layers read it when they are built.
@@ -108,6 +111,9 @@ class ParallelContext:
     sequence_parallel: bool = False
     pp: GroupHandle = field(default_factory=GroupHandle.single)
     pipeline_ends: GroupHandle = field(default_factory=GroupHandle.single)
+    cp: GroupHandle = field(default_factory=GroupHandle.single)
+    dp_cp: GroupHandle | None = None
+    """DP x CP; None (the default) means the dp handle (no context parallelism)."""
     control: GroupHandle = field(default_factory=GroupHandle.single)
     """Every rank on a CPU (gloo) group: host-side agreements (stop flags) that must not wait
     for the device. The world group itself when the backend is gloo."""
@@ -142,6 +148,7 @@ class ParallelContext:
         pipeline: int = 1,
         rng: str = "auto",
         gloo_shortcuts: bool = True,
+        context: int = 1,
     ) -> ParallelContext:
         """Check the layout against the world size, initialize torch.distributed if needed (from
         `env`, read from the environment when not given), and build the mesh.
@@ -149,11 +156,12 @@ class ParallelContext:
         The layout is checked before any collective is issued, against WORLD_SIZE when the
         process group does not exist yet. `rng`: parallel.rng (auto: fast on an accelerator,
         exact on the CPU); fast-mode streams of sharded regions are keyed by the TP rank.
-        `gloo_shortcuts`: parallel.gloo_shortcuts, carried by every group handle.
+        `gloo_shortcuts`: parallel.gloo_shortcuts, carried by every group handle. `context`:
+        parallel.context, the CP degree.
         """
         env = env if env is not None else LaunchEnv.read()
         world = dist.get_world_size() if dist.is_initialized() else env.world_size
-        layout = resolve_layout(tensor, data, world, pipeline)
+        layout = resolve_layout(tensor, data, world, pipeline, context)
         if sequence_parallel and layout.tp == 1:
             raise ValueError(
                 "sequence parallelism splits the sequence over the TP group and "
@@ -168,17 +176,25 @@ class ParallelContext:
         _check_same_layout(layout)
         device = device if device is not None else default_device(env)
         mesh = init_device_mesh(
-            device.type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")
+            device.type,
+            (layout.pp, layout.dp, layout.cp, layout.tp),
+            mesh_dim_names=("pp", "dp", "cp", "tp"),
         )
         dp_rank, tp_rank = layout.coords(rank)
+        cp_rank = layout.cp_rank_of(rank)
         pp_rank = layout.stage_of(rank)
         shortcuts = gloo_shortcuts
+        dp = _handle(mesh, "dp", dp_rank, layout.dp, shortcuts)
+        cp = _handle(mesh, "cp", cp_rank, layout.cp, shortcuts)
+        rng_mode = resolve_rng_mode(rng, device)
         return cls(
             layout=layout,
             rank=rank,
             tp=_handle(mesh, "tp", tp_rank, layout.tp, shortcuts),
-            dp=_handle(mesh, "dp", dp_rank, layout.dp, shortcuts),
-            rng=RNGTracker(seed, resolve_rng_mode(rng, device), stream_rank=tp_rank),
+            dp=dp,
+            cp=cp,
+            dp_cp=_dp_cp_group(layout, rank, dp, cp, shortcuts),
+            rng=RNGTracker(seed, rng_mode, stream_rank=tp_rank, context_rank=cp_rank),
             device=device,
             mesh=mesh,
             sequence_parallel=sequence_parallel,
@@ -189,8 +205,15 @@ class ParallelContext:
 
     @property
     def stage_mesh(self) -> DeviceMesh | None:
-        """The ("dp", "tp") mesh of this rank's pipeline stage (what its parameters span)."""
-        return None if self.mesh is None else self.mesh["dp", "tp"]
+        """The ("dp", "cp", "tp") mesh of this rank's pipeline stage (what its parameters
+        span)."""
+        return None if self.mesh is None else self.mesh["dp", "cp", "tp"]
+
+    @property
+    def replicas(self) -> GroupHandle:
+        """The ranks holding the same parameters (DP x CP): what gradients are summed over and
+        ZeRO shards over."""
+        return self.dp if self.dp_cp is None else self.dp_cp
 
     @property
     def is_main(self) -> bool:
@@ -212,7 +235,7 @@ def _check_same_layout(layout: Layout) -> None:
     if dist.get_world_size() == 1:
         return
     layouts: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(layouts, f"pp{layout.pp} dp{layout.dp} tp{layout.tp}")
+    dist.all_gather_object(layouts, layout.describe())
     if len(set(layouts)) > 1:
         shown = ", ".join(f"rank {r}: {shape}" for r, shape in enumerate(layouts))
         raise ValueError(
@@ -230,6 +253,24 @@ def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int, shortcuts: bool) -
         raise RuntimeError(f"mesh dim {dim!r}: rank {dist.get_rank(group)} != layout rank {rank}")
     RECORDER.name_group(group, dim)
     return GroupHandle(group=group, rank=rank, size=size, gloo_shortcuts=shortcuts)
+
+
+def _dp_cp_group(
+    layout: Layout, rank: int, dp: GroupHandle, cp: GroupHandle, shortcuts: bool
+) -> GroupHandle | None:
+    """DP x CP as one group: None when cp == 1 (the dp handle is it), the cp handle when
+    dp == 1, else one new group per (stage, TP rank), created by every rank in the same order."""
+    if layout.cp == 1:
+        return None
+    if layout.dp == 1:
+        return cp
+    mine = None
+    for ranks in layout.dp_cp_groups():
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            RECORDER.name_group(group, "dp_cp")
+            mine = GroupHandle(group, ranks.index(rank), len(ranks), gloo_shortcuts=shortcuts)
+    return mine
 
 
 def _control_group(rank: int, world: int) -> GroupHandle:

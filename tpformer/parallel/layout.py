@@ -39,75 +39,111 @@ def shard_range(size: int, parts: int, index: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Layout:
-    """World = pp x dp x tp; TP ranks are adjacent, PP outermost
-    (global rank = (pp_rank * dp + dp_rank) * tp + tp_rank), as in Megatron.
+    """World = pp x dp x cp x tp; TP ranks are adjacent, CP next, PP outermost
+    (global rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank), as in Megatron.
 
-    Adjacent TP ranks keep a TP group inside one node, where the bandwidth is; pipeline stages,
-    which exchange only one activation per micro-batch, are the ones that cross nodes.
+    Adjacent TP ranks keep a TP group inside one node, where the bandwidth is; CP groups come
+    next (a ring of point-to-point transfers every layer: inside the node too when cp x tp fits
+    one); pipeline stages, which exchange only one activation per micro-batch, are the ones
+    that cross nodes.
     """
 
     dp: int
     tp: int
     pp: int = 1
+    cp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
-    def rank_of(self, pp: int, dp: int, tp: int) -> int:
-        return (pp * self.dp + dp) * self.tp + tp
+    def rank_of(self, pp: int, dp: int, tp: int, cp: int = 0) -> int:
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+
+    def _ranks(self) -> list[tuple[int, int, int, int]]:
+        """Every (pp, dp, cp, tp) coordinate, in global rank order."""
+        return [
+            (p, d, c, t)
+            for p in range(self.pp)
+            for d in range(self.dp)
+            for c in range(self.cp)
+            for t in range(self.tp)
+        ]
+
+    def _groups(self, varying: str) -> list[list[int]]:
+        """The groups whose members differ only in the coordinates named in `varying` (letters
+        of "pdct"), members in rank order, groups in the order of their first member."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rank, coord in enumerate(self._ranks()):
+            key = tuple(x for x, name in zip(coord, "pdct") if name not in varying)
+            groups.setdefault(key, []).append(rank)
+        return list(groups.values())
 
     def tp_groups(self) -> list[list[int]]:
-        """Global ranks of each TP group (one group per stage and DP replica)."""
-        return [
-            [self.rank_of(p, d, t) for t in range(self.tp)]
-            for p in range(self.pp)
-            for d in range(self.dp)
-        ]
+        """Global ranks of each TP group (one group per stage, DP replica and CP rank)."""
+        return self._groups("t")
 
     def dp_groups(self) -> list[list[int]]:
-        """Global ranks of each DP group (one group per stage and TP rank)."""
-        return [
-            [self.rank_of(p, d, t) for d in range(self.dp)]
-            for p in range(self.pp)
-            for t in range(self.tp)
-        ]
+        """Global ranks of each DP group (one group per stage, CP rank and TP rank)."""
+        return self._groups("d")
+
+    def cp_groups(self) -> list[list[int]]:
+        """Global ranks of each CP ring (one per stage, DP replica and TP rank)."""
+        return self._groups("c")
+
+    def dp_cp_groups(self) -> list[list[int]]:
+        """Global ranks of each DP x CP group: the ranks that hold the same parameters, whose
+        gradients the engine sums and whose ZeRO shards it splits them into."""
+        return self._groups("dc")
 
     def pp_groups(self) -> list[list[int]]:
-        """Global ranks of each pipeline, stage by stage (one per DP replica and TP rank)."""
-        return [
-            [self.rank_of(p, d, t) for p in range(self.pp)]
-            for d in range(self.dp)
-            for t in range(self.tp)
-        ]
+        """Global ranks of each pipeline, stage by stage (one per DP replica, CP and TP rank)."""
+        return self._groups("p")
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp_rank, tp_rank) of a global rank."""
-        return divmod(rank % (self.dp * self.tp), self.tp)
+        return (rank // (self.cp * self.tp)) % self.dp, rank % self.tp
+
+    def cp_rank_of(self, rank: int) -> int:
+        """The CP rank (position in its ring) of a global rank."""
+        return (rank // self.tp) % self.cp
 
     def stage_of(self, rank: int) -> int:
         """The pipeline stage (pp rank) of a global rank."""
-        return rank // (self.dp * self.tp)
+        return rank // (self.dp * self.cp * self.tp)
+
+    def describe(self) -> str:
+        """"pp1 dp2 cp2 tp2"-style name (cp only when > 1)."""
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
 
 
-def resolve_layout(tensor: int, data: int | str, world_size: int, pipeline: int = 1) -> Layout:
-    """Turn parallel.tensor / data (int or "auto") / pipeline into a Layout for this world size."""
+def resolve_layout(
+    tensor: int, data: int | str, world_size: int, pipeline: int = 1, context: int = 1
+) -> Layout:
+    """Turn parallel.tensor / data (int or "auto") / pipeline / context into a Layout for this
+    world size."""
     if tensor < 1:
         raise ValueError(f"parallel.tensor={tensor} must be >= 1")
     if pipeline < 1:
         raise ValueError(f"parallel.pipeline={pipeline} must be >= 1")
-    model = tensor * pipeline
-    factors = f"parallel.tensor={tensor}" + (
-        f" x parallel.pipeline={pipeline}" if pipeline > 1 else ""
+    if context < 1:
+        raise ValueError(f"parallel.context={context} must be >= 1")
+    model = tensor * pipeline * context
+    factors = (
+        f"parallel.tensor={tensor}"
+        + (f" x parallel.context={context}" if context > 1 else "")
+        + (f" x parallel.pipeline={pipeline}" if pipeline > 1 else "")
     )
+    several = pipeline > 1 or context > 1
     if world_size % model != 0:
-        what = factors + (f" = {model}" if pipeline > 1 else "")
-        valid = "valid values are" if pipeline == 1 else "valid products are"
+        what = factors + (f" = {model}" if several else "")
+        valid = "valid products are" if several else "valid values are"
         raise ValueError(
             f"{what} does not divide world_size={world_size}; {valid} {divisors(world_size)}"
         )
     if data == "auto":
-        return Layout(dp=world_size // model, tp=tensor, pp=pipeline)
+        return Layout(dp=world_size // model, tp=tensor, pp=pipeline, cp=context)
     if isinstance(data, str):
         if not data.isdigit():
             raise ValueError(f"parallel.data={data!r} must be a positive integer or 'auto'")
@@ -117,4 +153,4 @@ def resolve_layout(tensor: int, data: int | str, world_size: int, pipeline: int 
             f"parallel.data={data} x {factors} = {data * model} must equal "
             f"world_size={world_size}; use parallel.data=auto (= {world_size // model})"
         )
-    return Layout(dp=data, tp=tensor, pp=pipeline)
+    return Layout(dp=data, tp=tensor, pp=pipeline, cp=context)

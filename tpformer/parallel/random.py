@@ -97,18 +97,24 @@ class RNGTracker:
     """Holds the seed, the mode and the current (step, first global sample) of the micro-batch.
 
     `stream_rank` (fast mode) is this rank's position in the TP group: it keys the masks of
-    sharded regions, so each rank's heads or sequence chunk get their own.
+    sharded regions, so each rank's heads or sequence chunk get their own; `context_rank`, its
+    CP rank, keys every mask (each CP rank holds other positions).
 
     NOTE: the training loop calls `set_position(step, sample_offset)` before every micro-batch;
     without it every forward redraws the masks of position (0, 0).
     """
 
-    def __init__(self, seed: int, mode: str = "exact", stream_rank: int = 0) -> None:
+    def __init__(
+        self, seed: int, mode: str = "exact", stream_rank: int = 0, context_rank: int = 0
+    ) -> None:
         if mode not in RNG_MODES:
             raise ValueError(f"RNGTracker mode {mode!r}: expected one of {RNG_MODES}")
         self.seed = seed
         self.mode = mode
         self.stream_rank = stream_rank
+        self.context_rank = context_rank
+        """fast mode: this rank's CP rank, in every key (its chunk of the sequence is its own,
+        in replicated regions too)."""
         self.step = 0
         self.sample_offset = 0
         self.mask_width = 0
@@ -146,7 +152,10 @@ class RNGTracker:
         gen = _default_generator(device)
         saved = gen.get_state()  # host-side: CUDA keeps (seed, offset) on the CPU
         rank = self.stream_rank if sharded else -1
-        gen.manual_seed(derive_seed(self.seed, self.step, self.sample_offset, site, rank))
+        keys = (self.seed, self.step, self.sample_offset, site, rank)
+        if self.context_rank:  # CP rank 0 keeps the keys of a run without CP
+            keys = (*keys, self.context_rank)
+        gen.manual_seed(derive_seed(*keys))
         try:
             yield
         finally:

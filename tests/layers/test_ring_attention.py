@@ -1,0 +1,103 @@
+"""Ring attention (context parallelism) against the one-process attention core.
+
+Each CP rank holds its two mirrored chunks of q, k and v; the outputs and the gradients of its
+rows must equal the one-process explicit core's, causal and padded, with exact-mode attention
+dropout on (the same masks: keyed by global head, query and key position).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist import run_distributed
+from tests.tolerances import FP32_LAYER_REL, assert_rel_close, seeded
+from tpformer.layers.attention import ParallelSelfAttention
+from tpformer.layers.dropout import assign_dropout_sites
+from tpformer.parallel.comm import count_collectives
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.sequence_chunks import context_positions
+
+B, HEADS, SEQ, HIDDEN = 2, 4, 16, 32
+DIM = HIDDEN // HEADS
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    gen = seeded(7)
+    q, k, v, grad = (torch.randn(B, HEADS, SEQ, DIM, generator=gen) for _ in range(4))
+    lengths = torch.tensor([SEQ, SEQ - 5])
+    padding = torch.arange(SEQ)[None, :] < lengths[:, None]  # [b, s], True = token
+    return {"q": q, "k": k, "v": v, "grad": grad, "padding": padding}
+
+
+def _layer(ctx: ParallelContext, causal: bool, dropout: float) -> ParallelSelfAttention:
+    layer = ParallelSelfAttention(HIDDEN, HEADS, ctx, attention_dropout=dropout, causal=causal)
+    assign_dropout_sites(layer)
+    ctx.rng.set_position(step=3, sample_offset=5)
+    return layer.train()
+
+
+def _masks(padding: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the one-process mask [b, 1, s, s], the ring's key padding mask [b, 1, 1, s])."""
+    keys = padding[:, None, None, :]
+    full = keys.expand(B, 1, SEQ, SEQ)
+    if causal:
+        full = full & torch.ones(SEQ, SEQ, dtype=torch.bool).tril()
+    return full, keys
+
+
+def _run(ctx: ParallelContext, causal: bool, dropout: float) -> dict[str, object]:
+    data = _inputs()
+    layer = _layer(ctx, causal, dropout)
+    heads = slice(layer.head_offset, layer.head_offset + layer.local_heads)
+    rows = context_positions(SEQ, ctx.cp.rank, ctx.cp.size, torch.device("cpu"))
+    q, k, v = (data[n][:, heads][:, :, rows].clone().requires_grad_() for n in "qkv")
+    _, keys = _masks(data["padding"], causal)
+    with count_collectives() as counts:
+        out = layer.core(q, k, v, keys)
+        out.backward(data["grad"][:, heads][:, :, rows])
+    assert q.grad is not None and k.grad is not None and v.grad is not None
+    return {
+        "out": out.detach(),
+        "grads": [q.grad, k.grad, v.grad],
+        "rows": rows,
+        "heads": heads,
+        "sent": counts.bytes["send"],
+    }
+
+
+def _reference(causal: bool, dropout: float) -> dict[str, object]:
+    data = _inputs()
+    layer = _layer(ParallelContext.single(rng="exact", device="cpu"), causal, dropout)
+    q, k, v = (data[n].clone().requires_grad_() for n in "qkv")
+    full, _ = _masks(data["padding"], causal)
+    out = layer.core(q, k, v, full)
+    out.backward(data["grad"])
+    return {"out": out.detach(), "grads": [q.grad, k.grad, v.grad]}
+
+
+@pytest.mark.parametrize(
+    ("cp", "tp", "causal", "dropout"),
+    [
+        (2, 1, True, 0.0),
+        (2, 1, False, 0.2),
+        (4, 1, True, 0.2),
+        (4, 1, False, 0.0),
+        (2, 2, True, 0.2),
+    ],
+)
+def test_ring_attention_matches_one_process(cp: int, tp: int, causal: bool, dropout: float) -> None:
+    expected = _reference(causal, dropout)
+    results = run_distributed(_run, cp * tp, causal, dropout, context=cp, tensor=tp)
+    for rank, got in enumerate(results):
+        rows, heads = got["rows"], got["heads"]
+        assert_rel_close(
+            got["out"], expected["out"][:, heads][:, :, rows], FP32_LAYER_REL, f"rank {rank} out"
+        )
+        for name, actual, whole in zip("qkv", got["grads"], expected["grads"], strict=True):
+            assert_rel_close(
+                actual, whole[:, heads][:, :, rows], FP32_LAYER_REL, f"rank {rank} grad {name}"
+            )
+        # forward: (cp - 1) key/value blocks; backward: as many again plus cp gradient blocks
+        block = 2 * B * (HEADS // tp) * (SEQ // cp) * DIM * 4  # stacked k and v, fp32 bytes
+        assert got["sent"] == (2 * (cp - 1) + cp) * block

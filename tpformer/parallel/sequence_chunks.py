@@ -1,0 +1,42 @@
+"""Which positions of a sequence each context-parallel (CP) rank holds.
+
+The sequence is cut into 2 x cp equal chunks and CP rank r holds chunks r and 2cp - 1 - r (the
+mirrored layout of Megatron-core and torchtitan). Under a causal mask the work of a query grows
+with its position, so pairing an early chunk with a late one gives every rank the same number
+of unmasked (query, key) pairs; a padding-only mask (BERT) does not need it, but one layout for
+both keeps checkpoints, dropout keys and the loss bookkeeping the same for every model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_context_length(seq_len: int, cp: int) -> None:
+    """A sequence must split into 2 x cp equal chunks."""
+    if cp > 1 and seq_len % (2 * cp) != 0:
+        below = seq_len - seq_len % (2 * cp)
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by 2 x parallel.context = {2 * cp} "
+            f"(each CP rank holds two mirrored chunks); use e.g. {below or 2 * cp} or "
+            f"{below + 2 * cp}"
+        )
+
+
+def context_positions(seq_len: int, cp_rank: int, cp: int, device: torch.device) -> Tensor:
+    """The global positions CP rank `cp_rank` holds, ascending: [seq_len / cp] (all of them when
+    cp == 1)."""
+    if cp == 1:
+        return torch.arange(seq_len, device=device)
+    check_context_length(seq_len, cp)
+    chunk = seq_len // (2 * cp)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk, device=device)
+    mirror = 2 * cp - 1 - cp_rank
+    second = torch.arange(mirror * chunk, (mirror + 1) * chunk, device=device)
+    return torch.cat([first, second])
+
+
+def whole_length(local_len: int, cp: int) -> int:
+    """The sequence length whose CP chunk has local_len positions."""
+    return local_len * cp
