@@ -97,7 +97,7 @@ class ZeroEngine:
         self._callback_queued = False
         self.pool = BufferPool()
         self.buckets = [
-            FlatBucket(u.params, ctx.dp.size, ctx.dp.rank, module=u.module)
+            FlatBucket(u.params, ctx.replicas.size, ctx.replicas.rank, module=u.module)
             for u in split_units(model)
         ]
         self.whole_master = zero_stage == 0
@@ -105,7 +105,7 @@ class ZeroEngine:
             self.params: ReplicatedParams | PartitionedParams = PartitionedParams(
                 model,
                 self.buckets,
-                ctx.dp,
+                ctx.replicas,
                 self.pool,
                 dtype=self.dtype,
                 device=device,
@@ -115,17 +115,17 @@ class ZeroEngine:
             self.params = ReplicatedParams(
                 model,
                 self.buckets,
-                ctx.dp,
+                ctx.replicas,
                 dtype=self.dtype,
                 device=device,
                 sharded_master=zero_stage >= 1,
             )
-        compress = grad_compression if ctx.dp.size > 1 else "none"  # it acts on DP only
+        compress = grad_compression if ctx.replicas.size > 1 else "none"  # it acts on DP only
         bf16 = compress == "bf16"
         powersgd = (
             PowerSGD(
                 self.buckets,
-                ctx.dp,
+                ctx.replicas,
                 ctx.tp,
                 rank=powersgd_rank,
                 start_step=powersgd_start_step,
@@ -136,11 +136,11 @@ class ZeroEngine:
             else None
         )
         self.grads = (
-            ShardedGrads(self.buckets, ctx.dp, device, self.pool, bf16=bf16)
+            ShardedGrads(self.buckets, ctx.replicas, device, self.pool, bf16=bf16)
             if zero_stage >= 2
             else ReplicatedGrads(
                 self.buckets,
-                ctx.dp,
+                ctx.replicas,
                 device,
                 self.pool,
                 sharded=zero_stage == 1,
@@ -167,7 +167,7 @@ class ZeroEngine:
             self.masters,
             whole=self.whole_master,
             tp=ctx.tp,
-            dp=ctx.dp,
+            dp=ctx.replicas,
             comm_device=device,
         )
         self.decides_on_device = (
@@ -253,7 +253,7 @@ class ZeroEngine:
             [b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master else grads
         )  # each DP rank counts only its chunk in the norm
         norm = scale * global_grad_norm(
-            self.buckets, shard_grads, self.ctx.tp, self.ctx.dp, self.ctx.pp
+            self.buckets, shard_grads, self.ctx.tp, self.ctx.replicas, self.ctx.pp
         )
         finite = torch.isfinite(norm)
         if not self.decides_on_device:
@@ -385,5 +385,5 @@ class ZeroEngine:
     def __repr__(self) -> str:
         return (
             f"ZeroEngine(stage={self.stage}, buckets={len(self.buckets)}, "
-            f"dtype={self.dtype}, dp={self.ctx.dp.size})"
+            f"dtype={self.dtype}, dp={self.ctx.replicas.size})"
         )

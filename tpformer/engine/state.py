@@ -1,8 +1,8 @@
 """The engine's state in logical, layout-free form: one fp32 tensor per parameter name and slot.
 
-Saving gathers each bucket's fp32 master and optimizer moments over DP (flat ZeRO shards -> this
+Saving gathers each bucket's fp32 master and optimizer moments over DP (x CP) (flat ZeRO shards -> this
 TP rank's whole bucket) and cuts them into parameters. A TP-sharded parameter is handed to DCP
-as a DTensor (Replicate over "dp", Shard over "tp"), so every TP rank writes its own slice of
+as a DTensor (Replicate over "dp" and "cp", Shard over "tp"), so every TP rank writes its own slice of
 the logical tensor and DCP splits the DP replicas' identical slices among them; replicated
 parameters are plain tensors that DCP likewise writes once. Loading receives tensors laid out
 as this layout's `logical_state` (DCP fills them from a checkpoint of any layout: the
@@ -37,8 +37,9 @@ def _master_like(optimizer: torch.optim.Optimizer, master: Master, slot: str) ->
 def _whole_bucket(local: Tensor, ctx: ParallelContext, *, whole: bool) -> Tensor:
     if whole:
         return local.float()
-    gathered = torch.empty(local.numel() * ctx.dp.size, dtype=torch.float32, device=ctx.device)
-    wait(all_gather_async(gathered, local.float().to(ctx.device), ctx.dp))
+    replicas = ctx.replicas
+    gathered = torch.empty(local.numel() * replicas.size, dtype=torch.float32, device=ctx.device)
+    wait(all_gather_async(gathered, local.float().to(ctx.device), replicas))
     return gathered
 
 
@@ -65,12 +66,12 @@ def _tp_dim(seg: Segment) -> int:
 def _as_dtensor(local: Tensor, seg: Segment, ctx: ParallelContext) -> DTensor:
     shape = logical_shape(_like(seg))
     stride = torch.empty(shape, device="meta").stride()
-    mesh = ctx.stage_mesh  # a pipeline stage's parameters span its own (dp, tp) ranks only
+    mesh = ctx.stage_mesh  # a pipeline stage's parameters span its own (dp, cp, tp) ranks only
     assert mesh is not None, "DTensor checkpoints need the device mesh of a distributed run"
     return DTensor.from_local(
         local.to(mesh.device_type),
         mesh,
-        [Replicate(), Shard(_tp_dim(seg))],
+        [Replicate(), Replicate(), Shard(_tp_dim(seg))],
         run_check=False,
         shape=shape,
         stride=stride,

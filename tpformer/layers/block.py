@@ -35,12 +35,14 @@ class TransformerLayer(nn.Module):
         self.attention = ParallelSelfAttention(
             h, config.num_heads, ctx, causal=causal, attention_dropout=config.attention_dropout
         )
-        self.attention_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence)
+        self.attention_dropout = ParallelDropout(
+            config.dropout, ctx.rng, sequence=sequence, context=ctx.cp
+        )
         self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         self.mlp = ParallelMLP(
             h, config.intermediate_size, ctx.tp, activation=config.activation, sequence_parallel=sp
         )
-        self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence)
+        self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence, context=ctx.cp)
         self.mlp_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         if sp:
             mark_sequence_parallel(self.attention_norm, self.mlp_norm)

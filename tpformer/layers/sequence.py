@@ -1,4 +1,5 @@
-"""What the heads take from a sequence-sharded encoder output, with the fewest bytes.
+"""What the heads take from a sequence-sharded encoder output, with the fewest bytes, and which
+positions a rank holds (sequence and context parallelism).
 
 Under sequence parallelism the last layer leaves [b, s/tp, h] on each TP rank. The MLM head
 needs only the masked positions (about 15%), the pooler only the first token; these helpers
@@ -13,16 +14,34 @@ from torch import Tensor
 
 from tpformer.parallel.comm import from_first_rank, gather_rows, sequence_range
 from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.sequence_chunks import context_positions
 
 
 def local_positions(
-    seq_len: int, tp: GroupHandle, sequence_parallel: bool, device: torch.device
+    seq_len: int,
+    tp: GroupHandle,
+    sequence_parallel: bool,
+    device: torch.device,
+    cp: GroupHandle | None = None,
 ) -> Tensor:
-    """The global positions this rank holds: all of them, or its chunk of the sequence."""
+    """The global positions of the rows this rank holds: all of them, this CP rank's two
+    mirrored chunks (context parallelism), and of those its TP chunk (sequence parallelism)."""
+    positions = (
+        torch.arange(seq_len, device=device)
+        if cp is None
+        else context_positions(seq_len, cp.rank, cp.size, device)
+    )
     if not sequence_parallel:
-        return torch.arange(seq_len, device=device)
-    start, stop = sequence_range(seq_len // tp.size, tp)
-    return torch.arange(start, stop, device=device)
+        return positions
+    local = positions.numel() // tp.size
+    return positions.narrow(0, sequence_range(local, tp)[0], local)
+
+
+def context_part(x: Tensor, cp: GroupHandle) -> Tensor:
+    """x [b, s, ...] of the whole sequence -> this CP rank's positions [b, s / cp, ...]."""
+    if cp.size == 1:
+        return x
+    return x.index_select(1, context_positions(x.shape[1], cp.rank, cp.size, x.device))
 
 
 def first_token(hidden: Tensor, tp: GroupHandle, sequence_parallel: bool) -> Tensor:

@@ -19,9 +19,9 @@ from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
-from tpformer.layers.sequence import first_token, labeled_rows, local_positions
+from tpformer.layers.sequence import context_part, first_token, labeled_rows, local_positions
 from tpformer.models.base import TPModel
-from tpformer.parallel.comm import copy_to_tp
+from tpformer.parallel.comm import copy_to_tp, from_first_rank
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 
@@ -61,16 +61,23 @@ class BertEmbeddings(nn.Module):
         )
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = ParallelDropout(
-            config.dropout, ctx.rng, sequence=ctx.tp if ctx.sequence_parallel else None
+            config.dropout,
+            ctx.rng,
+            sequence=ctx.tp if ctx.sequence_parallel else None,
+            context=ctx.cp,
         )
+        self.cp = ctx.cp
         if ctx.sequence_parallel:
             mark_sequence_parallel(self.position_embeddings, self.token_type_embeddings, self.norm)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """input_ids [b, s] of the whole sequence -> this rank's rows (its CP chunks, and its TP
+        chunk of those under sequence parallelism)."""
         positions = local_positions(
-            input_ids.shape[1], self.tp, self.sequence_parallel, input_ids.device
+            input_ids.shape[1], self.tp, self.sequence_parallel, input_ids.device, self.cp
         )
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        x = self.word_embeddings(context_part(input_ids, self.cp))
+        x = x + self.position_embeddings(positions)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:
@@ -84,6 +91,7 @@ class BertModel(TPModel):
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pooler: bool = True) -> None:
         super().__init__()
         self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
+        self.cp = ctx.cp
         self.embeddings = BertEmbeddings(config, ctx)
         self.encoder = TransformerStack(config, ctx, pre_norm=False, causal=False)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
@@ -101,7 +109,17 @@ class BertModel(TPModel):
         """The last block's output -> (sequence output, pooled or None)."""
         if self.pooler is None:
             return x, None
-        return x, torch.tanh(self.pooler(first_token(x, self.tp, self.sequence_parallel)))
+        first = first_token(x, self.tp, self.sequence_parallel)
+        # context parallelism: position 0 is CP rank 0's; every CP rank runs the head on it
+        # and counts its loss on CP rank 0 only (head_weight)
+        first = from_first_rank(first, self.cp)
+        return x, torch.tanh(self.pooler(first))
+
+    def head_weight(self) -> float:
+        """1.0, or 0.0 on CP ranks other than 0: how much of a loss on the pooled output this
+        rank counts (the CP ranks run the same head on the same input; gradients are summed
+        over CP, so only one may count it)."""
+        return 1.0 if self.cp.rank == 0 else 0.0
 
     def forward(
         self,
@@ -110,7 +128,8 @@ class BertModel(TPModel):
         attention_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated,
-        except the sequence output with sequence parallelism: this rank's chunk [b, s/tp, h]."""
+        except the sequence output with sequence parallelism: this rank's chunk [b, s/tp, h],
+        and with context parallelism: this CP rank's positions [b, s/cp, h]."""
         x = self.encoder(self.embed(input_ids, token_type_ids), padding_mask(attention_mask))
         return self.finish(x)
 
@@ -148,7 +167,9 @@ class _PipelinedBert(TPModel):
 class PretrainingOutput:
     """Losses are means over this micro-batch; the *_sum/_count pairs let a trainer normalize
     over the global batch. mlm_logits is this rank's vocab shard, filled when no labels are
-    given."""
+    given. With context parallelism each is this CP rank's share: *_sum and the losses count
+    its positions (and the NSP loss CP rank 0 only) over the whole micro-batch's count, so
+    the sums over the CP group are the one-process values."""
 
     loss: Tensor | None = None
     mlm_loss: Tensor | None = None
@@ -172,6 +193,7 @@ class BertForPreTraining(_PipelinedBert):
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
         self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
+        self.cp = ctx.cp
         self.bert = BertModel(config, ctx)
         h = config.hidden_size
         self.mlm_transform = nn.Linear(h, h)
@@ -219,25 +241,34 @@ class BertForPreTraining(_PipelinedBert):
         sequence, pooled = self.bert.finish(hidden)
         out = PretrainingOutput(nsp_logits=self.nsp(pooled))
         if mlm_labels is None:
-            every = torch.zeros_like(input_ids)  # every position, gathered whole
+            every = torch.zeros_like(context_part(input_ids, self.cp))  # every position held
             out.mlm_logits = self.mlm_logits(
                 labeled_rows(sequence, every, self.tp, self.sequence_parallel)[0].view(
-                    *input_ids.shape, -1
+                    *every.shape, -1
                 )
             )
             return out
-        # the masked rows only (fetched from their ranks under sequence parallelism)
-        rows, labels = labeled_rows(sequence, mlm_labels, self.tp, self.sequence_parallel)
+        # the masked rows only (fetched from their ranks under sequence parallelism); with
+        # context parallelism, this CP rank's: its loss is its share of the micro-batch's
+        masked = (mlm_labels != -100).sum() if self.cp.size > 1 else None
+        rows, labels = labeled_rows(
+            sequence, context_part(mlm_labels, self.cp), self.tp, self.sequence_parallel
+        )
         losses, hits = vocab_parallel_cross_entropy_and_hits(
             self.mlm_logits(rows), labels, self.tp, vocab_size=self.config.vocab_size
         )
-        out.mlm_loss_sum, out.mlm_count = losses.sum(), torch.tensor(labels.numel())
-        out.mlm_correct = hits.sum()
-        out.mlm_loss = out.mlm_loss_sum / max(labels.numel(), 1)
+        out.mlm_loss_sum, out.mlm_correct = losses.sum(), hits.sum()
+        if masked is None:
+            out.mlm_count = torch.tensor(labels.numel())
+            out.mlm_loss = out.mlm_loss_sum / max(labels.numel(), 1)
+        else:  # the micro-batch's count, of every CP rank's rows
+            out.mlm_count = masked
+            out.mlm_loss = out.mlm_loss_sum / masked.clamp(min=1)
         out.loss = out.mlm_loss
         if nsp_labels is not None and out.nsp_logits is not None:
-            out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), nsp_labels)
-            out.nsp_correct = (out.nsp_logits.argmax(-1) == nsp_labels).sum()
+            weight = self.bert.head_weight()
+            out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), nsp_labels) * weight
+            out.nsp_correct = (out.nsp_logits.argmax(-1) == nsp_labels).sum() * int(weight)
             out.loss = out.loss + out.nsp_loss
         return out
 
@@ -290,4 +321,6 @@ class BertForSequenceClassification(_PipelinedBert):
             loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
         else:
             loss = F.cross_entropy(logits.float(), labels)
+        if self.bert.cp.size > 1:
+            loss = loss * self.bert.head_weight()
         return ClassificationOutput(logits, loss)

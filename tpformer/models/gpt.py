@@ -17,7 +17,7 @@ from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.linear import sequence_gathered_linear
 from tpformer.layers.loss import vocab_parallel_cross_entropy
-from tpformer.layers.sequence import local_positions
+from tpformer.layers.sequence import context_part, local_positions
 from tpformer.models.base import TPModel
 from tpformer.models.bert import check_sequence_length
 from tpformer.parallel.comm import copy_to_tp, gather_from_tp
@@ -31,6 +31,7 @@ class GPTModel(TPModel):
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
         self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
+        self.cp = ctx.cp
         self.wte = VocabParallelEmbedding(
             config.vocab_size,
             config.hidden_size,
@@ -40,7 +41,10 @@ class GPTModel(TPModel):
         )
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.dropout = ParallelDropout(
-            config.dropout, ctx.rng, sequence=ctx.tp if ctx.sequence_parallel else None
+            config.dropout,
+            ctx.rng,
+            sequence=ctx.tp if ctx.sequence_parallel else None,
+            context=ctx.cp,
         )
         self.decoder = TransformerStack(config, ctx, pre_norm=True, causal=True)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -62,14 +66,20 @@ class GPTModel(TPModel):
         s = input_ids.shape[1]
         if positions is None:
             check_sequence_length(s, self.config)
-            positions = local_positions(s, self.tp, self.sequence_parallel, input_ids.device)
+            positions = local_positions(
+                s, self.tp, self.sequence_parallel, input_ids.device, self.cp
+            )
+            input_ids = context_part(input_ids, self.cp)  # this CP rank's positions
         return self.dropout(self.wte(input_ids) + self.wpe(positions))
 
-    @staticmethod
-    def block_mask(input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor | None:
-        """Causal and key padding together (None: causal only, which attention applies)."""
+    def block_mask(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor | None:
+        """Causal and key padding together (None: causal only, which attention applies); with
+        context parallelism the key padding alone (ring attention builds the causal part from
+        positions)."""
         if attention_mask is None:
             return None
+        if self.cp.size > 1:
+            return attention_mask.bool()[:, None, None, :]
         s = input_ids.shape[1]
         causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
         return causal[None, None] & attention_mask.bool()[:, None, None, :]
@@ -94,6 +104,7 @@ class GPTForCausalLM(TPModel):
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
         self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
+        self.cp = ctx.cp
         self.transformer = GPTModel(config, ctx)
 
     pipeline_embedding = ("transformer.wte", "transformer.wpe")
@@ -147,9 +158,23 @@ class GPTForCausalLM(TPModel):
         )
         if labels is None:
             return CausalLMOutput(logits)
+        if self.cp.size > 1:
+            return CausalLMOutput(logits, self._context_loss(logits, labels))
         shifted = logits[:, :-1].reshape(-1, logits.shape[-1])
         targets = labels[:, 1:].reshape(-1)
         losses = vocab_parallel_cross_entropy(
             shifted, targets, self.tp, vocab_size=self.config.vocab_size
         )
         return CausalLMOutput(logits, losses.sum() / (targets != -100).sum().clamp(min=1))
+
+    def _context_loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Context parallelism: logits of this CP rank's positions, labels [b, s] of the whole
+        sequence. Each position predicts the next token (the last one nothing), so the targets
+        are shifted over the whole sequence before this rank's positions are taken; the loss is
+        this rank's sum over the micro-batch's count (the CP group's sum is the mean)."""
+        targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+        targets = context_part(targets, self.cp).reshape(-1)
+        losses = vocab_parallel_cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets, self.tp, vocab_size=self.config.vocab_size
+        )
+        return losses.sum() / (labels[:, 1:] != -100).sum().clamp(min=1)

@@ -164,7 +164,8 @@ class Trainer:
             mask_width=prepared.mask_width,
             train=train,
         )
-        values = torch.cat([all_reduce(totals, self.ctx.dp), counts[-2:]])
+        # CP ranks hold the same samples (counts over DP) but each its share of every value
+        values = torch.cat([all_reduce(totals, self.ctx.replicas), counts[-2:]])
         padded = bool(prepared.parts) and "attention_mask" in prepared.parts[0][1]
         return StepResult(values, padded)
 

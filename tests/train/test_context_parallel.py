@@ -1,0 +1,77 @@
+"""Context parallelism in training: every CP layout's loss curve equals one process's, dropout on.
+
+Global batch 8 of 32-token sequences each time; the CP ranks hold two mirrored chunks of every
+sequence, attention runs as ring attention, and the gradients are summed over DP x CP.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.dist import run_distributed
+from tests.tolerances import FP32_MODEL_REL
+from tests.train.test_trainer import tiny_config
+from tpformer.config.presets import preset
+from tpformer.config.schema import Config
+from tpformer.parallel.context import ParallelContext
+from tpformer.train.pretraining import pretraining_trainer
+
+
+def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[float, ...]]:
+    records = pretraining_trainer(config, ctx, Path(run_dir)).train()
+    keys = [k for k in ("loss", "mlm_accuracy", "nsp_accuracy") if k in records[0]]
+    return [tuple(r[k] for k in keys) for r in records]
+
+
+def _gpt(config: Config) -> Config:
+    model = preset(
+        "gpt2_small",
+        vocab_size=128,
+        hidden_size=32,
+        num_heads=4,
+        num_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        dropout=0.1,
+        attention_dropout=0.1,
+    )
+    return replace(config, model=model)
+
+
+@pytest.mark.parametrize(
+    ("arch", "cp", "tp", "dp", "extra"),
+    [
+        ("bert", 2, 1, 1, {}),
+        ("gpt", 2, 1, 1, {}),
+        ("bert", 4, 1, 1, {}),
+        ("bert", 2, 2, 1, {}),
+        ("gpt", 2, 2, 1, {"sequence_parallel": True}),
+        ("bert", 2, 1, 2, {"zero_stage": 1}),
+        ("gpt", 2, 1, 2, {"zero_stage": 3}),
+    ],
+)
+def test_context_parallel_loss_curve_equals_one_process(
+    tmp_path: Path, arch: str, cp: int, tp: int, dp: int, extra: dict
+) -> None:
+    """Losses within 1e-5 of one process; accuracies (counts of argmax hits over global counts,
+    summed over the CP ranks' positions) equal."""
+    as_arch = _gpt if arch == "gpt" else (lambda c: c)
+    reference = _curves(
+        ParallelContext.single(device="cpu"), as_arch(tiny_config(micro=8)), str(tmp_path)
+    )
+    config = as_arch(tiny_config(micro=8 // dp, tensor=tp, context=cp, **extra))
+    sp = bool(extra.get("sequence_parallel"))
+    for curves in run_distributed(
+        _curves,
+        cp * tp * dp,
+        config,
+        str(tmp_path / "run"),
+        tensor=tp,
+        context=cp,
+        sequence_parallel=sp,
+    ):
+        assert len(curves) == len(reference)
+        for got, want in zip(curves, reference, strict=True):
+            assert abs(got[0] - want[0]) <= FP32_MODEL_REL * abs(want[0]), (curves, reference)
+            assert got[1:] == want[1:], (curves, reference)
