@@ -16,7 +16,13 @@ def _membership(ctx: ParallelContext) -> dict:
     dp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.dp).item()
     pp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.pp).item()
     ends_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.pipeline_ends).item()
+    cp_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.cp).item()
+    replicas_sum = all_reduce(torch.tensor([float(ctx.rank)]), ctx.replicas).item()
     return {
+        "cp": (ctx.cp.rank, ctx.cp.size),
+        "replicas": (ctx.replicas.rank, ctx.replicas.size),
+        "cp_sum": cp_sum,
+        "replicas_sum": replicas_sum,
         "rank": ctx.rank,
         "tp": (ctx.tp.rank, ctx.tp.size),
         "dp": (ctx.dp.rank, ctx.dp.size),
@@ -39,7 +45,26 @@ def test_groups_follow_the_layout(world: int, tp: int) -> None:
         assert res["tp"] == (t, tp) and res["dp"] == (d, dp)
         assert res["tp_sum"] == sum(d * tp + i for i in range(tp))
         assert res["dp_sum"] == sum(j * tp + t for j in range(dp))
-        assert res["mesh"] == ("pp", "dp", "tp") and res["shape"] == (1, dp, tp)
+        assert res["mesh"] == ("pp", "dp", "cp", "tp") and res["shape"] == (1, dp, 1, tp)
+        assert res["replicas"] == res["dp"] and res["cp"] == (0, 1)
+
+
+@pytest.mark.parametrize(("world", "tp", "cp"), [(2, 1, 2), (4, 2, 2), (4, 1, 2), (4, 1, 4)])
+def test_context_parallel_groups_sit_between_dp_and_tp(world: int, tp: int, cp: int) -> None:
+    """rank = (dp_rank x cp + cp_rank) x tp + tp_rank; ctx.cp is the ring of one (DP replica,
+    TP rank), ctx.replicas spans DP x CP of one TP rank (what gradients are summed over)."""
+    results = run_distributed(_membership, world, tensor=tp, context=cp)
+    dp = world // (tp * cp)
+    for r, res in enumerate(results):
+        d, rest = divmod(r, cp * tp)
+        c, t = divmod(rest, tp)
+        assert res["tp"] == (t, tp) and res["dp"] == (d, dp) and res["cp"] == (c, cp)
+        assert res["cp_sum"] == sum((d * cp + j) * tp + t for j in range(cp))
+        assert res["dp_sum"] == sum((j * cp + c) * tp + t for j in range(dp))
+        same_params = [(i * cp + j) * tp + t for i in range(dp) for j in range(cp)]
+        assert res["replicas"] == (same_params.index(r), dp * cp)
+        assert res["replicas_sum"] == sum(same_params)
+        assert res["shape"] == (1, dp, cp, tp)
 
 
 @pytest.mark.parametrize(("world", "tp", "pp"), [(2, 1, 2), (4, 2, 2), (4, 1, 4)])
@@ -56,7 +81,7 @@ def test_pipeline_stages_are_outermost(world: int, tp: int, pp: int) -> None:
         assert res["pp_sum"] == sum(pipeline)
         ends = [pipeline[0], pipeline[-1]]
         assert res["ends_sum"] == (sum(ends) if r in ends else r)
-        assert res["shape"] == (pp, dp, tp)
+        assert res["shape"] == (pp, dp, 1, tp)
 
 
 def _two_contexts_in_one_process(ctx: ParallelContext) -> float:

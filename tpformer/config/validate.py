@@ -4,9 +4,8 @@ values it produces and does not check them again."""
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
+import math
 import typing
 from collections.abc import Sequence
 from enum import Enum
@@ -113,7 +112,9 @@ def context_multiple(cp: int, tp: int, sequence_parallel: bool) -> int:
     return math.lcm(multiple, cp * tp) if sequence_parallel else multiple
 
 
-def validate_context_parallel(layout: Layout, parallel: ParallelConfig, seq_length: int | None) -> None:
+def validate_context_parallel(
+    layout: Layout, parallel: ParallelConfig, seq_length: int | None
+) -> None:
     """Context parallelism splits every sequence into 2 x cp chunks (fixed-length pretraining
     sequences must divide; fine-tuning pads instead) and is not combined with pipelines yet."""
     if layout.cp == 1:

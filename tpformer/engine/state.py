@@ -1,14 +1,14 @@
 """The engine's state in logical, layout-free form: one fp32 tensor per parameter name and slot.
 
-Saving gathers each bucket's fp32 master and optimizer moments over DP (x CP) (flat ZeRO shards -> this
-TP rank's whole bucket) and cuts them into parameters. A TP-sharded parameter is handed to DCP
-as a DTensor (Replicate over "dp" and "cp", Shard over "tp"), so every TP rank writes its own slice of
-the logical tensor and DCP splits the DP replicas' identical slices among them; replicated
-parameters are plain tensors that DCP likewise writes once. Loading receives tensors laid out
-as this layout's `logical_state` (DCP fills them from a checkpoint of any layout: the
-resharding) and distributes them into this rank's TP slices and DP partitions. Values are only
-copied, never recomputed, so resuming at the same layout is bitwise exact and resuming at
-another layout continues the same fp32 optimizer state.
+Saving gathers each bucket's fp32 master and optimizer moments over DP x CP (flat ZeRO shards
+-> this TP rank's whole bucket) and cuts them into parameters. A TP-sharded parameter is handed
+to DCP as a DTensor (Replicate over "dp" and "cp", Shard over "tp"), so every TP rank writes
+its own slice of the logical tensor and DCP splits the replicas' identical slices among them;
+replicated parameters are plain tensors that DCP likewise writes once. Loading receives
+tensors laid out as this layout's `logical_state` (DCP fills them from a checkpoint of any
+layout: the resharding) and distributes them into this rank's TP slices and DP partitions.
+Values are only copied, never recomputed, so resuming at the same layout is bitwise exact and
+resuming at another layout continues the same fp32 optimizer state.
 
 NOTE: every rank holds its TP slice of the model and both moments transiently while saving.
 """

@@ -111,7 +111,9 @@ class ParallelSelfAttention(nn.Module):
                 f"context parallelism takes a key padding mask [b, 1, 1, {total}], got "
                 f"{list(mask.shape)}: causal masks are built from positions inside the ring"
             )
-        positions = [context_positions(total, r, self.cp.size, q.device) for r in range(self.cp.size)]
+        positions = [
+            context_positions(total, r, self.cp.size, q.device) for r in range(self.cp.size)
+        ]
         spec = RingSpec(
             cp=self.cp,
             positions=positions,

@@ -42,7 +42,9 @@ class TransformerLayer(nn.Module):
         self.mlp = ParallelMLP(
             h, config.intermediate_size, ctx.tp, activation=config.activation, sequence_parallel=sp
         )
-        self.mlp_dropout = ParallelDropout(config.dropout, ctx.rng, sequence=sequence, context=ctx.cp)
+        self.mlp_dropout = ParallelDropout(
+            config.dropout, ctx.rng, sequence=sequence, context=ctx.cp
+        )
         self.mlp_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         if sp:
             mark_sequence_parallel(self.attention_norm, self.mlp_norm)

@@ -107,7 +107,7 @@ class RingAttention(torch.autograd.Function):
     """softmax(q k^T * scale + mask) [dropout] @ v over the ring; q, k, v: [b, h, n, d]."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, spec: RingSpec) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, spec: RingSpec) -> Tensor:
         cp = spec.cp
         kv = torch.stack([k, v])
         out = lse = None
@@ -128,7 +128,7 @@ class RingAttention(torch.autograd.Function):
         return result
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         q, k, v, out, lse = ctx.saved_tensors
         spec: RingSpec = ctx.spec
         cp = spec.cp

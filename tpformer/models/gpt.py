@@ -175,6 +175,9 @@ class GPTForCausalLM(TPModel):
         targets = F.pad(labels[:, 1:], (0, 1), value=-100)
         targets = context_part(targets, self.cp).reshape(-1)
         losses = vocab_parallel_cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets, self.tp, vocab_size=self.config.vocab_size
+            logits.reshape(-1, logits.shape[-1]),
+            targets,
+            self.tp,
+            vocab_size=self.config.vocab_size,
         )
         return losses.sum() / (labels[:, 1:] != -100).sum().clamp(min=1)

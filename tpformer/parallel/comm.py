@@ -539,7 +539,9 @@ class _RingStep:
         return self.out
 
 
-def ring_shift_async(x: Tensor, handle: GroupHandle, *, tag: int, reverse: bool = False) -> _RingStep:
+def ring_shift_async(
+    x: Tensor, handle: GroupHandle, *, tag: int, reverse: bool = False
+) -> _RingStep:
     """Send x to the next rank of the ring (group rank + 1; the previous one when `reverse`)
     and receive the previous rank's x (the next one's) into a new tensor: one step of ring
     attention. `wait()` returns the received tensor. Counted as a "send" of x's bytes. `tag`

@@ -113,7 +113,7 @@ class Layout:
         return rank // (self.dp * self.cp * self.tp)
 
     def describe(self) -> str:
-        """"pp1 dp2 cp2 tp2"-style name (cp only when > 1)."""
+        """ "pp1 dp2 cp2 tp2"-style name (cp only when > 1)."""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
 

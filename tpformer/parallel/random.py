@@ -152,7 +152,7 @@ class RNGTracker:
         gen = _default_generator(device)
         saved = gen.get_state()  # host-side: CUDA keeps (seed, offset) on the CPU
         rank = self.stream_rank if sharded else -1
-        keys = (self.seed, self.step, self.sample_offset, site, rank)
+        keys: tuple[int, ...] = (self.seed, self.step, self.sample_offset, site, rank)
         if self.context_rank:  # CP rank 0 keeps the keys of a run without CP
             keys = (*keys, self.context_rank)
         gen.manual_seed(derive_seed(*keys))
