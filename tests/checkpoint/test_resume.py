@@ -257,6 +257,8 @@ RESHARD_REL = 1e-5
         ({"tensor": 2}, {"tensor": 2, "sequence_parallel": True}),  # TP -> TP + SP
         ({"tensor": 2, "optim": "novograd"}, {"zero_stage": 1, "world": 2, "optim": "novograd"}),
         ({"zero_stage": 2, "world": 2, "optim": "lars"}, {"tensor": 2, "optim": "lars"}),
+        ({"context": 2, "world": 2}, {"tensor": 1}),  # CP 2 -> one process
+        ({"tensor": 1}, {"context": 2, "tensor": 2, "world": 4, "zero_stage": 1}),  # -> CP x TP
     ],
 )
 def test_resharded_resume_matches_the_uninterrupted_run(
@@ -280,7 +282,7 @@ def test_resharded_resume_matches_the_uninterrupted_run(
         layout = dict(layout)
         layout.pop("optim", None)
         world = layout.pop("world", layout.get("tensor", 1))
-        dp = world // layout.get("tensor", 1)
+        dp = world // (layout.get("tensor", 1) * layout.get("context", 1))
         config = with_optimizer(tiny_config(steps=STEPS, micro=8 // dp, **layout))
         if world == 1:
             return [fn(ParallelContext.single(device="cpu"), config, *args)]
@@ -291,6 +293,7 @@ def test_resharded_resume_matches_the_uninterrupted_run(
             *args,
             tensor=layout.get("tensor", 1),
             sequence_parallel=layout.get("sequence_parallel", False),
+            context=layout.get("context", 1),
         )
 
     launch(_save_at, saved, str(tmp_path / "b"))

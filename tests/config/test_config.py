@@ -46,6 +46,7 @@ PUBLIC_KEYS = {
         "checkpoint_every",
         "checkpoint_num_layers",
         "checkpoint_offload",
+        "context",
         "cpu_offload",
         "data",
         "gloo_shortcuts",

@@ -114,13 +114,15 @@ class ParallelSelfAttention(nn.Module):
         positions = [
             context_positions(total, r, self.cp.size, q.device) for r in range(self.cp.size)
         ]
+        keep, held = self.dropout.ring_keep(q, self.head_offset, positions, self.cp.rank)
         spec = RingSpec(
             cp=self.cp,
             positions=positions,
             key_padding=None if mask is None else mask[:, 0, 0, :],
             causal=causal,
             scale=1.0 / math.sqrt(self.head_dim),
-            keep=self.dropout.ring_keep(q, self.head_offset, positions, self.cp.rank),
+            keep=keep,
+            held=held,
         )
         return ring_attention(q, k, v, spec)
 

@@ -119,15 +119,16 @@ class ParallelDropout(nn.Module):
 
     def ring_keep(
         self, q: Tensor, head_offset: int, positions: list[Tensor], cp_rank: int
-    ) -> Callable[[int], Tensor | None]:
+    ) -> tuple[Callable[[int], Tensor | None], tuple[Tensor, ...]]:
         """Ring attention's dropout: src -> the scaled keep mask [b, h/tp, n, n_src] of this
         rank's queries (q: [b, h/tp, n, d]) against CP rank src's keys, or None when no
         dropout applies. exact: each sample's [heads, s, s] stream drawn once per call (as the
         CP=1 model draws it) and this rank's heads and query rows kept (bool); a block is its
         key columns. fast: a stream per (block, TP rank, CP rank), drawn again in backward
-        from the same key."""
+        from the same key. Also returned: the tensors the function holds until backward (the
+        exact masks), which ring attention saves as its own."""
         if not self.training or self.p == 0.0:
-            return lambda src: None
+            return (lambda src: None), ()
         if self.site is None:
             raise RuntimeError("ParallelDropout has no site; call assign_dropout_sites(model)")
         scale = 1.0 / (1.0 - self.p)
@@ -142,14 +143,14 @@ class ParallelDropout(nn.Module):
                     keep = torch.empty(shape, device=q.device).bernoulli_(1.0 - self.p)
                 return keep.mul_(scale)
 
-            return drawn
+            return drawn, ()
         assert self.heads is not None, "attention dropout is built with heads="
         width = max(n * len(positions), self.rng.mask_width)
         rows = torch.empty((b, heads, n, width), dtype=torch.bool, device=q.device)
         for i, gen in enumerate(self.rng.sample_generators(q.device, self.site, b)):
             full = torch.empty(self.heads, width, width, device=q.device).uniform_(generator=gen)
             rows[i] = full.narrow(0, head_offset, heads).index_select(1, q_pos) >= self.p
-        return lambda src: rows.index_select(-1, positions[src]).float().mul_(scale)
+        return (lambda src: rows.index_select(-1, positions[src]).float().mul_(scale)), (rows,)
 
     @property
     def sharded(self) -> bool:

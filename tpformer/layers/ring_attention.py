@@ -55,6 +55,9 @@ class RingSpec:
     keep: Callable[[int], Tensor | None]
     """Dropout: the scaled keep mask [b, h, n, n] of this rank's queries against CP rank
     src's keys (the same tensor when asked again in backward), or None without dropout."""
+    held: tuple[Tensor, ...] = ()
+    """Tensors `keep` holds until backward (exact-mode masks): saved with the Function's own,
+    so they count as its saved activations."""
 
 
 def _allowed(spec: RingSpec, src: int) -> Tensor | None:
@@ -123,13 +126,13 @@ class RingAttention(torch.autograd.Function):
                 kv = pending.wait()
         assert out is not None and lse is not None
         result = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, result, lse)
+        ctx.save_for_backward(q, k, v, result, lse, *spec.held)
         ctx.spec = spec
         return result
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors[:5]
         spec: RingSpec = ctx.spec
         cp = spec.cp
         grad_out = grad_out.contiguous()

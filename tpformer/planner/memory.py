@@ -28,6 +28,8 @@ def layer_activation_bytes(
     itemsize: int,
     mask_bytes: int = 1,
     fused_attention: bool = False,
+    context: int = 1,
+    attention_dropout: bool = False,
 ) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
     tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
@@ -38,13 +40,25 @@ def layer_activation_bytes(
     mask_bytes). 16-bit, 1-byte masks, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP
     sbh/t (34 + 5as/h), SP + selective 34 sbh/t. selective drops the as^2 terms, and so does a
     fused attention kernel (`fused_attention`: flash / memory-efficient SDPA keeps only q, k, v,
-    its output and a row statistic); full keeps only the layer's input."""
+    its output and a row statistic); full keeps only the layer's input.
+
+    `context` > 1 (context parallelism): every sbh term holds s / cp positions, and the core is
+    ring attention, which keeps no probabilities: its output again (sbh / (cp t), the output
+    projection keeps its own copy), its fp32 log-sum-exp (4 a s b / (cp t) bytes) and, with
+    exact-mode attention dropout (`attention_dropout`), the bool keep mask of its queries
+    against every key (a s^2 b / (cp t) bytes)."""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
-    sbh, attention = s * b * h, a * s * s * b
+    local = s / context
+    sbh, attention = local * b * h, a * s * local * b
     if recompute == "full":
         return itemsize * sbh / q
-    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * s * b * f) / tp) + mask_bytes * 2 * sbh / q
-    if recompute != "selective" and not fused_attention:
+    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * local * b * f) / tp) + mask_bytes * 2 * sbh / q
+    if recompute == "selective":
+        return kept
+    if context > 1:
+        kept += (itemsize * sbh + 4 * a * local * b) / tp
+        return kept + (attention / tp if attention_dropout else 0.0)
+    if not fused_attention:
         kept += (2 * itemsize + mask_bytes) * attention / tp
     return kept
 

@@ -149,10 +149,20 @@ def format_plan(
     cluster = run_cluster(config, layout)
     stage_memory = predict_memory_of(config, layout, cluster)
     predicted, warnings = prediction_lines(config, layout, cluster, device_type, stage_memory)
+    cp = f" x cp {layout.cp}" if layout.cp > 1 else ""
     lines = [
-        f"layout: world {layout.world_size} = {pp}dp {layout.dp} x tp {layout.tp}",
+        f"layout: world {layout.world_size} = {pp}dp {layout.dp}{cp} x tp {layout.tp}",
         f"  TP groups: {layout.tp_groups()}",
         f"  DP groups: {layout.dp_groups()}",
+        *(
+            [
+                f"  CP rings: {layout.cp_groups()} (each rank holds 2 mirrored chunks of "
+                f"{config.data.seq_length // (2 * layout.cp)} tokens; gradients summed over "
+                f"DP x CP {layout.dp_cp_groups()})"
+            ]
+            if layout.cp > 1
+            else []
+        ),
         *(pipeline_lines(config, layout, split, stage_memory) if split is not None else []),
         f"model: {config.model.arch} {config.model.num_layers} layers, hidden "
         f"{config.model.hidden_size}, {config.model.num_heads} heads; {total_params:,} parameters, "
