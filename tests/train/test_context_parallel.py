@@ -8,13 +8,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import tiny_config
 from tpformer.config.presets import preset
 from tpformer.config.schema import Config
+from tpformer.engine.memory import measure_saved_activations
+from tpformer.models import build_model
+from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
+from tpformer.planner.memory import layer_activation_bytes
 from tpformer.train.pretraining import pretraining_trainer
 
 
@@ -75,3 +80,49 @@ def test_context_parallel_loss_curve_equals_one_process(
         for got, want in zip(curves, reference, strict=True):
             assert abs(got[0] - want[0]) <= FP32_MODEL_REL * abs(want[0]), (curves, reference)
             assert got[1:] == want[1:], (curves, reference)
+
+
+def _saved_per_layer(ctx: ParallelContext, seq: int) -> tuple[list[int], float]:
+    config = replace(_gpt(tiny_config()).model, max_position_embeddings=seq)
+    model = build_model(config, ctx, task="causal_lm").train()
+    ids = torch.randint(5, config.vocab_size, (2, seq), generator=torch.Generator().manual_seed(0))
+
+    def forward() -> torch.Tensor:
+        ctx.rng.set_position(step=1, sample_offset=0)
+        return model(ids, labels=ids).loss
+
+    with count_collectives() as counts:
+        saved = measure_saved_activations(model, forward)
+    return saved.per_layer, counts.bytes["send"]
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_saved_activations_and_ring_bytes_match_the_formulas(cp: int) -> None:
+    """Per layer and rank: what the layer keeps for backward is the planner's formula
+    (context=cp: s/cp positions, no probabilities, the exact-mode bool masks of its queries
+    against every key), and the bytes sent equal the ring's (2 (cp - 1) + cp) blocks."""
+    seq, b = 64, 2
+    m = _gpt(tiny_config()).model
+    results = run_distributed(_saved_per_layer, cp, seq, context=cp)
+    formula = layer_activation_bytes(
+        seq,
+        b,
+        m.hidden_size,
+        m.num_heads,
+        m.intermediate_size,
+        tp=1,
+        sequence_parallel=False,
+        recompute="none",
+        itemsize=4,
+        mask_bytes=4,
+        context=cp,
+        attention_dropout=True,
+    )
+    block = 2 * b * m.num_heads * (seq // cp) * (m.hidden_size // m.num_heads) * 4
+    for per_layer, sent in results:
+        # the formula leaves out the LayerNorms' row statistics (O(s b), under 1% here)
+        assert all(0 <= kept - formula <= 0.01 * formula for kept in per_layer), (
+            per_layer,
+            formula,
+        )
+        assert sent == m.num_layers * (2 * (cp - 1) + cp) * block
