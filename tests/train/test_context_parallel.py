@@ -4,6 +4,7 @@ Global batch 8 of 32-token sequences each time; the CP ranks hold two mirrored c
 sequence, attention runs as ring attention, and the gradients are summed over DP x CP.
 """
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,12 +14,15 @@ import torch
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import tiny_config
+from tpformer.cli.generate import validate_layout_for_inference
 from tpformer.config.presets import preset
-from tpformer.config.schema import Config
+from tpformer.config.schema import Config, ParallelConfig
+from tpformer.config.validate import validate
 from tpformer.engine.memory import measure_saved_activations
 from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import Layout, resolve_layout
 from tpformer.planner.memory import layer_activation_bytes
 from tpformer.train.pretraining import pretraining_trainer
 
@@ -126,3 +130,31 @@ def test_saved_activations_and_ring_bytes_match_the_formulas(cp: int) -> None:
             formula,
         )
         assert sent == m.num_layers * (2 * (cp - 1) + cp) * block
+
+
+@pytest.mark.parametrize(
+    ("world", "parallel", "seq", "message"),
+    [
+        (4, {"context": 3}, 32, "parallel.tensor=1 x parallel.context=3 = 3 does not divide "
+         "world_size=4; valid products are [1, 2, 4]"),
+        (4, {"context": 2, "pipeline": 2}, 32, "context parallelism does not run inside "
+         "pipeline stages yet"),
+        (8, {"context": 2, "tensor": 4, "sequence_parallel": True}, 36,
+         "data.seq_length=36 must be divisible by 8 with parallel.context=2 (two mirrored "
+         "chunks per CP rank, each split over the TP group); e.g. 32 or 40"),
+        (2, {"context": 2}, 30, "data.seq_length=30 must be divisible by 4 with "
+         "parallel.context=2 (two mirrored chunks per CP rank); e.g. 28 or 32"),
+    ],
+)  # fmt: skip
+def test_bad_context_layouts_are_named(world: int, parallel: dict, seq: int, message: str) -> None:
+    config = tiny_config(**parallel)
+    config = replace(config, data=replace(config.data, seq_length=seq))
+    p = config.parallel
+    with pytest.raises(ValueError, match=re.escape(message)):
+        layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)
+        validate(config, layout)
+
+
+def test_inference_refuses_context_parallelism() -> None:
+    with pytest.raises(ValueError, match=r"parallel.context=2: generation and evaluation"):
+        validate_layout_for_inference(ParallelConfig(context=2), Layout(dp=1, tp=1, cp=2))

@@ -230,6 +230,11 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
             "error: data.seq_length=31 must be divisible by parallel.tensor=2 with "
             "parallel.sequence_parallel=true (e.g. 30 or 32)",
         ),
+        (
+            "parallel.context=2 data.seq_length=30",
+            "error: data.seq_length=30 must be divisible by 4 with parallel.context=2 (two "
+            "mirrored chunks per CP rank); e.g. 28 or 32",
+        ),
     ],
 )
 def test_bad_values_exit_2_with_one_line(tmp_path: Path, override: str, message: str) -> None:

@@ -47,6 +47,11 @@ def validate_layout_for_inference(parallel: ParallelConfig, layout: Layout) -> N
             "parallel.sequence_parallel=true: decoding runs one token per step, which the TP "
             "group cannot split; set it to false"
         )
+    if layout.cp > 1:
+        raise ValueError(
+            f"parallel.context={layout.cp}: generation and evaluation keep the whole sequence on "
+            "each rank (a KV cache is not split over a CP ring); use parallel.context=1"
+        )
 
 
 def validate_generate(config: GenerateConfig, layout: Layout, *, device_type: str = "cpu") -> None:

@@ -19,7 +19,11 @@ from torch import nn
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import FinetuneConfig
-from tpformer.config.validate import validate_pipeline, validate_recompute_granularity
+from tpformer.config.validate import (
+    context_multiple,
+    validate_pipeline,
+    validate_recompute_granularity,
+)
 from tpformer.convert import load_classifier
 from tpformer.data.glue import get_task, score
 from tpformer.data.glue.batches import GlueTrainSteps, prediction_batch, prediction_order
@@ -117,15 +121,18 @@ def batch_width_multiple(
     requested: int, max_length: int, ctx: ParallelContext, max_positions: int
 ) -> int:
     """What every batch's width is padded to a multiple of: data.pad_to_multiple_of, rounded up
-    to a multiple of the TP degree under sequence parallelism (which splits the sequence)."""
-    multiple = math.lcm(requested, ctx.tp.size) if ctx.sequence_parallel else requested
+    to a multiple of the TP degree under sequence parallelism and of 2 x cp (x tp with sequence
+    parallelism) under context parallelism (both split the sequence)."""
+    split = context_multiple(ctx.cp.size, ctx.tp.size, ctx.sequence_parallel)
+    multiple = math.lcm(requested, split) if split > 1 else requested
     if multiple != requested and ctx.is_main:
         log.info(
-            "sequence parallelism: each batch is padded to a multiple of %d tokens "
-            "(data.pad_to_multiple_of=%d and parallel.tensor=%d)",
+            "sequence/context parallelism: each batch is padded to a multiple of %d tokens "
+            "(data.pad_to_multiple_of=%d, parallel.tensor=%d, parallel.context=%d)",
             multiple,
             requested,
             ctx.tp.size,
+            ctx.cp.size,
         )
     widest = -(-max_length // multiple) * multiple
     if max_length <= max_positions < widest:  # the padding alone would overflow the positions
