@@ -44,6 +44,7 @@ from tpformer.planner.search import (
 LAYOUT_KEYS = (
     "parallel.tensor",
     "parallel.pipeline",
+    "parallel.context",
     "parallel.data",
     "parallel.zero_stage",
     "parallel.cpu_offload",
@@ -75,7 +76,7 @@ def _user_overrides(overrides: list[str]) -> list[str]:
 
 def launch_line(c: Candidate, cluster: Cluster, base: list[str], layout: bool = True) -> str:
     args = " ".join([*base, *(c.overrides() if layout else [])])
-    world = c.tp * c.pp * c.dp
+    world = c.tp * c.pp * c.dp * c.cp
     if cluster.nodes == 1 or world <= cluster.gpus_per_node:
         return f"tpformer-pretrain {args} launcher.nproc_per_node={world}"
     nodes = world // cluster.gpus_per_node
@@ -154,11 +155,12 @@ def format_result(
         f"confirm the top {len(confirm)} tensor x pipeline splits (20 steps each):",
         *(f"  {line}" for line in confirm_lines(confirm, cl, base)),
         "",
-        "the best of each tensor x pipeline degree:",
+        "the best of each tensor x pipeline (x context) degree:",
     ]
-    for (tp, pp), e in sorted(best_per_family(result).items()):
+    for (tp, pp, cp), e in sorted(best_per_family(result).items()):
         verdict = "best" if e is best else why_not(result, e)
-        lines.append(f"  tp {tp} x pp {pp}: {e.candidate.label():<34} {verdict}")
+        family = f"tp {tp} x pp {pp}" + (f" x cp {cp}" if cp > 1 else "")
+        lines.append(f"  {family}: {e.candidate.label():<34} {verdict}")
     return "\n".join(lines)
 
 
@@ -252,7 +254,7 @@ def evaluate_given(
     p = config.parallel
     tp = int(p.tensor) if p.tensor != "auto" else 1
     pp = int(p.pipeline) if p.pipeline != "auto" else 1
-    layout = resolve_layout(tp, p.data, result.cluster.world_size, pp)
+    layout = resolve_layout(tp, p.data, result.cluster.world_size, pp, p.context)
     at = at_layout(config, tp, pp, result.work.global_batch)
     validate(at, layout, device_type=device_type)
     chosen = evaluate(result.work, candidate_of(at, layout.dp), result.cluster)
@@ -286,7 +288,8 @@ def format_evaluation(
     ]
     if t is not None:
         lines.append(
-            f"  step {t.step:.4g} s (compute {t.compute:.3g}, TP {t.tensor_comm:.3g}, bubble "
+            f"  step {t.step:.4g} s (compute {t.compute:.3g}, "
+            f"{'TP+CP' if chosen.candidate.cp > 1 else 'TP'} {t.tensor_comm:.3g}, bubble "
             f"{t.bubble:.3g}, DP {t.data_comm:.3g}, optimizer {t.optimizer:.3g}); "
             f"{t.tokens_per_s(result.work):,.0f} tokens/s, MFU {t.mfu(cl):.1%}"
         )
@@ -365,7 +368,7 @@ def plan(
         c = e.candidate
         validate(
             c.apply(config),
-            resolve_layout(c.tp, c.dp, cluster.world_size, c.pp),
+            resolve_layout(c.tp, c.dp, cluster.world_size, c.pp, c.cp),
             device_type=device_type,
         )
     base = _user_overrides(overrides)

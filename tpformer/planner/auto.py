@@ -79,11 +79,12 @@ def check_degree(name: str, value: int | str) -> None:
 def auto_global_batch(config: Config, world_size: int) -> int:
     """The global batch layouts are compared at: trainer.global_batch_size, or when 0 the batch
     of the configured degrees (auto counting as 1): micro_batch_size x grad_accum x dp, where
-    dp = world / (tensor x pipeline), or the world when that does not divide it."""
+    dp = world / (tensor x pipeline x context), or the world when that does not divide it."""
     t, p = config.trainer, config.parallel
     if t.global_batch_size:
         return t.global_batch_size
     model = int(p.tensor if p.tensor != AUTO else 1) * int(p.pipeline if p.pipeline != AUTO else 1)
+    model *= p.context
     dp = world_size // model if world_size % model == 0 else world_size
     return t.micro_batch_size * t.grad_accum * max(1, dp)
 
@@ -109,11 +110,12 @@ def choose_layout(
     reasons: dict[str, int] = {}
     evaluated: list[Evaluated] = []
     for tp in tensors:
-        pipelines = [p.pipeline] if p.pipeline != AUTO else divisors(world_size // int(tp))
+        model = int(tp) * p.context
+        pipelines = [p.pipeline] if p.pipeline != AUTO else divisors(world_size // model)
         for pp in pipelines:
             at = at_layout(config, int(tp), int(pp), global_batch)
             try:
-                layout = resolve_layout(int(tp), p.data, world_size, int(pp))
+                layout = resolve_layout(int(tp), p.data, world_size, int(pp), p.context)
                 validate(at, layout, device_type=device_type)
             except ValueError as err:
                 reasons[str(err)] = reasons.get(str(err), 0) + 1

@@ -85,19 +85,29 @@ class Candidate:
     recompute: str = "none"
     schedule: str = "1f1b"
     virtual_stages: int = 2
+    cp: int = 1
+    """Context-parallel degree: each sequence split over cp ranks (ring attention)."""
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same parameters (DP x CP): gradients are summed over them and ZeRO
+        shards over them."""
+        return self.dp * self.cp
 
     @property
     def chunks(self) -> int:
         return self.virtual_stages if self.pp > 1 and self.schedule == "interleaved_1f1b" else 1
 
     def overrides(self, explicit: bool = False) -> list[str]:
-        """The Hydra overrides that run this layout (world size = tp x pp x dp); `explicit`:
+        """The Hydra overrides that run this layout (world size = tp x pp x dp x cp); `explicit`:
         also the keys left at their defaults."""
         out = [
             f"parallel.tensor={self.tp}",
             f"parallel.pipeline={self.pp}",
             f"parallel.zero_stage={self.zero_stage}",
         ]
+        if self.cp > 1 or explicit:
+            out.append(f"parallel.context={self.cp}")
         if self.cpu_offload != "none" or explicit:
             out.append(f"parallel.cpu_offload={self.cpu_offload}")
         if self.sequence_parallel or explicit:
@@ -117,6 +127,7 @@ class Candidate:
             f"tp{self.tp}",
             f"pp{self.pp}",
             f"dp{self.dp}",
+            *([f"cp{self.cp}"] if self.cp > 1 else []),
             f"z{self.zero_stage}",
             f"mb{self.micro_batch}",
         ]
@@ -137,6 +148,7 @@ class Candidate:
             tensor=self.tp,
             pipeline=self.pp,
             data=str(self.dp),
+            context=self.cp,
             zero_stage=ZeroStage(self.zero_stage),
             cpu_offload=CpuOffload(self.cpu_offload),
             sequence_parallel=self.sequence_parallel,
@@ -194,6 +206,7 @@ def candidate_of(config: Config, dp: int) -> Candidate:
         recompute,
         str(p.pipeline_schedule),
         p.virtual_stages,
+        p.context,
     )
 
 
@@ -216,44 +229,78 @@ def enumerate_candidates(
 ) -> Iterator[Candidate]:
     """Every layout tpformer accepts for `work` on `world` devices (the validator's rules:
     ZeRO-2/3 not with pipelines, interleaving needs p | m and pv | layers, offload of
-    parameters needs ZeRO-3, sequence parallelism needs tp > 1 dividing the sequence)."""
+    parameters needs ZeRO-3, sequence parallelism needs tp > 1 dividing the sequence, context
+    parallelism not with pipelines and 2 cp dividing the sequence). Context parallelism is
+    enumerated for sequences of CONTEXT_MIN_SEQ tokens or more, inside a node after TP."""
     layers = work.model.num_layers
     for tp in tensor_degrees(work.model, gpus_per_node):
         if world % tp:
             continue
-        for pp in divisors(world // tp):
-            if pp > layers:
+        for cp in context_degrees(work.seq, tp, gpus_per_node, world):
+            yield from _candidates(work, world, tp, cp, layers, max_micro_batch, device_type)
+
+
+CONTEXT_MIN_SEQ = 4096
+"""Shorter sequences are not split over CP ranks by the search: their attention is a small
+share of the step, and the ring's latency would not hide behind it."""
+
+
+def context_degrees(seq: int, tp: int, gpus_per_node: int, world: int) -> list[int]:
+    """CP degrees the search tries with TP degree tp: 1, and for long sequences those that
+    keep tp x cp inside a node and split the sequence into 2 cp chunks."""
+    if seq < CONTEXT_MIN_SEQ:
+        return [1]
+    return [
+        cp
+        for cp in divisors(max(1, gpus_per_node // tp))
+        if world % (tp * cp) == 0 and seq % (2 * cp) == 0
+    ]
+
+
+def _candidates(
+    work: Workload,
+    world: int,
+    tp: int,
+    cp: int,
+    layers: int,
+    max_micro_batch: int,
+    device_type: str,
+) -> Iterator[Candidate]:
+    """enumerate_candidates at one (tp, cp)."""
+    for pp in divisors(world // (tp * cp)) if cp == 1 else [1]:
+        if pp > layers:
+            continue
+        dp = world // (tp * pp * cp)
+        if work.global_batch % dp:
+            continue
+        per_rank = work.global_batch // dp
+        for micro in divisors(per_rank):
+            if micro > max_micro_batch:
                 continue
-            dp = world // (tp * pp)
-            if work.global_batch % dp:
-                continue
-            per_rank = work.global_batch // dp
-            for micro in divisors(per_rank):
-                if micro > max_micro_batch:
-                    continue
-                m = per_rank // micro
-                schedules = ["1f1b"] if pp == 1 else ["1f1b", "gpipe"]
-                if pp > 1 and m % pp == 0 and layers % (2 * pp) == 0:
-                    schedules.append("interleaved_1f1b")
-                for schedule in schedules:
-                    for stage in (0,) if dp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
-                        offloads = ["none", "optimizer"] + (
-                            ["optimizer+params"] if stage == 3 else []
-                        )
-                        if device_type == "cpu":
-                            offloads = ["none"]  # host memory is device memory
-                        for offload in offloads:
-                            for sp in (False, True) if tp > 1 and work.seq % tp == 0 else (False,):
-                                for recompute in ("none", "selective", "full"):
-                                    yield Candidate(
-                                        tp,
-                                        pp,
-                                        dp,
-                                        micro,
-                                        m,
-                                        stage,
-                                        offload,
-                                        sp,
-                                        recompute,
-                                        schedule,
-                                    )
+            m = per_rank // micro
+            schedules = ["1f1b"] if pp == 1 else ["1f1b", "gpipe"]
+            if pp > 1 and m % pp == 0 and layers % (2 * pp) == 0:
+                schedules.append("interleaved_1f1b")
+            for schedule in schedules:
+                for stage in (0,) if dp * cp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
+                    offloads = ["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])
+                    if device_type == "cpu":
+                        offloads = ["none"]  # host memory is device memory
+                    for offload in offloads:
+                        split = tp * cp  # SP splits each CP rank's part over TP
+                        can_sp = tp > 1 and work.seq % split == 0
+                        for sp in (False, True) if can_sp else (False,):
+                            for recompute in ("none", "selective", "full"):
+                                yield Candidate(
+                                    tp,
+                                    pp,
+                                    dp,
+                                    micro,
+                                    m,
+                                    stage,
+                                    offload,
+                                    sp,
+                                    recompute,
+                                    schedule,
+                                    cp=cp,
+                                )

@@ -71,8 +71,12 @@ def rng_mode(work: Workload, cluster: Cluster) -> str:
 def fused_attention(work: Workload, cluster: Cluster) -> bool:
     """Whether the attention core is one fused SDPA kernel that keeps no [b, h, s, s] tensor:
     on an accelerator, unless exact-mode attention dropout makes the core explicit."""
-    explicit = work.model.attention_dropout > 0 and rng_mode(work, cluster) == "exact"
-    return cluster.device_type != "cpu" and not explicit
+    return cluster.device_type != "cpu" and not exact_attention_dropout(work, cluster)
+
+
+def exact_attention_dropout(work: Workload, cluster: Cluster) -> bool:
+    """Whether attention dropout is drawn in exact mode (layout-independent streams)."""
+    return work.model.attention_dropout > 0 and rng_mode(work, cluster) == "exact"
 
 
 @dataclass(frozen=True)
@@ -172,8 +176,10 @@ def activation_parts(
     activation_scale: float = 1.0,
     mask_bytes: int = 1,
     fused: bool = False,
+    exact_dropout: bool = False,
 ) -> tuple[float, float, float]:
-    """(one layer, the embedding output, the head) bytes per micro-batch on one rank."""
+    """(one layer, the embedding output, the head) bytes per micro-batch on one rank; with
+    context parallelism each rank holds s / cp of every sequence."""
     m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
     q = c.tp if c.sequence_parallel else 1
     layer = activation_scale * layer_activation_bytes(
@@ -188,7 +194,10 @@ def activation_parts(
         itemsize=i,
         mask_bytes=mask_bytes,
         fused_attention=fused,
+        context=c.cp,
+        attention_dropout=exact_dropout,
     )
+    s = s // c.cp
     sbh = s * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
     rows = s * b * work.head_fraction
@@ -219,7 +228,12 @@ def predict_stage_memory(
 ) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage (or of the stages `only` names, in order)."""
     layer, embedding, head = activation_parts(
-        work, c, cluster.activation_scale, cluster.mask_bytes, fused_attention(work, cluster)
+        work,
+        c,
+        cluster.activation_scale,
+        cluster.mask_bytes,
+        fused_attention(work, cluster),
+        exact_attention_dropout(work, cluster),
     )
     split = c.split(work)
     mixed = work.precision != "fp32"
@@ -229,7 +243,7 @@ def predict_stage_memory(
         state = zero_memory_bytes(
             c.zero_stage,
             params.total,
-            c.dp,
+            c.replicas,
             param_bytes=work.itemsize,
             mixed=mixed,
             grad_bytes=work.grad_bytes,

@@ -171,12 +171,16 @@ def why_not(result: PlanResult, e: Evaluated) -> str:
     return f"slower by {(e.time.step / result.fastest - 1):.1%}"  # type: ignore[union-attr]
 
 
-def best_per_family(result: PlanResult) -> dict[tuple[int, int], Evaluated]:
-    """The best layout of each tensor x pipeline degree: its first in the ranking, else (none
-    fits) the one needing the least memory."""
-    families: dict[tuple[int, int], Evaluated] = {}
+def best_per_family(result: PlanResult) -> dict[tuple[int, int, int], Evaluated]:
+    """The best layout of each tensor x pipeline x context degree: its first in the ranking,
+    else (none fits) the one needing the least memory."""
+    families: dict[tuple[int, int, int], Evaluated] = {}
+
+    def family(e: Evaluated) -> tuple[int, int, int]:
+        return e.candidate.tp, e.candidate.pp, e.candidate.cp
+
     for e in result.ranked:
-        families.setdefault((e.candidate.tp, e.candidate.pp), e)
+        families.setdefault(family(e), e)
     for e in sorted(result.evaluated, key=lambda e: e.memory.total):
-        families.setdefault((e.candidate.tp, e.candidate.pp), e)
+        families.setdefault(family(e), e)
     return families

@@ -12,6 +12,7 @@ from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
 from tpformer.planner.memory import (
     activation_parts,
+    exact_attention_dropout,
     fused_attention,
     layer_activation_bytes,
     rng_mode,
@@ -42,10 +43,12 @@ class TimePrediction:
 
 def layer_gemms(work: Workload, c: Candidate) -> list[tuple[float, float, float, float]]:
     """(m, n, k, batch) of one layer's forward GEMMs on one TP rank: QKV, attention output,
-    FFN in and out ([tokens, k] @ [k, n]), then QK^T and PV batched over samples x heads."""
-    m, s, b, t = work.model, work.seq, c.micro_batch, c.tp
+    FFN in and out ([tokens, k] @ [k, n]), then QK^T and PV batched over samples x heads. With
+    context parallelism a rank holds s / cp tokens and its attention is cp blocks of
+    [s / cp, s / cp] (one per ring step)."""
+    m, s, b, t, cp = work.model, work.seq / c.cp, c.micro_batch, c.tp, c.cp
     h, f, tokens = m.hidden_size, m.intermediate_size, s * b
-    d, heads = h / m.num_heads, b * m.num_heads / t
+    d, heads = h / m.num_heads, b * m.num_heads / t * cp
     return [
         (tokens, 3 * h / t, h, 1),
         (tokens, h, h / t, 1),
@@ -65,10 +68,12 @@ def gemms_time(cl: Cluster, gemms: list, itemsize: int) -> tuple[float, float]:
 def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     """Forward + backward (+ recomputation) of one layer on one rank, per micro-batch."""
     gemms = layer_gemms(work, c)
-    fused = fused_attention(work, cl)
+    fused = fused_attention(work, cl) and c.cp == 1  # the ring's block core is explicit
     forward, backward = gemms_time(cl, gemms[:4], work.itemsize)
     # a fused attention kernel keeps the scores on chip: its GEMMs are not bound by memory
     core_forward, core_backward = gemms_time(cl, gemms[4:], 0 if fused else work.itemsize)
+    if c.cp > 1:  # ring attention's backward recomputes each block's scores (QK^T)
+        core_backward += gemms_time(cl, gemms[4:5], work.itemsize)[0]
     forward, backward = forward + core_forward, backward + core_backward
     shape = (
         work.seq,
@@ -85,20 +90,23 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
         itemsize=work.itemsize,
         mask_bytes=cl.mask_bytes,
         fused_attention=fused,
+        context=c.cp,
+        attention_dropout=exact_attention_dropout(work, cl),
     )
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
     # dropout noise. exact: one stream per sample, which every rank draws whole (all heads of
     # the attention probabilities, the whole sequence of the two residual branches) and
     # slices; fast: each rank draws its own tensor in one call, and a fused attention kernel
     # draws its own mask inside
+    # (context parallelism: exact draws the whole streams too; fast, this rank's part)
     m, exact = work.model, rng_mode(work, cl) == "exact"
-    heads = m.num_heads if exact else m.num_heads / c.tp
+    heads = m.num_heads if exact else m.num_heads / c.tp / c.cp
     attention_noise = (
         heads * work.seq**2 * c.micro_batch * cl.dropout_time
         if m.attention_dropout > 0 and not fused
         else 0.0
     )
-    split = 1 if exact or not c.sequence_parallel else c.tp
+    split = 1 if exact else (c.tp if c.sequence_parallel else 1) * c.cp
     residual_noise = (
         2 * shape[0] * shape[1] * shape[2] / split * cl.dropout_time if m.dropout > 0 else 0.0
     )
@@ -114,6 +122,7 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
             itemsize=work.itemsize,
             mask_bytes=cl.mask_bytes,
             fused_attention=fused,
+            context=c.cp,
         )
         time += (
             core_forward  # QK^T and PV again
@@ -130,12 +139,31 @@ def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     repeats its forward's."""
     if c.tp == 1:
         return 0.0
-    nbytes = work.seq * c.micro_batch * work.model.hidden_size * work.itemsize
+    nbytes = work.seq / c.cp * c.micro_batch * work.model.hidden_size * work.itemsize
     link, forwards = cl.link(c.tp), 2 if c.recompute == "full" else 1
     if not c.sequence_parallel:
         return (2 * forwards + 2) * link.all_reduce(nbytes, c.tp)
     gather, scatter = link.all_gather(nbytes, c.tp), link.reduce_scatter(nbytes, c.tp)
     return forwards * 2 * (gather + scatter) + 2 * scatter + 4 * gather
+
+
+def context_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
+    """A layer's exposed ring traffic per micro-batch: each ring step sends one block of
+    stacked keys and values (2 b (a / t) (s / cp) d x itemsize bytes) to the next CP rank
+    while the rank computes its attention against the block it holds, so only what a step's
+    transfer takes beyond that block's compute shows: cp - 1 steps forward, cp - 1 key/value
+    and cp gradient transfers backward (the gradients in fp32)."""
+    if c.cp == 1:
+        return 0.0
+    m = work.model
+    block = 2 * c.micro_batch * m.num_heads / c.tp * work.seq / c.cp * m.hidden_size / m.num_heads
+    link = cl.link(c.cp * c.tp)
+    kv, grads = link.send(block * work.itemsize), link.send(block * 4)
+    core_forward, core_backward = gemms_time(cl, layer_gemms(work, c)[4:], work.itemsize)
+    step_forward, step_backward = core_forward / c.cp, core_backward / c.cp
+    forward = (c.cp - 1) * max(0.0, kv - step_forward)
+    backward = (c.cp - 1) * max(0.0, kv - step_backward) + c.cp * grads
+    return forward + backward
 
 
 def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]:
@@ -144,14 +172,15 @@ def _ends_time(work: Workload, c: Candidate, cl: Cluster) -> tuple[float, float]
     h = m.hidden_size
     _, embedding_bytes, head_bytes = activation_parts(work, c, mask_bytes=cl.mask_bytes)
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
-    rows = work.seq * c.micro_batch * work.head_fraction
+    local = work.seq / c.cp  # this CP rank's tokens
+    rows = local * c.micro_batch * work.head_fraction
     head = sum(cl.gemm_train_time(rows, vocab, h, itemsize=work.itemsize))
     if m.arch == "bert":
         head += sum(cl.gemm_train_time(rows, h, h, itemsize=work.itemsize))
     passes = cl.elementwise_passes / cl.memory_bandwidth
-    embed_comm = cl.link(c.tp).all_reduce(work.seq * c.micro_batch * h * work.itemsize, c.tp)
+    embed_comm = cl.link(c.tp).all_reduce(local * c.micro_batch * h * work.itemsize, c.tp)
     # each end has about a layer's fixed cost (its kernels, the loss's collectives)
-    noise = work.seq * c.micro_batch * h * cl.dropout_time if m.dropout > 0 else 0.0
+    noise = local * c.micro_batch * h * cl.dropout_time if m.dropout > 0 else 0.0
     return (
         embedding_bytes * passes + embed_comm + cl.layer_overhead + noise,
         head + head_bytes * passes + cl.layer_overhead,
@@ -163,9 +192,10 @@ def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backwar
     0-1 once, in the last micro-batch's; stages 2-3 in every micro-batch's), parameters
     gathered during forward (stages 1-2 once, the next step's first forward; stage 3 in every
     forward and again in every backward); `comm_overlap` of the compute alongside hides it."""
-    if c.dp == 1:
+    dp = c.replicas  # gradients are reduced over DP x CP
+    if dp == 1:
         return 0.0
-    link = cl.link(c.dp * c.tp)
+    link = cl.link(dp * c.tp)
     grads = params * (2 if work.grad_compression in ("bf16", "powersgd") else 4)
     weights = params * work.itemsize
     behind_backward, behind_forward = cl.comm_overlap * backward, cl.comm_overlap * backward / 2
@@ -174,9 +204,9 @@ def _data_comm(work: Workload, c: Candidate, cl: Cluster, params: float, backwar
         return max(0.0, comm - hidden)
 
     if c.zero_stage == 0:
-        return exposed(link.all_reduce(grads, c.dp), behind_backward)
-    gather = link.all_gather(weights, c.dp)
-    scatter = link.reduce_scatter(grads, c.dp)
+        return exposed(link.all_reduce(grads, dp), behind_backward)
+    gather = link.all_gather(weights, dp)
+    scatter = link.reduce_scatter(grads, dp)
     if c.zero_stage == 1:
         return exposed(scatter, behind_backward) + exposed(gather, behind_forward)
     if c.zero_stage == 2:
@@ -192,7 +222,7 @@ def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) ->
     the host at its memory bandwidth (host_step_gbps), after the shard's fp32 gradients go
     down and before its 16-bit parameters come back over the host link, and offloaded ZeRO-3
     parameters also come up for every forward and backward."""
-    shard = params / (c.dp if c.zero_stage >= 1 else 1)
+    shard = params / (c.replicas if c.zero_stage >= 1 else 1)
     mixed = work.itemsize if work.precision != "fp32" else 0
     if c.cpu_offload == "none":
         return shard * (28 + mixed) / cl.memory_bandwidth
@@ -231,7 +261,7 @@ def pipeline_makespan(stage_time: list[float], micro_batches: int, chunks: int) 
 def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     split = c.split(work)
     per_layer = layer_time(work, c, cl)
-    tp_layer = tensor_comm_time(work, c, cl)
+    tp_layer = tensor_comm_time(work, c, cl) + context_comm_time(work, c, cl)
     embedding, head = _ends_time(work, c, cl)
     params = [s.total for s in stage_params(work, c)]
     # a stage boundary crosses nodes once a stage fills one

@@ -102,7 +102,8 @@ def prediction_lines(
         f"{memory.total / MB:.1f} MB of {device / MB:,.0f} MB"
         + (f" (+ {memory.host / MB:.1f} MB offloaded)" if memory.host else ""),
         f"step time (predicted on cluster {cluster.name}): {time.step:.3g} s (compute "
-        f"{time.compute:.3g}, TP {time.tensor_comm:.3g}, bubble {time.bubble:.3g}, DP "
+        f"{time.compute:.3g}, {'TP+CP' if layout.cp > 1 else 'TP'} {time.tensor_comm:.3g}, "
+        f"bubble {time.bubble:.3g}, DP "
         f"{time.data_comm:.3g}, optimizer {time.optimizer:.3g}), "
         f"{time.tokens_per_s(work):,.0f} tokens/s, MFU {time.mfu(cluster):.1%}",
     ]
