@@ -58,6 +58,8 @@ def _gpt(config: Config) -> Config:
         ("gpt", 2, 2, 1, {"sequence_parallel": True}),
         ("bert", 2, 1, 2, {"zero_stage": 1}),
         ("gpt", 2, 1, 2, {"zero_stage": 3}),
+        ("bert", 2, 1, 1, {"pipeline": 2}),
+        ("gpt", 2, 1, 1, {"pipeline": 2}),
     ],
 )
 def test_context_parallel_loss_curve_equals_one_process(
@@ -69,16 +71,21 @@ def test_context_parallel_loss_curve_equals_one_process(
     reference = _curves(
         ParallelContext.single(device="cpu"), as_arch(tiny_config(micro=8)), str(tmp_path)
     )
-    config = as_arch(tiny_config(micro=8 // dp, tensor=tp, context=cp, **extra))
+    pp = extra.get("pipeline", 1)
+    accum = 2 if pp > 1 else 1  # two micro-batches fill the pipeline
+    config = as_arch(
+        tiny_config(micro=8 // (dp * accum), accum=accum, tensor=tp, context=cp, **extra)
+    )
     sp = bool(extra.get("sequence_parallel"))
     for curves in run_distributed(
         _curves,
-        cp * tp * dp,
+        cp * tp * dp * pp,
         config,
         str(tmp_path / "run"),
         tensor=tp,
         context=cp,
         sequence_parallel=sp,
+        pipeline=pp,
     ):
         assert len(curves) == len(reference)
         for got, want in zip(curves, reference, strict=True):
@@ -137,8 +144,6 @@ def test_saved_activations_and_ring_bytes_match_the_formulas(cp: int) -> None:
     [
         (4, {"context": 3}, 32, "parallel.tensor=1 x parallel.context=3 = 3 does not divide "
          "world_size=4; valid products are [1, 2, 4]"),
-        (4, {"context": 2, "pipeline": 2}, 32, "context parallelism does not run inside "
-         "pipeline stages yet"),
         (8, {"context": 2, "tensor": 4, "sequence_parallel": True}, 36,
          "data.seq_length=36 must be divisible by 8 with parallel.context=2 (two mirrored "
          "chunks per CP rank, each split over the TP group); e.g. 32 or 40"),

@@ -116,15 +116,9 @@ def validate_context_parallel(
     layout: Layout, parallel: ParallelConfig, seq_length: int | None
 ) -> None:
     """Context parallelism splits every sequence into 2 x cp chunks (fixed-length pretraining
-    sequences must divide; fine-tuning pads instead) and is not combined with pipelines yet."""
+    sequences must divide; fine-tuning pads instead)."""
     if layout.cp == 1:
         return
-    if layout.pp > 1:
-        raise ValueError(
-            f"parallel.context={layout.cp} with parallel.pipeline={layout.pp}: context "
-            "parallelism does not run inside pipeline stages yet; use parallel.pipeline=1 "
-            "(or parallel.context=1)"
-        )
     multiple = context_multiple(layout.cp, layout.tp, parallel.sequence_parallel)
     if seq_length is not None and seq_length % multiple:
         below = seq_length - seq_length % multiple

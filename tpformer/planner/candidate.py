@@ -230,7 +230,7 @@ def enumerate_candidates(
     """Every layout tpformer accepts for `work` on `world` devices (the validator's rules:
     ZeRO-2/3 not with pipelines, interleaving needs p | m and pv | layers, offload of
     parameters needs ZeRO-3, sequence parallelism needs tp > 1 dividing the sequence, context
-    parallelism not with pipelines and 2 cp dividing the sequence). Context parallelism is
+    parallelism needs 2 cp dividing the sequence). Context parallelism is
     enumerated for sequences of CONTEXT_MIN_SEQ tokens or more, inside a node after TP."""
     layers = work.model.num_layers
     for tp in tensor_degrees(work.model, gpus_per_node):
@@ -267,7 +267,7 @@ def _candidates(
     device_type: str,
 ) -> Iterator[Candidate]:
     """enumerate_candidates at one (tp, cp)."""
-    for pp in divisors(world // (tp * cp)) if cp == 1 else [1]:
+    for pp in divisors(world // (tp * cp)):
         if pp > layers:
             continue
         dp = world // (tp * pp * cp)

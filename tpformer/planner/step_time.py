@@ -267,8 +267,8 @@ def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     # a stage boundary crosses nodes once a stage fills one
     q = c.tp if c.sequence_parallel else 1
     hop = (
-        cl.link(c.dp * c.tp + 1).send(
-            work.seq * c.micro_batch * work.model.hidden_size * work.itemsize / q
+        cl.link(c.replicas * c.tp + 1).send(
+            work.seq / c.cp * c.micro_batch * work.model.hidden_size * work.itemsize / q
         )
         if c.pp > 1
         else 0.0

@@ -60,7 +60,8 @@ class PipelineRunner:
     ) -> None:
         self.stage, self.ctx, self.schedule = stage, ctx, schedule
         self.hidden, self.dtype = hidden, dtype
-        self.seq_split = ctx.tp.size if ctx.sequence_parallel else 1
+        # this rank's part of the sequence: its CP chunks, and its TP chunk of them under SP
+        self.seq_split = (ctx.tp.size if ctx.sequence_parallel else 1) * ctx.cp.size
         self.activations = ctx.pp
         self.gradients = _duplicate_groups(ctx)
         p = ctx.pp.size
