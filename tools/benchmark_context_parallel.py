@@ -9,9 +9,10 @@ GPT (the width is irrelevant to what is measured: the [s, s] attention terms dom
 sequences) with dropout 0.1 in exact mode, and measures over one forward + backward of the
 causal-LM loss, with saved-tensor hooks (parameters excluded, each storage once), what every
 transformer layer keeps for backward, and with the collective counters the bytes each rank
-sends. Formulas: tpformer.planner.memory.layer_activation_bytes (context=cp) and the ring's
-(2 (cp - 1) + cp) blocks of stacked keys and values (2 b (a/t) (s/cp) d x 4 bytes) per layer:
-cp - 1 forward, as many again in backward plus cp gradient blocks. The step time (forward +
+sends. Formulas: tpformer.planner.memory.layer_activation_bytes (context=cp) and
+tpformer.planner.step_time.ring_bytes_per_layer: (2 (cp - 1) + cp) blocks of stacked keys and
+values (2 b (a/t) (s/cp) d elements) per layer: cp - 1 forward, as many again in backward plus
+cp gradient blocks (fp32). The step time (forward +
 backward, median of the rounds) is measured in the same processes.
 """
 
@@ -36,6 +37,7 @@ from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
 from tpformer.planner.memory import layer_activation_bytes
+from tpformer.planner.step_time import ring_bytes_per_layer
 
 
 def _model_config(args: argparse.Namespace) -> ModelConfig:
@@ -137,8 +139,7 @@ def main() -> None:
             context=cp,
             attention_dropout=True,
         )
-        block = 2 * b * a * (s // cp) * (h // a) * 4
-        ring = (2 * (cp - 1) + cp) * block if cp > 1 else 0
+        ring = ring_bytes_per_layer(b, a, s, h, tp=1, cp=cp, itemsize=4)
         base = base or measured
         print(
             f"| {cp} | {measured / 1e6:.1f} | {formula / 1e6:.1f} | {measured / base:.3f} | "

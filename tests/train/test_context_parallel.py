@@ -24,6 +24,7 @@ from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout, resolve_layout
 from tpformer.planner.memory import layer_activation_bytes
+from tpformer.planner.step_time import ring_bytes_per_layer
 from tpformer.train.pretraining import pretraining_trainer
 
 
@@ -129,14 +130,15 @@ def test_saved_activations_and_ring_bytes_match_the_formulas(cp: int) -> None:
         context=cp,
         attention_dropout=True,
     )
-    block = 2 * b * m.num_heads * (seq // cp) * (m.hidden_size // m.num_heads) * 4
+    ring = ring_bytes_per_layer(b, m.num_heads, seq, m.hidden_size, tp=1, cp=cp, itemsize=4)
     for per_layer, sent in results:
         # the formula leaves out the LayerNorms' row statistics (O(s b), under 1% here)
         assert all(0 <= kept - formula <= 0.01 * formula for kept in per_layer), (
             per_layer,
             formula,
         )
-        assert sent == m.num_layers * (2 * (cp - 1) + cp) * block
+        assert sent == m.num_layers * ring
+        assert ring == (2 * (cp - 1) + cp) * 2 * b * (seq // cp) * m.hidden_size * 4
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,8 @@ class ParallelDropout(nn.Module):
     number of attention heads) [b, heads/tp, ...], this rank's heads starting at `head_offset`;
     with `sequence` (the TP group of a sequence-parallel region) [b, s/tp, ...], this rank's
     chunk of the sequence. Both are sharded regions (their own stream per TP rank in fast mode).
+    With `context` (the CP ring) [b, s/cp, ...] (or [b, s/(cp tp), ...] with `sequence`): this
+    CP rank's positions, rows of the whole sequence's stream in exact mode.
 
     `site` is a stable key of this module, set by `assign_dropout_sites` from its name.
     """

@@ -147,6 +147,25 @@ def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     return forwards * 2 * (gather + scatter) + 2 * scatter + 4 * gather
 
 
+def ring_block_elements(
+    batch: int, heads: int, seq: int, hidden: int, *, tp: int, cp: int
+) -> float:
+    """Elements of one ring-attention transfer: this rank's keys and values, stacked,
+    [2, b, heads / tp, s / cp, head_dim]."""
+    return 2 * batch * heads / tp * seq / cp * hidden / heads
+
+
+def ring_bytes_per_layer(
+    batch: int, heads: int, seq: int, hidden: int, *, tp: int, cp: int, itemsize: int
+) -> float:
+    """Bytes one CP rank sends per layer (forward + backward): cp - 1 key/value blocks forward,
+    cp - 1 again in backward, and cp blocks of their gradients (sent in fp32)."""
+    if cp == 1:
+        return 0.0
+    block = ring_block_elements(batch, heads, seq, hidden, tp=tp, cp=cp)
+    return 2 * (cp - 1) * block * itemsize + cp * block * 4
+
+
 def context_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     """A layer's exposed ring traffic per micro-batch: each ring step sends one block of
     stacked keys and values (2 b (a / t) (s / cp) d x itemsize bytes) to the next CP rank
@@ -156,7 +175,9 @@ def context_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     if c.cp == 1:
         return 0.0
     m = work.model
-    block = 2 * c.micro_batch * m.num_heads / c.tp * work.seq / c.cp * m.hidden_size / m.num_heads
+    block = ring_block_elements(
+        c.micro_batch, m.num_heads, work.seq, m.hidden_size, tp=c.tp, cp=c.cp
+    )
     link = cl.link(c.cp * c.tp)
     kv, grads = link.send(block * work.itemsize), link.send(block * 4)
     core_forward, core_backward = gemms_time(cl, layer_gemms(work, c)[4:], work.itemsize)
