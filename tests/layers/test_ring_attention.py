@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
-from tests.tolerances import FP32_LAYER_REL, assert_rel_close, seeded
+from tests.tolerances import FP32_LAYER_REL, assert_rel_close, rel_err, seeded
 from tpformer.layers.attention import ParallelSelfAttention
 from tpformer.layers.dropout import assign_dropout_sites
-from tpformer.parallel.comm import count_collectives
+from tpformer.parallel.comm import all_reduce, count_collectives
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.sequence_chunks import context_positions
 
@@ -101,3 +101,40 @@ def test_ring_attention_matches_one_process(cp: int, tp: int, causal: bool, drop
         # forward: (cp - 1) key/value blocks; backward: as many again plus cp gradient blocks
         block = 2 * B * (HEADS // tp) * (SEQ // cp) * DIM * 4  # stacked k and v, fp32 bytes
         assert got["sent"] == (2 * (cp - 1) + cp) * block
+
+
+def _run_fast(ctx: ParallelContext) -> list[float]:
+    """parallel.rng=fast: each block's mask is drawn from its own key, again in backward. The
+    rank's rows must equal an explicit core over the whole sequence that applies the same
+    masks (asked of the layer's keep function), outputs and gradients; returns the errors."""
+    data = _inputs()
+    layer = _layer(ctx, causal=True, dropout=0.3)
+    rows = context_positions(SEQ, ctx.cp.rank, ctx.cp.size, torch.device("cpu"))
+    positions = [context_positions(SEQ, r, ctx.cp.size, torch.device("cpu")) for r in range(2)]
+    q, k, v = (data[n][:, :, rows].clone().requires_grad_() for n in "qkv")
+    _, keys = _masks(data["padding"], True)
+    out = layer.core(q, k, v, keys)
+    out.backward(data["grad"][:, :, rows])
+    keep, _ = layer.dropout.ring_keep(q, 0, positions, ctx.cp.rank)
+    masks = torch.empty(B, HEADS, SEQ // 2, SEQ)
+    for src in range(2):
+        masks[..., positions[src]] = keep(src)
+    assert 0.55 < (masks > 0).float().mean() < 0.85  # p = 0.3 kept ~70%
+    full, _ = _masks(data["padding"], True)
+    ref_q = data["q"][:, :, rows].clone().requires_grad_()
+    ref_k, ref_v = (data[n].clone().requires_grad_() for n in "kv")
+    scores = ref_q @ ref_k.transpose(-1, -2) / DIM**0.5
+    scores = scores.masked_fill(~full[:, :, rows], float("-inf"))
+    ref = (torch.softmax(scores, -1) * masks) @ ref_v
+    ref.backward(data["grad"][:, :, rows])
+    assert ref_k.grad is not None and ref_v.grad is not None
+    # the whole sequence's k/v gradients are summed over the ring: compare this rank's rows
+    grads_k = all_reduce(ref_k.grad.clone(), ctx.cp)[:, :, rows]
+    grads_v = all_reduce(ref_v.grad.clone(), ctx.cp)[:, :, rows]
+    pairs = [(out, ref), (q.grad, ref_q.grad), (k.grad, grads_k), (v.grad, grads_v)]
+    return [rel_err(a, b) for a, b in pairs]
+
+
+def test_fast_mode_ring_attention_applies_the_same_masks_in_backward() -> None:
+    for errors in run_distributed(_run_fast, 2, context=2, rng="fast"):
+        assert max(errors) <= FP32_LAYER_REL, errors
