@@ -36,6 +36,7 @@ from torch import Tensor
 
 from tpformer.parallel.comm import ring_shift_async
 from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.sequence_chunks import causal_block
 
 KV_TAG, GRAD_TAG = 0x4B56, 0x4456
 """gloo tags of the two rings in flight (keys/values and their gradients)."""
@@ -60,12 +61,29 @@ class RingSpec:
     so they count as its saved activations."""
 
 
-def _allowed(spec: RingSpec, src: int) -> Tensor | None:
-    """bool [b | 1, 1, n, n_k]: which (query, key) pairs of the block against src may attend."""
+@dataclass(frozen=True)
+class _Block:
+    """The part of the block (this rank's queries x src's keys) that is computed: query rows
+    from `rows`, key columns below `cols` (causal: the rest is all future, see
+    sequence_chunks.causal_block); the whole block otherwise."""
+
+    src: int
+    rows: int
+    cols: int
+
+    @classmethod
+    def of(cls, spec: RingSpec, n: int, src: int) -> _Block:
+        if not spec.causal:
+            return cls(src, 0, n)
+        return cls(src, *causal_block(n, spec.cp.rank, src))
+
+
+def _allowed(spec: RingSpec, block: _Block) -> Tensor | None:
+    """bool [b | 1, 1, rows, cols]: which (query, key) pairs of the block may attend."""
     allowed = None
-    k_pos = spec.positions[src]
+    k_pos = spec.positions[block.src][: block.cols]
     if spec.causal:
-        q_pos = spec.positions[spec.cp.rank]
+        q_pos = spec.positions[spec.cp.rank][block.rows :]
         allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
     if spec.key_padding is not None:
         pad = spec.key_padding.index_select(1, k_pos)[:, None, None, :]
@@ -73,11 +91,17 @@ def _allowed(spec: RingSpec, src: int) -> Tensor | None:
     return allowed
 
 
-def _scores(q: Tensor, k: Tensor, spec: RingSpec, src: int) -> Tensor:
-    """Scaled scores of the block in float32, -inf where masked."""
+def _scores(q: Tensor, k: Tensor, spec: RingSpec, block: _Block) -> Tensor:
+    """Scaled scores of the block's computed part in float32, -inf where masked."""
+    q, k = q[..., block.rows :, :], k[..., : block.cols, :]
     scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(spec.scale)
-    allowed = _allowed(spec, src)
+    allowed = _allowed(spec, block)
     return scores if allowed is None else scores.masked_fill_(~allowed, float("-inf"))
+
+
+def _keep(spec: RingSpec, block: _Block) -> Tensor | None:
+    keep = spec.keep(block.src)
+    return None if keep is None else keep[..., block.rows :, : block.cols]
 
 
 def _finite(lse: Tensor) -> Tensor:
@@ -86,16 +110,17 @@ def _finite(lse: Tensor) -> Tensor:
 
 
 def _block_forward(
-    q: Tensor, k: Tensor, v: Tensor, spec: RingSpec, src: int
+    q: Tensor, k: Tensor, v: Tensor, spec: RingSpec, block: _Block
 ) -> tuple[Tensor, Tensor]:
-    """(block output [b, h, n, d] float32 normalized within the block, its lse [b, h, n])."""
-    scores = _scores(q, k, spec, src)
+    """(output of the block's rows [b, h, n - rows, d] float32 normalized within the block,
+    their lse [b, h, n - rows])."""
+    scores = _scores(q, k, spec, block)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - _finite(lse)[..., None])
-    keep = spec.keep(src)
+    keep = _keep(spec, block)
     if keep is not None:
         probs = probs * keep
-    return torch.matmul(probs.to(v.dtype), v).float(), lse
+    return torch.matmul(probs.to(v.dtype), v[..., : block.cols, :]).float(), lse
 
 
 def _merge(out: Tensor, lse: Tensor, block: Tensor, block_lse: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,17 +136,20 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, spec: RingSpec) -> Tensor:
-        cp = spec.cp
+        cp, n = spec.cp, q.shape[-2]
         kv = torch.stack([k, v])
         out = lse = None
         for step in range(cp.size):
-            src = (cp.rank - step) % cp.size
+            block = _Block.of(spec, n, (cp.rank - step) % cp.size)
             pending = ring_shift_async(kv, cp, tag=KV_TAG) if step + 1 < cp.size else None
-            block, block_lse = _block_forward(q, kv[0], kv[1], spec, src)
-            if out is None or lse is None:
-                out, lse = block, block_lse
+            part, part_lse = _block_forward(q, kv[0], kv[1], spec, block)
+            if out is None or lse is None:  # step 0: this rank's own block, whole
+                out, lse = part, part_lse
             else:
-                out, lse = _merge(out, lse, block, block_lse)
+                rows = slice(block.rows, None)
+                out[..., rows, :], lse[..., rows] = _merge(
+                    out[..., rows, :], lse[..., rows], part, part_lse
+                )
             if pending is not None:
                 kv = pending.wait()
         assert out is not None and lse is not None
@@ -134,7 +162,7 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         q, k, v, out, lse = ctx.saved_tensors[:5]
         spec: RingSpec = ctx.spec
-        cp = spec.cp
+        cp, n = spec.cp, q.shape[-2]
         grad_out = grad_out.contiguous()
         delta = (grad_out.float() * out.float()).sum(-1, keepdim=True)  # rowsum(dO * O)
         finite = _finite(lse)[..., None]
@@ -142,19 +170,22 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v])
         pending_grads = None
         for step in range(cp.size):
-            src = (cp.rank - step) % cp.size
+            block = _Block.of(spec, n, (cp.rank - step) % cp.size)
             pending_kv = ring_shift_async(kv, cp, tag=KV_TAG) if step + 1 < cp.size else None
-            k_j, v_j = kv[0], kv[1]
-            probs = torch.exp(_scores(q, k_j, spec, src) - finite)
-            keep = spec.keep(src)
+            rows, cols = slice(block.rows, None), slice(None, block.cols)
+            k_j, v_j = kv[0, ..., cols, :], kv[1, ..., cols, :]
+            q_i, grad_out_i = q[..., rows, :], grad_out[..., rows, :]
+            probs = torch.exp(_scores(q, kv[0], spec, block) - finite[..., rows, :])
+            keep = _keep(spec, block)
             dropped = probs if keep is None else probs * keep
-            grad_v = torch.matmul(dropped.to(grad_out.dtype).transpose(-1, -2), grad_out)
-            grad_dropped = torch.matmul(grad_out, v_j.transpose(-1, -2)).float()
+            grad_v = torch.matmul(dropped.to(grad_out.dtype).transpose(-1, -2), grad_out_i)
+            grad_dropped = torch.matmul(grad_out_i, v_j.transpose(-1, -2)).float()
             grad_probs = grad_dropped if keep is None else grad_dropped * keep
-            grad_scores = probs * (grad_probs - delta) * spec.scale
-            grad_q += torch.matmul(grad_scores.to(k_j.dtype), k_j).float()
-            grad_k = torch.matmul(grad_scores.to(q.dtype).transpose(-1, -2), q)
-            grads = torch.stack([grad_k, grad_v]).float()
+            grad_scores = probs * (grad_probs - delta[..., rows, :]) * spec.scale
+            grad_q[..., rows, :] += torch.matmul(grad_scores.to(k_j.dtype), k_j).float()
+            grad_k = torch.matmul(grad_scores.to(q.dtype).transpose(-1, -2), q_i)
+            grads = torch.zeros_like(kv, dtype=torch.float32)
+            grads[0, ..., cols, :], grads[1, ..., cols, :] = grad_k, grad_v
             if pending_grads is not None:  # the earlier holders' parts of src's gradients
                 grads += pending_grads.wait()
             pending_grads = ring_shift_async(grads, cp, tag=GRAD_TAG)  # on to src's next holder

@@ -40,3 +40,15 @@ def context_positions(seq_len: int, cp_rank: int, cp: int, device: torch.device)
 def whole_length(local_len: int, cp: int) -> int:
     """The sequence length whose CP chunk has local_len positions."""
     return local_len * cp
+
+
+def causal_block(local_len: int, cp_rank: int, src: int) -> tuple[int, int]:
+    """(first query row, key columns) of CP rank `cp_rank`'s queries against rank `src`'s keys
+    that a causal mask leaves anything to, in the mirrored layout: its own block whole; an
+    earlier rank's first chunk only (its second chunk lies after both of this rank's chunks);
+    a later rank's keys from this rank's second chunk only (both its chunks lie after this
+    rank's first). Each skipped half is all future: half of every off-diagonal block."""
+    half = local_len // 2
+    if src == cp_rank:
+        return 0, local_len
+    return (0, half) if src < cp_rank else (half, local_len)

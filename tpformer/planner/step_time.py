@@ -45,10 +45,12 @@ def layer_gemms(work: Workload, c: Candidate) -> list[tuple[float, float, float,
     """(m, n, k, batch) of one layer's forward GEMMs on one TP rank: QKV, attention output,
     FFN in and out ([tokens, k] @ [k, n]), then QK^T and PV batched over samples x heads. With
     context parallelism a rank holds s / cp tokens and its attention is cp blocks of
-    [s / cp, s / cp] (one per ring step)."""
+    [s / cp, s / cp] (one per ring step), of which a causal model (GPT) computes its own block
+    and half of each other (the rest is all future): (cp + 1) / 2 blocks."""
     m, s, b, t, cp = work.model, work.seq / c.cp, c.micro_batch, c.tp, c.cp
     h, f, tokens = m.hidden_size, m.intermediate_size, s * b
-    d, heads = h / m.num_heads, b * m.num_heads / t * cp
+    blocks = cp if m.arch == "bert" or cp == 1 else (cp + 1) / 2
+    d, heads = h / m.num_heads, b * m.num_heads / t * blocks
     return [
         (tokens, 3 * h / t, h, 1),
         (tokens, h, h / t, 1),
