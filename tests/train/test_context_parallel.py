@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
+from tests.models.common import tiny_gpt
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import tiny_config
 from tpformer.cli.generate import validate_layout_for_inference
-from tpformer.config.presets import preset
 from tpformer.config.schema import Config, ParallelConfig
 from tpformer.config.validate import validate
 from tpformer.engine.memory import measure_saved_activations
@@ -25,6 +25,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout, resolve_layout
 from tpformer.planner.memory import layer_activation_bytes
 from tpformer.planner.step_time import ring_bytes_per_layer
+from tpformer.train.finetuning import batch_width_multiple
 from tpformer.train.pretraining import pretraining_trainer
 
 
@@ -35,18 +36,7 @@ def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[fl
 
 
 def _gpt(config: Config) -> Config:
-    model = preset(
-        "gpt2_small",
-        vocab_size=128,
-        hidden_size=32,
-        num_heads=4,
-        num_layers=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        dropout=0.1,
-        attention_dropout=0.1,
-    )
-    return replace(config, model=model)
+    return replace(config, model=tiny_gpt(dropout=0.1))
 
 
 @pytest.mark.parametrize(
@@ -165,3 +155,19 @@ def test_bad_context_layouts_are_named(world: int, parallel: dict, seq: int, mes
 def test_inference_refuses_context_parallelism() -> None:
     with pytest.raises(ValueError, match=r"parallel.context=2: generation and evaluation"):
         validate_layout_for_inference(ParallelConfig(context=2), Layout(dp=1, tp=1, cp=2))
+
+
+def _widths(ctx: ParallelContext) -> tuple[int, int, str]:
+    try:
+        batch_width_multiple(3, 62, ctx, 64)
+        error = ""
+    except ValueError as err:
+        error = str(err)
+    return batch_width_multiple(3, 40, ctx, 64), batch_width_multiple(8, 40, ctx, 64), error
+
+
+def test_fine_tuning_pads_batches_to_the_context_multiple() -> None:
+    """CP=2: every batch width a multiple of 2 x cp = 4 as well as data.pad_to_multiple_of."""
+    for lcm, kept, error in run_distributed(_widths, 2, context=2):
+        assert (lcm, kept) == (12, 8)
+        assert "data.max_length=62 padded to a multiple of 12 is 72" in error

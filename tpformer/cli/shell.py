@@ -65,8 +65,8 @@ def resolve_run_layout(
 ) -> tuple[Layout, list[str]]:
     """The run's layout for this world size and the startup plan's lines on how it was chosen:
     the one place the layout keys are read, before any process group exists. parallel.data=auto
-    is world / (tensor x pipeline); parallel.tensor / pipeline = auto are chosen by the planner
-    and written into `config` (with the global batch they were compared at)."""
+    is world / (tensor x pipeline x context); parallel.tensor / pipeline = auto are chosen by the
+    planner and written into `config` (with the global batch they were compared at)."""
     p = config.parallel
     check_degree("tensor", p.tensor)
     check_degree("pipeline", p.pipeline)

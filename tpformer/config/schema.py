@@ -192,7 +192,7 @@ class ParallelConfig:
     """TP degree: must divide the attention heads, hidden size and world size; "auto" (pretraining):
     the planner's fastest layout for the world the run finds, the other keys as set."""
     data: str = "auto"
-    """DP degree, or "auto" = world_size / tensor."""
+    """DP degree, or "auto" = world_size / (tensor x pipeline x context)."""
     seed: int = ranged(1234, 0)
     """Seeds weight init and every dropout mask."""
     rng: RngMode = RngMode.auto

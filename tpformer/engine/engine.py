@@ -120,7 +120,7 @@ class ZeroEngine:
                 device=device,
                 sharded_master=zero_stage >= 1,
             )
-        compress = grad_compression if ctx.replicas.size > 1 else "none"  # it acts on DP only
+        compress = grad_compression if ctx.replicas.size > 1 else "none"  # it acts on DP x CP only
         bf16 = compress == "bf16"
         powersgd = (
             PowerSGD(

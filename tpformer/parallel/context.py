@@ -264,11 +264,20 @@ def _dp_cp_group(
         return None
     if layout.dp == 1:
         return cp
-    mine = None
-    for ranks in layout.dp_cp_groups():
+    return _own_group(layout.dp_cp_groups(), rank, shortcuts, name="dp_cp")
+
+
+def _own_group(
+    groups: list[list[int]], rank: int, shortcuts: bool, name: str | None = None
+) -> GroupHandle:
+    """Create every group of `groups` (every rank creates every group, in the same order, as
+    torch.distributed requires) and return this rank's handle (the single one if in none)."""
+    mine = GroupHandle.single()
+    for ranks in groups:
         group = dist.new_group(ranks)
         if rank in ranks:
-            RECORDER.name_group(group, "dp_cp")
+            if name is not None:
+                RECORDER.name_group(group, name)
             mine = GroupHandle(group, ranks.index(rank), len(ranks), gloo_shortcuts=shortcuts)
     return mine
 
@@ -284,14 +293,7 @@ def _control_group(rank: int, world: int) -> GroupHandle:
 
 
 def _pipeline_ends(layout: Layout, rank: int, shortcuts: bool) -> GroupHandle:
-    """The group of each pipeline's first and last stage (every rank creates every group, in
-    the same order, as torch.distributed requires); the single handle on middle stages."""
+    """The group of each pipeline's first and last stage; the single handle on middle stages."""
     if layout.pp == 1:
         return GroupHandle.single()
-    mine = None
-    for ranks in layout.pp_groups():
-        ends = [ranks[0], ranks[-1]]
-        group = dist.new_group(ends)
-        if rank in ends:
-            mine = GroupHandle(group=group, rank=ends.index(rank), size=2, gloo_shortcuts=shortcuts)
-    return mine if mine is not None else GroupHandle.single()
+    return _own_group([[ranks[0], ranks[-1]] for ranks in layout.pp_groups()], rank, shortcuts)

@@ -37,11 +37,6 @@ def context_positions(seq_len: int, cp_rank: int, cp: int, device: torch.device)
     return torch.cat([first, second])
 
 
-def whole_length(local_len: int, cp: int) -> int:
-    """The sequence length whose CP chunk has local_len positions."""
-    return local_len * cp
-
-
 def causal_block(local_len: int, cp_rank: int, src: int) -> tuple[int, int]:
     """(first query row, key columns) of CP rank `cp_rank`'s queries against rank `src`'s keys
     that a causal mask leaves anything to, in the mirrored layout: its own block whole; an

@@ -71,7 +71,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One layout: tp x pp x dp ranks, the micro-batching of the global batch, and the memory
+    """One layout: tp x pp x dp x cp ranks, the micro-batching of the global batch, and the memory
     savers (ZeRO stage, offload, sequence parallelism, recomputation)."""
 
     tp: int
