@@ -106,6 +106,11 @@ class Logger(Choice):
     wandb = "wandb"
 
 
+class PipeDreamUpdate(Choice):
+    micro_batch = "micro_batch"
+    step = "step"
+
+
 class SentencePairs(Choice):
     nsp = "nsp"
     sop = "sop"
@@ -139,7 +144,7 @@ else:
     )
     PipelineSchedule = Choice(
         "PipelineSchedule",
-        {v: v for v in ("gpipe", "1f1b", "interleaved_1f1b")},
+        {v: v for v in ("gpipe", "1f1b", "interleaved_1f1b", "pipedream")},
         module=__name__,
         qualname="PipelineSchedule",
     )
@@ -237,10 +242,19 @@ class ParallelConfig:
     must be divisible by 2 x context. Parameters are replicated over CP: gradients are summed
     and ZeRO shards over DP x CP."""
     pipeline_schedule: PipelineSchedule = field(default=PipelineSchedule("1f1b"))
-    """gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (virtual_stages
-    model chunks per stage). Micro-batches per step: trainer.grad_accum."""
+    """gpipe (all forwards, then all backwards), 1f1b, interleaved_1f1b (virtual_stages
+    model chunks per stage): exact, flushed every step; or pipedream (asynchronous 1F1B with
+    weight stashing, never flushed: each stage updates on its own, forwards see stale weights,
+    docs/parallel/pipeline.md). Micro-batches per step: trainer.grad_accum."""
     virtual_stages: int = ranged(2, 2)
     """interleaved_1f1b: model chunks per stage."""
+    pipedream_update: PipeDreamUpdate = PipeDreamUpdate.micro_batch
+    """pipedream: each stage updates after every micro-batch's backward (micro_batch, as
+    PipeDream), or after every trainer.grad_accum of them (step); each update's gradient is
+    the mean over its micro-batches."""
+    pipedream_vertical_sync: bool = False
+    """pipedream: every stage runs a micro-batch with the weight version the first stage used
+    for it (more stashed versions; the staleness is the same on every stage)."""
     pipeline_split: Any = "balanced"
     """balanced (layer costs from FLOPs, embedding and head included), profile (measured on
     this device), or layers per stage as a list, e.g. [3, 1] (per virtual stage when

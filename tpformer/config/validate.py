@@ -183,6 +183,31 @@ def validate_pipeline(
     )
 
 
+def validate_pipedream(parallel: ParallelConfig, p: int, *, compiled: bool) -> None:
+    """The asynchronous schedule needs stages, and computes with stashed weight copies that
+    fp16's pipeline-wide loss scale and compiled graphs would not follow."""
+    if parallel.pipeline_schedule != "pipedream":
+        return
+    if p < 2:
+        raise ValueError(
+            f"parallel.pipeline_schedule=pipedream needs parallel.pipeline >= 2 (got {p}): "
+            "with one stage there is nothing to run asynchronously; use 1f1b or set "
+            "parallel.pipeline"
+        )
+    if parallel.precision == "fp16":
+        raise ValueError(
+            "parallel.pipeline_schedule=pipedream does not support parallel.precision=fp16: "
+            "each stage updates on its own, so no loss scale is shared by the pipeline; "
+            "use fp32 or bf16"
+        )
+    if compiled:
+        raise ValueError(
+            "parallel.pipeline_schedule=pipedream does not support trainer.compile=true: "
+            "the blocks compute with stashed weight copies swapped in for the parameters; "
+            "set trainer.compile=false or use 1f1b"
+        )
+
+
 def validate_recompute_granularity(parallel: ParallelConfig, num_layers: int) -> None:
     """Full recomputation's granularity must fit the model's layers."""
     if parallel.activation_checkpointing != "full":
@@ -240,6 +265,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     validate_context_parallel(layout, config.parallel, config.data.seq_length)
     t = config.trainer
     validate_pipeline(config.parallel, layout.pp, config.model.num_layers, t.grad_accum)
+    validate_pipedream(config.parallel, layout.pp, compiled=t.compile)
     validate_data(config.data)
 
 
@@ -257,6 +283,7 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
             f"trainer.batch_size={t.batch_size} must be a multiple of "
             f"trainer.micro_batch_size={micro} x dp={layout.dp}"
         )
+    validate_pipedream(config.parallel, layout.pp, compiled=t.compile)
     if layout.pp > 1:  # the layer count is checked once the checkpoint is read
         validate_pipeline(
             config.parallel, layout.pp, layout.pp, t.batch_size // (micro * layout.dp)

@@ -78,8 +78,12 @@ class ZeroEngine:
         grad_compression: str = "none",
         powersgd_rank: int = 1,
         powersgd_start_step: int = 0,
+        independent_stages: bool = False,
     ) -> None:
         self.model, self.ctx, self.stage = model, ctx, zero_stage
+        self.norm_group_pp = None if independent_stages else ctx.pp
+        """Clipping's norm spans the pipeline, except where each stage updates on its own
+        (pipedream: a pipeline-wide norm would make the stages wait for each other)."""
         self.clip_grad = optim.clip_grad
         self.dtype = compute_dtype(precision)
         device = ctx.device
@@ -180,9 +184,11 @@ class ZeroEngine:
         for module in model.modules():
             if isinstance(module, RowSparseLookup) and isinstance(module.sparse, bool):
                 module.sparse = True
+        self._segments: dict[int, tuple[int, Segment]] = {}
         for i, bucket in enumerate(self.buckets):
             for seg in bucket.segments:
                 seg.param.register_post_accumulate_grad_hook(self._grad_hook(i, seg))
+                self._segments[id(seg.param)] = (i, seg)
 
     # ------------------------------------------------------------------ backward
 
@@ -196,6 +202,15 @@ class ZeroEngine:
             torch.autograd.backward(loss, grad)
             return
         (loss * self.scaler.scale if self.scaler.enabled else loss).backward()
+
+    def add_gradients(self, grads: list[tuple[nn.Parameter, Tensor]], *, sync: bool) -> None:
+        """Gradients autograd left on other tensors than the parameters (PipeDream's stashed
+        weight copies), added as the parameters' hooks add theirs; `sync` as for backward."""
+        self.sync = sync
+        for param, grad in grads:
+            i, seg = self._segments[id(param)]
+            self.grads.accumulate(i, seg, grad)
+        self._end_of_backward()
 
     def _grad_hook(self, i: int, seg: Segment) -> Callable[[Tensor], None]:
         def hook(param: Tensor) -> None:
@@ -253,7 +268,7 @@ class ZeroEngine:
             [b.shard_of(g) for b, g in zip(self.buckets, grads)] if self.whole_master else grads
         )  # each DP rank counts only its chunk in the norm
         norm = scale * global_grad_norm(
-            self.buckets, shard_grads, self.ctx.tp, self.ctx.replicas, self.ctx.pp
+            self.buckets, shard_grads, self.ctx.tp, self.ctx.replicas, self.norm_group_pp
         )
         finite = torch.isfinite(norm)
         if not self.decides_on_device:
@@ -324,13 +339,19 @@ class ZeroEngine:
 
     # ------------------------------------------------------------------ state
 
-    def state_dict(self) -> dict[str, Tensor]:
+    def state_dict(self, *, saving: bool = False) -> dict[str, Tensor]:
         """Logical, layout-free state: fp32 parameters and optimizer moments by parameter name
         (DTensors for TP-sharded ones), the optimizer step, the loss scaler and the count of
-        consecutive non-finite steps. Every rank of the job must call it (it gathers over DP)."""
+        consecutive non-finite steps. Every rank of the job must call it (it gathers over DP).
+        `saving`: what this rank writes (DCP's loading template asks for every name it holds)."""
         self.settle()
         state = logical_state(
-            self.buckets, self.masters, self.optimizer, self.ctx, whole=self.whole_master
+            self.buckets,
+            self.masters,
+            self.optimizer,
+            self.ctx,
+            whole=self.whole_master,
+            saving=saving,
         )
         state.update(
             {
@@ -352,6 +373,7 @@ class ZeroEngine:
             self.ctx,
             whole=self.whole_master,
             weights_only=True,
+            saving=True,
         )
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:

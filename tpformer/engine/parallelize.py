@@ -18,7 +18,7 @@ here reaches all of them at once. Order:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 
@@ -26,7 +26,12 @@ from tpformer.config.schema import OptimConfig, ParallelConfig
 from tpformer.engine.compiled import apply_compile, isolate_eager_islands
 from tpformer.engine.engine import ZeroEngine
 from tpformer.engine.recompute import apply_recompute
-from tpformer.engine.step_runner import LocalStepRunner, PipelineStepRunner, StepRunner
+from tpformer.engine.step_runner import (
+    LocalStepRunner,
+    PipeDreamStepRunner,
+    PipelineStepRunner,
+    StepRunner,
+)
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.parallel.pipeline.split import SplitChoice, choose_split
@@ -61,6 +66,7 @@ def build_engine(
         grad_compression=parallel.grad_compression,
         powersgd_rank=parallel.powersgd_rank,
         powersgd_start_step=parallel.powersgd_start_step,
+        independent_stages=parallel.pipeline_schedule == "pipedream",
     )
 
 
@@ -92,7 +98,13 @@ def parallelize(
             seq=seq,
             sample=sample,
         )
-        stage = build_stage(model, split.split, ctx.pp.rank, ctx.pp.size)
+        stage = build_stage(
+            model,
+            split.split,
+            ctx.pp.rank,
+            ctx.pp.size,
+            tie_ends=parallel.pipeline_schedule != "pipedream",
+        )
     if compile_blocks:
         apply_compile(model)
     recomputed = apply_recompute(model, parallel, ctx.rng)
@@ -100,18 +112,22 @@ def parallelize(
         isolate_eager_islands(model)
     engine = build_engine(model, optim, parallel, ctx)
     runner = None
+    steps: StepRunner = LocalStepRunner(model, engine, ctx)
     if stage is not None:  # pipelined models name their ModelConfig (engine/ imports no model)
-        architecture: Any = model.config
-        runner = PipelineRunner(
-            stage,
-            ctx,
-            schedule=parallel.pipeline_schedule,
-            hidden=architecture.hidden_size,
-            dtype=engine.dtype,
-        )
-    steps: StepRunner = (
-        LocalStepRunner(model, engine, ctx)
-        if runner is None
-        else PipelineStepRunner(runner, engine, ctx)
-    )
+        hidden = cast(Any, model).config.hidden_size
+        if parallel.pipeline_schedule == "pipedream":
+            pipedream = PipeDreamStepRunner(
+                stage,
+                engine,
+                ctx,
+                hidden=hidden,
+                vertical_sync=parallel.pipedream_vertical_sync,
+                every_step=parallel.pipedream_update == "step",
+            )
+            runner, steps = pipedream.pipedream, pipedream
+        else:
+            runner = PipelineRunner(
+                stage, ctx, schedule=parallel.pipeline_schedule, hidden=hidden, dtype=engine.dtype
+            )
+            steps = PipelineStepRunner(runner, engine, ctx)
     return Parallelized(engine, steps, recomputed, runner, split)

@@ -108,10 +108,13 @@ def logical_state(
     *,
     whole: bool,
     weights_only: bool = False,
+    saving: bool = False,
 ) -> dict[str, Tensor]:
     """{"param/<name>", "<slot>/<name>" for each of the optimizer's per-element slots (AdamW's
     exp_avg, exp_avg_sq): fp32 logical tensor (a DTensor for TP-sharded parameters), "step"}.
-    `whole`: the masters cover whole buckets (stage 0). `weights_only`: "param/<name>" only."""
+    `whole`: the masters cover whole buckets (stage 0). `weights_only`: "param/<name>" only.
+    `saving`: leave out pipedream's head copies (the first stage writes the name; loading
+    reads it into both)."""
     out: dict[str, Tensor] = {}
     steps = []
     slots = ("param",) if weights_only else ("param", *moments(optimizer))
@@ -119,6 +122,8 @@ def logical_state(
         for slot in slots:
             gathered = _whole_bucket(_master_like(optimizer, master, slot), ctx, whole=whole)
             for seg in bucket.segments:
+                if saving and param_info(seg.param).pipeline_copy:
+                    continue  # the first stage writes this name (pipedream's head copy)
                 out[f"{slot}/{seg.name}"] = _saved_form(bucket.view(gathered, seg), seg, ctx)
         steps += [optimizer_slots(optimizer, v.param)["step"] for v in master.views]
     if not weights_only:

@@ -17,7 +17,9 @@ from torch import Tensor, nn
 from tpformer.engine.engine import ZeroEngine
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.pipeline.pipedream import PipeDreamRunner
 from tpformer.parallel.pipeline.runner import PipelineRunner
+from tpformer.parallel.pipeline.stage import PipelineStage
 
 Batch = dict[str, Tensor]
 
@@ -50,8 +52,29 @@ class StepRunner(Protocol):
         the device, not yet summed over DP."""
         ...
 
+    def update(self) -> dict[str, Tensor]:
+        """The step's optimizer update (grad_norm and skipped as device scalars)."""
+        ...
 
-class LocalStepRunner:
+    def drain(self) -> None:
+        """Finish what the step left in flight (pipedream's owed backwards) before a
+        checkpoint, the last evaluation or the end."""
+        ...
+
+
+class _StepUpdate:
+    """One optimizer update after every step, nothing left in flight."""
+
+    engine: ZeroEngine
+
+    def update(self) -> dict[str, Tensor]:
+        return self.engine.queue_step()
+
+    def drain(self) -> None:
+        return None
+
+
+class LocalStepRunner(_StepUpdate):
     """The whole model on this rank: micro-batches one after another."""
 
     def __init__(self, model: nn.Module, engine: ZeroEngine, ctx: ParallelContext) -> None:
@@ -80,7 +103,7 @@ class LocalStepRunner:
         return totals
 
 
-class PipelineStepRunner:
+class PipelineStepRunner(_StepUpdate):
     """This rank's pipeline stage: the micro-batches go through the stage's schedule."""
 
     def __init__(self, pipeline: PipelineRunner, engine: ZeroEngine, ctx: ParallelContext) -> None:
@@ -110,3 +133,47 @@ class PipelineStepRunner:
             train=train,
         )
         return all_reduce(totals, self.ctx.pp)  # the values live on the last stage
+
+
+class PipeDreamStepRunner(PipelineStepRunner):
+    """The pipedream schedule: the stage updates inside the step (after its own backwards) and
+    carries in-flight micro-batches into the next step; `update` reports this stage's last
+    update of the step (the first stage's grad_norm is the one logged)."""
+
+    def __init__(
+        self,
+        stage: PipelineStage,
+        engine: ZeroEngine,
+        ctx: ParallelContext,
+        *,
+        hidden: int,
+        vertical_sync: bool,
+        every_step: bool,
+    ) -> None:
+        pipeline = PipeDreamRunner(
+            stage,
+            ctx,
+            self,
+            hidden=hidden,
+            dtype=engine.dtype,
+            vertical_sync=vertical_sync,
+            every_step=every_step,
+        )
+        super().__init__(pipeline, engine, ctx)
+        self.pipedream = pipeline
+        zero = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        self.status: dict[str, Tensor] = {"grad_norm": zero, "skipped": zero}
+
+    def add_gradients(self, grads: list[tuple[nn.Parameter, Tensor]], *, sync: bool) -> None:
+        self.engine.add_gradients(grads, sync=sync)
+
+    def update(self) -> dict[str, Tensor]:
+        """The step's updates already ran inside it: the status of this stage's last one."""
+        return self.status
+
+    def apply_update(self) -> None:
+        self.status = self.engine.queue_step()
+        self.engine.settle()  # the next forward copies the live weights
+
+    def drain(self) -> None:
+        self.pipedream.drain()

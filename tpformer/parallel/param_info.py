@@ -27,14 +27,17 @@ class ParamInfo:
     size of that dim (the vocabulary is padded to a multiple of TP); sequence_parallel: acts on
     sequence-sharded activations, so its gradient is summed over TP; pipeline_tied: held by the
     first and the last pipeline stage (the tied word embedding), its gradient summed over the
-    two; counted_in_norm: False on the tied copy the clipping norm must not count twice; init:
-    its own initialization instead of the default."""
+    two; counted_in_norm: False on the tied copy the clipping norm must not count twice;
+    pipeline_copy: the last stage's own copy of a tied parameter under pipedream (trained on
+    its own; checkpoints write the first stage's); init: its own initialization instead of the
+    default."""
 
     tp_dim: int | None = None
     logical_size: int | None = None
     sequence_parallel: bool = False
     pipeline_tied: bool = False
     counted_in_norm: bool = True
+    pipeline_copy: bool = False
     init: InitMethod | None = None
 
     def logical_shape(self, local: torch.Size) -> torch.Size:

@@ -244,11 +244,13 @@ class Trainer:
         once the state is copied to host memory); `weights_only` (the best checkpoint, for
         export and predictions): the parameters alone."""
         start = time.perf_counter()
+        if not weights_only:  # a checkpoint holds no micro-batch in flight (pipedream)
+            self.runner.drain()
         state: dict[str, Any] = (
             {"engine": self.engine.weights_state_dict()}
             if weights_only
             else {
-                "engine": self.engine.state_dict(),
+                "engine": self.engine.state_dict(saving=True),
                 f"rng_rank{self.ctx.rank}": store.rng_state(),
             }
         )
@@ -395,7 +397,7 @@ class Trainer:
                 self.engine.set_lr(lr)
                 result = self.queue_step(prepared, train=True)
                 host = {"lr": lr, "data_wait_s": loader.wait_s}
-                window.append(UnreadStep(result, self.engine.queue_step(), host))
+                window.append(UnreadStep(result, self.runner.update(), host))
                 done = step + 1 == task.max_steps
                 over_time = (
                     loop.max_time_minutes > 0
@@ -406,6 +408,8 @@ class Trainer:
                 )
                 if save_failed:  # every rank holds the same error: raise it everywhere at once
                     self.writer.wait()
+                if done or timed_out:  # the last evaluation sees every micro-batch's update
+                    self.runner.drain()
                 if (step + 1) % loop.log_every == 0 or done or timed_out or step == 0:
                     now = time.perf_counter()
                     step_time = (now - last) / len(window)

@@ -11,13 +11,19 @@ gpipe             all forwards, then all backwards (AFAB): activations of all m 
 interleaved_1f1b  each stage holds v model chunks (virtual stage c x p + r); micro-batches go
                   through in groups of p, chunk by chunk (Megatron's order): the bubble shrinks
                   by v at the price of v x more activation messages.
+pipedream         PipeDream's asynchronous 1F1B: the 1F1B order of one endless stream of
+                  micro-batches, never flushed; a step is the slice from its first forward to
+                  the next step's, so a stage carries p - r - 1 micro-batches' backwards into
+                  the next step, and each stage updates its weights after its own backwards
+                  (`pipedream_version`: the weight version each forward sees). A drain (before a
+                  checkpoint and at the end) runs the carried backwards.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "pipedream")
 
 
 @dataclass(frozen=True)
@@ -71,12 +77,54 @@ def interleaved(stages: int, micro: int, stage: int, chunks: int) -> list[Action
     return actions + [unit(k, True) for k in range(total - warmup, total)]
 
 
+def pipedream_warmup(stages: int, stage: int) -> int:
+    """Forwards stage `stage` runs before its first backward: p - r - 1."""
+    return stages - stage - 1
+
+
+def _endless_1f1b(stages: int, stage: int, forwards: int) -> list[Action]:
+    """The 1F1B order of a stream of micro-batches 0, 1, ... cut before forward `forwards`."""
+    warmup = pipedream_warmup(stages, stage)
+    actions = [Action("F", i) for i in range(min(warmup, forwards))]
+    for i in range(warmup, forwards):
+        actions += [Action("F", i), Action("B", i - warmup)]
+    return actions
+
+
+def pipedream_step(stages: int, micro: int, stage: int, step: int) -> list[Action]:
+    """Step `step` (counted from the last drain) of the asynchronous schedule: the stream's
+    actions from forward step x m to forward (step + 1) x m; micro-batch numbers count the
+    stream (micro-batch j of step t is t x m + j), backwards included from earlier steps."""
+    before = len(_endless_1f1b(stages, stage, step * micro))
+    return _endless_1f1b(stages, stage, (step + 1) * micro)[before:]
+
+
+def pipedream_drain(stages: int, micro: int, stage: int, steps: int) -> list[Action]:
+    """The backwards still owed after `steps` steps: the last p - r - 1 forwards' (in order)."""
+    forwards = steps * micro
+    done = sum(a.kind == "B" for a in _endless_1f1b(stages, stage, forwards))
+    return [Action("B", i) for i in range(done, forwards)]
+
+
+def pipedream_version(
+    stages: int, stage: int, index: int, *, every: int, vertical_sync: bool
+) -> int:
+    """The weight version (updates applied since the last drain) the forward of stream
+    micro-batch `index` uses on `stage`: the stage's own updates after its backwards before
+    that forward, floor(max(0, index - (p - r - 1)) / every); with vertical sync, the version
+    the first stage used for that micro-batch (floor(max(0, index - (p - 1)) / every))."""
+    warmup = pipedream_warmup(stages, 0 if vertical_sync else stage)
+    return max(0, index - warmup) // every
+
+
 def actions_for(
     name: str, stages: int, micro: int, stage: int, chunks: int = 1, *, train: bool = True
 ) -> list[Action]:
     """Stage `stage`'s actions for one step; forward-only (evaluation) keeps the forwards."""
     if name == "gpipe":
         actions = gpipe(stages, micro, stage)
+    elif name == "pipedream":  # one step from an empty pipeline, drained (evaluation: forwards)
+        actions = pipedream_step(stages, micro, stage, 0) + pipedream_drain(stages, micro, stage, 1)
     elif name == "1f1b":
         actions = one_f_one_b(stages, micro, stage)
     elif name == "interleaved_1f1b":
@@ -88,17 +136,38 @@ def actions_for(
 
 @dataclass
 class Simulation:
-    """What `simulate` found: the makespan, each stage's busy time and its peak in-flight
-    micro-batches (forwards whose backward has not run: their activations are alive)."""
+    """What `simulate` found: the makespan, each stage's busy time, its peak in-flight
+    micro-batches (forwards whose backward has not run: their activations are alive) and each
+    stage's timeline of (action, start, end)."""
 
     makespan: float
     busy: list[float]
     peak_in_flight: list[int]
+    timeline: list[list[tuple[Action, float, float]]]
 
     @property
     def bubble(self) -> float:
         """Idle share of the pipeline: 1 - busy area / total area."""
         return 1.0 - sum(self.busy) / (self.makespan * len(self.busy))
+
+    def idle_between(self, stage: int, first: Action, last: Action) -> float:
+        """Time `stage` waits between the start of action `first` and the end of `last`."""
+        times = {a: (start, end) for a, start, end in self.timeline[stage]}
+        begin, end = times[first][0], times[last][1]
+        busy = sum(e - s for _, s, e in self.timeline[stage] if s >= begin and e <= end)
+        return end - begin - busy
+
+
+def stage_lists(name: str, stages: int, micro: int, chunks: int = 1, steps: int = 1) -> list:
+    """Every stage's actions for `steps` steps (pipedream: the stream of `steps` steps, then
+    the drain; the other schedules flush every step, so one step says it all)."""
+    if name == "pipedream":
+        return [
+            [a for t in range(steps) for a in pipedream_step(stages, micro, r, t)]
+            + pipedream_drain(stages, micro, r, steps)
+            for r in range(stages)
+        ]
+    return [actions_for(name, stages, micro, r, chunks) for r in range(stages)]
 
 
 def simulate(
@@ -107,6 +176,7 @@ def simulate(
     micro: int,
     chunks: int = 1,
     *,
+    steps: int = 1,
     forward_time: list[float] | None = None,
     backward_ratio: float = 2.0,
     transfer: float = 0.0,
@@ -115,12 +185,13 @@ def simulate(
     virtual stage's forward, a backward for the next one's backward; sends never block) with
     per-virtual-stage forward times (default 1) and backward = ratio x forward. Raises
     RuntimeError if the lists deadlock."""
-    lists = [actions_for(name, stages, micro, r, chunks) for r in range(stages)]
+    lists = stage_lists(name, stages, micro, chunks, steps)
     last = stages * chunks - 1
     fwd = forward_time or [1.0] * (stages * chunks)
     done: dict[tuple[str, int, int], float] = {}
     clock, busy = [0.0] * stages, [0.0] * stages
     position, alive, peak = [0] * stages, [0] * stages, [0] * stages
+    timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(stages)]
     while any(position[r] < len(lists[r]) for r in range(stages)):
         progressed = False
         for r in range(stages):
@@ -136,7 +207,9 @@ def simulate(
                 continue
             ready = done[needs] + (transfer if needs[2] != v else 0.0) if needs else 0.0
             cost = fwd[v] * (1.0 if a.kind == "F" else backward_ratio)
-            clock[r] = max(clock[r], ready) + cost
+            start = max(clock[r], ready)
+            clock[r] = start + cost
+            timeline[r].append((a, start, clock[r]))
             busy[r] += cost
             done[(a.kind, a.micro, v)] = clock[r]
             alive[r] += 1 if a.kind == "F" else -1
@@ -145,4 +218,4 @@ def simulate(
             progressed = True
         if not progressed:
             raise RuntimeError(f"{name} deadlocks at positions {position}")
-    return Simulation(max(clock), busy, peak)
+    return Simulation(max(clock), busy, peak, timeline)

@@ -101,8 +101,12 @@ def split_bounds(split: list[int]) -> list[tuple[int, int]]:
     return list(itertools.pairwise(starts))
 
 
-def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> PipelineStage:
-    """Keep this rank's parameters of `model` (split: layers per virtual stage, len p x v)."""
+def build_stage(
+    model: nn.Module, split: list[int], rank: int, stages: int, *, tie_ends: bool = True
+) -> PipelineStage:
+    """Keep this rank's parameters of `model` (split: layers per virtual stage, len p x v).
+    `tie_ends=False` (pipedream): the last stage's copy of a tied parameter trains on its own
+    and is marked `pipeline_copy` (checkpoints keep the first stage's)."""
     parts = pipelined(model)
     blocks = list(parts.blocks())
     if sum(split) != len(blocks) or len(split) % stages:
@@ -127,7 +131,10 @@ def build_stage(model: nn.Module, split: list[int], rank: int, stages: int) -> P
     for name, param in model.named_parameters():
         if name in tied and (first or last):
             kept.add(id(param))
-            mark_pipeline_tied(param, counted=first)
+            if tie_ends:
+                mark_pipeline_tied(param, counted=first)
+            elif last and not first:
+                update_param_info(param, pipeline_copy=True)
     owned_anywhere = {id(p) for b in blocks for p in b.parameters()}
     for prefixes in (parts.pipeline_embedding, parts.pipeline_head):
         for name in prefixes:
