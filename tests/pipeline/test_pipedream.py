@@ -1,0 +1,316 @@
+"""PipeDream (parallel.pipeline_schedule=pipedream) against its own definition.
+
+The schedule as data: deadlock-free, zero idle time in the steady state, each forward's weight
+version as `pipedream_version` states it. The pipeline at p=2 and p=4 (and TP=2 x PP=2), with and
+without vertical sync, updating per micro-batch or per step: its losses and final weights equal,
+within 1e-5, a one-process reference that keeps every stage's weight history and runs each
+micro-batch's forward and backward with the versions the definition names, then applies each
+stage's updates (AdamW, weight decay on matrices, clipping by the stage's own norm) with the
+learning rate of the step in which that stage makes the update.
+"""
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.dist import run_distributed
+from tests.pipeline.test_pipeline_training import pipeline_config
+from tests.tolerances import FP32_MODEL_REL
+from tpformer.config.schema import Config
+from tpformer.config.validate import validate_pipedream
+from tpformer.engine.parallelize import parallelize
+from tpformer.models import build_model
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.init import gather_full
+from tpformer.parallel.pipeline.schedule import (
+    Action,
+    pipedream_drain,
+    pipedream_step,
+    pipedream_version,
+    pipedream_warmup,
+    simulate,
+)
+from tpformer.parallel.pipeline.stage import build_stage
+from tpformer.train.objectives import CausalLMObjective
+
+TOLERANCE = FP32_MODEL_REL
+"""1e-5: relative on each step's loss; on the weights, of the stage's largest weight."""
+MICRO, BATCH, SEQ, STEPS = 4, 2, 16, 3
+LRS = [1e-3, 2e-3, 5e-4]
+"""A different learning rate each step: an update made in the wrong step shows."""
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize(("stages", "micro"), itertools.product([2, 3, 4], [1, 2, 3, 4]))
+def test_schedule_runs_every_micro_batch_once_and_never_deadlocks(stages: int, micro: int) -> None:
+    steps = 3
+    for r in range(stages):
+        actions = [a for t in range(steps) for a in pipedream_step(stages, micro, r, t)]
+        actions += pipedream_drain(stages, micro, r, steps)
+        for kind in "FB":
+            assert [a.micro for a in actions if a.kind == kind] == list(range(steps * micro))
+        forwards = [a for a in pipedream_step(stages, micro, r, 1) if a.kind == "F"]
+        assert [a.micro for a in forwards] == list(range(micro, 2 * micro))  # a step's own
+    sim = simulate("pipedream", stages, micro, steps=steps)  # raises on a deadlock
+    assert sim.peak_in_flight == [min(stages - r, steps * micro) for r in range(stages)]
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_steady_state_has_no_bubble(stages: int) -> None:
+    """Equal stages (backward = 2 x forward): between the forward of micro-batch 2m and that of
+    4m no stage ever waits, while 1F1B-flush idles (p - 1) / (m + p - 1) of every step."""
+    micro = 4
+    sim = simulate("pipedream", stages, micro, steps=6)
+    for r in range(stages):
+        assert sim.idle_between(r, Action("F", 2 * micro), Action("F", 4 * micro)) == 0.0
+    flush = simulate("1f1b", stages, micro)
+    assert flush.bubble == pytest.approx((stages - 1) / (micro + stages - 1))
+
+
+@pytest.mark.parametrize("every", [1, 4])
+@pytest.mark.parametrize("stages", [2, 4])
+def test_versions_are_the_updates_before_each_forward(stages: int, every: int) -> None:
+    """Counted off the lists: the stage's updates (one per `every` backwards) before each
+    forward; vertical sync: the first stage's count for that micro-batch."""
+    micro, steps = 4, 4
+    for r in range(stages):
+        backwards, seen = 0, {}
+        for action in [a for t in range(steps) for a in pipedream_step(stages, micro, r, t)]:
+            if action.kind == "B":
+                backwards += 1
+            else:
+                seen[action.micro] = backwards // every
+        for i, version in seen.items():
+            assert pipedream_version(stages, r, i, every=every, vertical_sync=False) == version
+            first = max(0, i - pipedream_warmup(stages, 0)) // every
+            assert pipedream_version(stages, r, i, every=every, vertical_sync=True) == first
+
+
+# ----------------------------------------------------------------------------- the runs
+
+
+def _config(stages: int, tp: int = 1, **parallel: object) -> Config:
+    config = pipeline_config(
+        "gpt", pipeline=stages, tensor=tp, pipeline_schedule="pipedream", **parallel
+    )
+    config = replace(config, optim=replace(config.optim, clip_grad=0.05, weight_decay=0.1))
+    assert config.model.num_layers == 4
+    return config
+
+
+def _batches(steps: int = STEPS) -> list[list[tuple[int, dict[str, torch.Tensor]]]]:
+    """STEPS steps of MICRO micro-batches of BATCH random sequences; key = first sample."""
+    gen = torch.Generator().manual_seed(7)
+    return [
+        [
+            ((t * MICRO + j) * BATCH, {"input_ids": torch.randint(5, 128, (BATCH, SEQ), generator=gen)})
+            for j in range(MICRO)
+        ]
+        for t in range(steps)
+    ]
+
+
+def _counts() -> torch.Tensor:
+    return torch.tensor([MICRO * BATCH * (SEQ - 1)], dtype=torch.float64)
+
+
+def _pipeline(
+    ctx: ParallelContext, config: Config, steps: int = STEPS
+) -> tuple[list[float], dict, int]:
+    """Losses per step (last stage), this stage's full weights after the drain, peak stash."""
+    model = build_model(config.model, ctx, task="causal_lm")
+    par = parallelize(model, config.parallel, config.optim, ctx, seq=SEQ)
+    objective, losses = CausalLMObjective(), []
+    for step, parts in enumerate(_batches(steps)):
+        par.engine.set_lr(LRS[step])
+        totals = par.runner.run(step, parts, objective, _counts(), mask_width=SEQ, train=True)
+        par.runner.update()
+        losses.append(float(totals[0]))
+    par.runner.drain()
+    weights = {n: gather_full(p, ctx.tp).clone() for n, p in model.named_parameters()}
+    assert par.pipeline is not None
+    return losses, weights, par.pipeline.stash.peak  # type: ignore[attr-defined]
+
+
+def _update_step(stage: int, stages: int, index: int, steps: int) -> int:
+    """The step in which `stage` makes the update after micro-batch `index`'s backward: the step
+    of the forward that backward follows in 1F1B order (the drain: the last step)."""
+    return min((index + pipedream_warmup(stages, stage)) // MICRO, steps - 1)
+
+
+def _clip(params: list[torch.Tensor], clip: float) -> None:
+    """Clip to `clip` by the stage's own norm, the norms summed in float64 (as the engine)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.stack(torch._foreach_norm(grads)).double().square().sum().sqrt()
+    if clip > 0 and norm > clip:
+        torch._foreach_mul_(grads, clip / (norm + 1e-6))
+
+
+def _reference(
+    config: Config, stages: int, *, vertical_sync: bool, every: int, steps: int = STEPS
+) -> tuple:
+    """One process: stage r's weights are a history of versions; micro-batch i runs forward and
+    backward with version pipedream_version(r, i) of every stage, then each stage whose update
+    is due applies its summed gradients (scaled by MICRO / every, as the pipeline does)."""
+    ctx = ParallelContext.single(seed=config.parallel.seed, device="cpu", rng="exact")
+    split = [1] * stages if stages == 4 else [2, 2]
+    stage_models = []
+    for r in range(stages):
+        model = build_model(config.model, ctx, task="causal_lm")
+        stage_models.append((model, build_stage(model, split, r, stages, tie_ends=False)))
+    params = [list(m.parameters()) for m, _ in stage_models]
+    optimizers = []
+    for ps in params:
+        decayed = [p for p in ps if p.dim() >= 2]
+        rest = [p for p in ps if p.dim() < 2]
+        groups = [{"params": decayed, "weight_decay": config.optim.weight_decay}]
+        optimizers.append(
+            torch.optim.AdamW(
+                [*groups, {"params": rest, "weight_decay": 0.0}],
+                lr=1.0,
+                betas=(config.optim.beta1, config.optim.beta2),
+                eps=config.optim.eps,
+                fused=True,
+            )
+        )
+    history = [[[p.detach().clone() for p in ps]] for ps in params]
+    sums = [[torch.zeros_like(p) for p in ps] for ps in params]
+    objective, losses = CausalLMObjective(), []
+    for step, parts in enumerate(_batches(steps)):
+        ctx.rng.mask_width = SEQ
+        losses.append(0.0)
+        for j, (key, batch) in enumerate(parts):
+            index = step * MICRO + j
+            live = [[p.detach().clone() for p in ps] for ps in params]
+            for r in range(stages):
+                version = pipedream_version(
+                    stages, r, index, every=every, vertical_sync=vertical_sync
+                )
+                with torch.no_grad():
+                    for p, v in zip(params[r], history[r][version]):
+                        p.copy_(v)
+            ctx.rng.set_position(step, key)
+            inputs = objective.model_inputs(batch)
+            x = None
+            for _, stage in stage_models:
+                x = stage.forward(0, x, inputs)
+            values = objective.values(stage_models[-1][1].head(x, inputs), inputs, _counts())
+            losses[-1] += float(values[0].detach())
+            (values[0] * (MICRO / every)).backward()
+            with torch.no_grad():
+                for r in range(stages):
+                    for total, p, v in zip(sums[r], params[r], live[r]):
+                        if p.grad is not None:
+                            total += p.grad
+                        p.copy_(v)  # back to the live weights
+                        p.grad = None
+            if (index + 1) % every:
+                continue
+            for r in range(stages):
+                for p, total in zip(params[r], sums[r]):
+                    p.grad = total.clone()
+                    total.zero_()
+                _clip(params[r], config.optim.clip_grad)
+                for group in optimizers[r].param_groups:
+                    group["lr"] = LRS[_update_step(r, stages, index, steps)]
+                optimizers[r].step()
+                optimizers[r].zero_grad(set_to_none=True)
+                history[r].append([p.detach().clone() for p in params[r]])
+    weights = [
+        {n: gather_full(p, ctx.tp).clone() for n, p in m.named_parameters()}
+        for m, _ in stage_models
+    ]
+    return losses, weights
+
+
+def _assert_weights_close(got: dict, want: dict, stage: int) -> None:
+    """Every tensor within TOLERANCE of the stage's largest weight: the key biases' gradients
+    are rounding noise (softmax ignores a constant added to keys), which Adam normalizes, so
+    those tiny tensors differ in relative terms by more than the weights that learn."""
+    assert got.keys() == want.keys()
+    scale = max(float(w.abs().max()) for w in want.values())
+    for name, value in got.items():
+        error = float((value - want[name]).abs().max()) / scale
+        assert error <= TOLERANCE, f"stage {stage} {name}: error {error:.2e} of the largest weight"
+
+
+CASES = [  # (stages, tensor, vertical_sync, update)
+    (2, 1, False, "micro_batch"),
+    (2, 1, True, "micro_batch"),
+    (4, 1, False, "micro_batch"),
+    (4, 1, True, "micro_batch"),
+    (4, 1, False, "step"),
+    (2, 2, False, "micro_batch"),
+]
+
+
+@pytest.mark.parametrize(("stages", "tp", "vertical_sync", "update"), CASES)
+def test_pipeline_equals_the_staleness_reference(
+    stages: int, tp: int, vertical_sync: bool, update: str
+) -> None:
+    split = [1] * stages if stages == 4 else [2, 2]
+    config = _config(
+        stages,
+        tp,
+        pipeline_split=split,
+        pipedream_vertical_sync=vertical_sync,
+        pipedream_update=update,
+    )
+    every = MICRO if update == "step" else 1
+    want_losses, want_weights = _reference(config, stages, vertical_sync=vertical_sync, every=every)
+    ranks = run_distributed(_pipeline, stages * tp, config, tensor=tp, pipeline=stages)
+    for rank, (losses, weights, peak) in enumerate(ranks):
+        stage = rank // tp
+        if stage == stages - 1:
+            for step, (got, want) in enumerate(zip(losses, want_losses)):
+                assert abs(got - want) <= TOLERANCE * abs(want), (step, losses, want_losses)
+        _assert_weights_close(weights, want_weights[stage], stage)
+        if not vertical_sync and every == 1:  # weight stashing keeps p - r versions on stage r
+            assert peak == stages - stage, (stage, peak)
+    if stages == 2 and tp == 1 and not vertical_sync:  # the two copies of wte trained apart
+        first, last = ranks[0][1]["transformer.wte.weight"], ranks[-1][1]["transformer.wte.weight"]
+        assert not torch.equal(first, last)
+
+
+def test_step_updates_without_staleness_in_the_first_step() -> None:
+    """Updating once per step, the first step's forwards all use the initial weights: its loss
+    is the flushed schedule's (the reference's first value), not a stale one."""
+    config = _config(2, pipeline_split=[2, 2], pipedream_update="step")
+    flushed = replace(config, parallel=replace(config.parallel, pipeline_schedule="1f1b"))
+    got = run_distributed(_pipeline, 2, config, pipeline=2)[-1][0]
+    want = run_distributed(_flushed_losses, 2, flushed, pipeline=2)[-1]
+    assert abs(got[0] - want[0]) <= TOLERANCE * abs(want[0])
+    assert abs(got[1] - want[1]) > TOLERANCE * abs(want[1])  # then the stages drift apart
+
+
+def _flushed_losses(ctx: ParallelContext, config: Config) -> list[float]:
+    model = build_model(config.model, ctx, task="causal_lm")
+    par = parallelize(model, config.parallel, config.optim, ctx, seq=SEQ)
+    losses = []
+    for step, parts in enumerate(_batches()):
+        par.engine.set_lr(LRS[step])
+        totals = par.runner.run(step, parts, CausalLMObjective(), _counts(), mask_width=SEQ, train=True)
+        par.runner.update()
+        losses.append(float(totals[0]))
+    return losses
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"pipeline": 1}, r"needs parallel.pipeline >= 2 \(got 1\)"),
+        ({"precision": "fp16"}, r"does not support parallel.precision=fp16"),
+    ],
+)
+def test_invalid_pipedream_settings_are_named(change: dict, message: str) -> None:
+    config = _config(2)
+    parallel = replace(config.parallel, **{k: v for k, v in change.items() if k != "pipeline"})
+    with pytest.raises(ValueError, match=message):
+        validate_pipedream(parallel, change.get("pipeline", 2), compiled=False)
+    with pytest.raises(ValueError, match=r"does not support trainer.compile=true"):
+        validate_pipedream(config.parallel, 2, compiled=True)
