@@ -10,6 +10,7 @@ learning rate of the step in which that stage makes the update.
 """
 
 import itertools
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 from tests.dist import run_distributed
 from tests.pipeline.test_pipeline_training import pipeline_config
 from tests.tolerances import FP32_MODEL_REL
+from tpformer.checkpoint import store
 from tpformer.config.schema import Config
 from tpformer.config.validate import validate_pipedream
 from tpformer.engine.parallelize import parallelize
@@ -35,6 +37,7 @@ from tpformer.parallel.pipeline.schedule import (
 )
 from tpformer.parallel.pipeline.stage import build_stage
 from tpformer.train.objectives import CausalLMObjective
+from tpformer.train.pretraining import pretraining_trainer
 
 TOLERANCE = FP32_MODEL_REL
 """1e-5: relative on each step's loss; on the weights, of the stage's largest weight."""
@@ -108,7 +111,10 @@ def _batches(steps: int = STEPS) -> list[list[tuple[int, dict[str, torch.Tensor]
     gen = torch.Generator().manual_seed(7)
     return [
         [
-            ((t * MICRO + j) * BATCH, {"input_ids": torch.randint(5, 128, (BATCH, SEQ), generator=gen)})
+            (
+                (t * MICRO + j) * BATCH,
+                {"input_ids": torch.randint(5, 128, (BATCH, SEQ), generator=gen)},
+            )
             for j in range(MICRO)
         ]
         for t in range(steps)
@@ -133,8 +139,8 @@ def _pipeline(
         losses.append(float(totals[0]))
     par.runner.drain()
     weights = {n: gather_full(p, ctx.tp).clone() for n, p in model.named_parameters()}
-    assert par.pipeline is not None
-    return losses, weights, par.pipeline.stash.peak  # type: ignore[attr-defined]
+    stash = getattr(par.pipeline, "stash", None)  # pipedream's (the flushed schedules have none)
+    return losses, weights, stash.peak if stash is not None else 0
 
 
 def _update_step(stage: int, stages: int, index: int, steps: int) -> int:
@@ -283,21 +289,9 @@ def test_step_updates_without_staleness_in_the_first_step() -> None:
     config = _config(2, pipeline_split=[2, 2], pipedream_update="step")
     flushed = replace(config, parallel=replace(config.parallel, pipeline_schedule="1f1b"))
     got = run_distributed(_pipeline, 2, config, pipeline=2)[-1][0]
-    want = run_distributed(_flushed_losses, 2, flushed, pipeline=2)[-1]
+    want = run_distributed(_pipeline, 2, flushed, pipeline=2)[-1][0]
     assert abs(got[0] - want[0]) <= TOLERANCE * abs(want[0])
     assert abs(got[1] - want[1]) > TOLERANCE * abs(want[1])  # then the stages drift apart
-
-
-def _flushed_losses(ctx: ParallelContext, config: Config) -> list[float]:
-    model = build_model(config.model, ctx, task="causal_lm")
-    par = parallelize(model, config.parallel, config.optim, ctx, seq=SEQ)
-    losses = []
-    for step, parts in enumerate(_batches()):
-        par.engine.set_lr(LRS[step])
-        totals = par.runner.run(step, parts, CausalLMObjective(), _counts(), mask_width=SEQ, train=True)
-        par.runner.update()
-        losses.append(float(totals[0]))
-    return losses
 
 
 @pytest.mark.parametrize(
@@ -314,3 +308,39 @@ def test_invalid_pipedream_settings_are_named(change: dict, message: str) -> Non
         validate_pipedream(parallel, change.get("pipeline", 2), compiled=False)
     with pytest.raises(ValueError, match=r"does not support trainer.compile=true"):
         validate_pipedream(config.parallel, 2, compiled=True)
+
+
+# ----------------------------------------------------------------------------- training loop
+
+
+def _train(ctx: ParallelContext, config: Config, run_dir: str, trainer: dict) -> tuple:
+    """Pretrain (BERT, pipedream at pipeline=2) and return the step losses and this stage's
+    live weights after the run (drained by the save or the end)."""
+    config = replace(config, trainer=replace(config.trainer, **trainer))
+    run = pretraining_trainer(config, ctx, Path(run_dir))
+    records = run.train()
+    state = run.engine.state_dict()
+    return {r["step"]: r["loss"] for r in records}, {
+        k: v.clone() for k, v in state.items() if k.startswith("param/")
+    }
+
+
+def test_training_loop_checkpoints_the_drained_weights_and_resumes(tmp_path: Path) -> None:
+    """A save drains the pipeline: the checkpoint holds every stage's weights after all
+    micro-batches' updates, the tied word embedding as the first stage wrote it (the last
+    stage's own copy, trained apart, is not saved); a resume continues from there."""
+    config = pipeline_config(micro=2, accum=4, pipeline=2, pipeline_schedule="pipedream")
+    config = replace(config, trainer=replace(config.trainer, max_steps=4))
+    run = str(tmp_path / "run")
+    (first, first_state), (last, last_state) = run_distributed(
+        _train, 2, config, run, {"exit_at_step": 2}, pipeline=2
+    )
+    assert sorted(last) == [1, 2] and all(math.isfinite(v) for v in last.values())
+    tied = "param/bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(first_state[tied], last_state[tied])  # the copies trained apart
+    saved = {k: torch.empty_like(v) for k, v in {**last_state, **first_state}.items()}
+    store.load(tmp_path / "run" / "checkpoints" / store.step_dir_name(2), {"engine": saved})
+    for name, value in {**last_state, **first_state}.items():  # the first stage's tied copy
+        assert torch.equal(saved[name], value), name
+    resumed = run_distributed(_train, 2, config, run, {"resume": "auto"}, pipeline=2)[-1][0]
+    assert sorted(resumed) == [3, 4] and all(math.isfinite(v) for v in resumed.values())

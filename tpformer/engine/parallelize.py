@@ -111,7 +111,7 @@ def parallelize(
     if compile_blocks:
         isolate_eager_islands(model)
     engine = build_engine(model, optim, parallel, ctx)
-    runner = None
+    runner: PipelineRunner | None = None
     steps: StepRunner = LocalStepRunner(model, engine, ctx)
     if stage is not None:  # pipelined models name their ModelConfig (engine/ imports no model)
         hidden = cast(Any, model).config.hidden_size
@@ -126,8 +126,8 @@ def parallelize(
             )
             runner, steps = pipedream.pipedream, pipedream
         else:
-            runner = PipelineRunner(
+            flushed = PipelineRunner(
                 stage, ctx, schedule=parallel.pipeline_schedule, hidden=hidden, dtype=engine.dtype
             )
-            steps = PipelineStepRunner(runner, engine, ctx)
+            runner, steps = flushed, PipelineStepRunner(flushed, engine, ctx)
     return Parallelized(engine, steps, recomputed, runner, split)
