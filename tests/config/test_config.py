@@ -62,6 +62,8 @@ PUBLIC_KEYS = {
         "sequence_parallel",
         "tensor",
         "virtual_stages",
+        "pipedream_update",
+        "pipedream_vertical_sync",
         "zero_stage",
     ],
     "optim": [

@@ -332,7 +332,7 @@ def test_training_loop_checkpoints_the_drained_weights_and_resumes(tmp_path: Pat
     config = pipeline_config(micro=2, accum=4, pipeline=2, pipeline_schedule="pipedream")
     config = replace(config, trainer=replace(config.trainer, max_steps=4))
     run = str(tmp_path / "run")
-    (first, first_state), (last, last_state) = run_distributed(
+    (_, first_state), (last, last_state) = run_distributed(
         _train, 2, config, run, {"exit_at_step": 2}, pipeline=2
     )
     assert sorted(last) == [1, 2] and all(math.isfinite(v) for v in last.values())
