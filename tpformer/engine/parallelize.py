@@ -113,6 +113,8 @@ def parallelize(
     engine = build_engine(model, optim, parallel, ctx)
     runner: PipelineRunner | None = None
     steps: StepRunner = LocalStepRunner(model, engine, ctx)
+    vertical_sync = parallel.pipedream_vertical_sync  # read here: the pipedream runner's keys
+    every_step = parallel.pipedream_update == "step"
     if stage is not None:  # pipelined models name their ModelConfig (engine/ imports no model)
         hidden = cast(Any, model).config.hidden_size
         if parallel.pipeline_schedule == "pipedream":
@@ -121,8 +123,8 @@ def parallelize(
                 engine,
                 ctx,
                 hidden=hidden,
-                vertical_sync=parallel.pipedream_vertical_sync,
-                every_step=parallel.pipedream_update == "step",
+                vertical_sync=vertical_sync,
+                every_step=every_step,
             )
             runner, steps = pipedream.pipedream, pipedream
         else:
