@@ -128,3 +128,46 @@ def test_a_model_without_pipeline_parts_is_named_with_what_it_lacks() -> None:
         pipelined(Half())
     with pytest.raises(ValueError, match=message):
         build_stage(Half(), [1, 1], 0, 2)
+
+
+def _replicated_brute_force(
+    costs: StageCosts, sizes: list[float], workers: int, bw: float
+) -> float:
+    n, best = len(costs.layers), float("inf")
+    prefix = [sum(sizes[:i]) for i in range(n + 1)]
+    for stages in range(1, min(n, workers) + 1):
+        for cuts in itertools.combinations(range(1, n), stages - 1):
+            bounds = list(zip((0, *cuts), (*cuts, n)))
+            for replicas in itertools.product(range(1, workers + 1), repeat=stages):
+                if sum(replicas) != workers:
+                    continue
+                slowest = max(
+                    max(costs.stage_cost(a, b), 2 * (m - 1) / m * (prefix[b] - prefix[a]) / bw) / m
+                    for (a, b), m in zip(bounds, replicas)
+                )
+                best = min(best, slowest)
+    return best
+
+
+def test_pipedream_partition_finds_the_best_split_and_replication() -> None:
+    """PipeDream's (split, replicas) dynamic program equals exhaustive search; a stage whose
+    weights are cheap to synchronize is replicated, one whose sync dominates is not."""
+    from tpformer.parallel.pipeline.partition import pipedream_partition, replication_string
+
+    rng = random.Random(1)
+    for _ in range(40):
+        n, workers = rng.randint(1, 6), rng.randint(1, 5)
+        costs = StageCosts(
+            [rng.uniform(0.5, 2) for _ in range(n)], rng.uniform(0, 1), rng.uniform(0, 3), 0.1
+        )
+        sizes = [rng.uniform(0, 4) for _ in range(n)]
+        stages, slowest = pipedream_partition(costs, sizes, workers, 2.0)
+        assert sum(s.layers for s in stages) == n and sum(s.replicas for s in stages) == workers
+        assert slowest == pytest.approx(_replicated_brute_force(costs, sizes, workers, 2.0))
+    # the first layer heavy to compute and light to sync, the others heavy to sync: "2-1"
+    heavy_first = StageCosts([4.0, 1.0, 1.0])
+    stages, _ = pipedream_partition(heavy_first, [0.1, 3.0, 3.0], 3, 1.0)
+    assert replication_string(stages) == "2-1" and [s.layers for s in stages] == [1, 2]
+    # weights too costly to all-reduce: no replication, a plain pipeline
+    stages, _ = pipedream_partition(heavy_first, [100.0, 100.0, 100.0], 3, 1.0)
+    assert replication_string(stages) == "1-1-1"

@@ -106,3 +106,53 @@ def check_split(split: list[int], layers: int, parts: int, what: str) -> list[in
             f"has model.num_layers={layers}"
         )
     return [int(n) for n in split]
+
+
+@dataclass(frozen=True)
+class ReplicatedStage:
+    """PipeDream's stage: a run of `layers` layers on `replicas` workers (data parallel)."""
+
+    layers: int
+    replicas: int
+
+
+def replication_string(stages: list[ReplicatedStage]) -> str:
+    """PipeDream's name of a configuration: replicas per stage, e.g. "2-1-1"."""
+    return "-".join(str(s.replicas) for s in stages)
+
+
+def pipedream_partition(
+    costs: StageCosts, weight_bytes: list[float], workers: int, allreduce_bytes_per_s: float
+) -> tuple[list[ReplicatedStage], float]:
+    """PipeDream's dynamic program over (split, replicas per stage) on `workers` workers, and
+    the time per micro-batch of its slowest stage.
+
+    A stage of layers [i, j) on m replicas takes T(i, j, m) = max(compute, sync) / m, compute as
+    `StageCosts.stage_cost` (embedding, head, the transfer into it), sync the all-reduce of its
+    weights among the m replicas, 2 (m - 1) / m x bytes / bandwidth (`weight_bytes` per layer;
+    the embedding's and head's are in the first and last entries' share); A(j, m) = the slowest
+    stage of the best pipeline of layers [0, j) on m workers
+    = min(T(0, j, m), min over i < j, m' < m of max(A(i, m - m'), T(i, j, m'))), the transfer
+    being part of the stage that receives it. Every worker is used."""
+    n = len(costs.layers)
+    if workers < 1:
+        raise ValueError(f"pipedream partition needs at least one worker (got {workers})")
+    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(weight_bytes, dtype=np.float64))])
+
+    def stage_time(i: int, j: int, m: int) -> float:
+        sync = 2 * (m - 1) / m * (prefix[j] - prefix[i]) / allreduce_bytes_per_s
+        return max(costs.stage_cost(i, j), sync) / m
+
+    best: dict[tuple[int, int], tuple[float, tuple[ReplicatedStage, ...]]] = {}
+    for j in range(1, n + 1):
+        for m in range(1, workers + 1):
+            options = [(stage_time(0, j, m), (ReplicatedStage(j, m),))]
+            for i in range(1, j):
+                for last in range(1, m):
+                    before = best.get((i, m - last))
+                    if before is not None:
+                        slowest = max(before[0], stage_time(i, j, last))
+                        options.append((slowest, (*before[1], ReplicatedStage(j - i, last))))
+            best[(j, m)] = min(options, key=lambda o: (round(o[0], 12), len(o[1])))
+    slowest, stages = best[(n, workers)]
+    return list(stages), slowest
