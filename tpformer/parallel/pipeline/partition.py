@@ -146,7 +146,9 @@ def pipedream_partition(
     best: dict[tuple[int, int], tuple[float, tuple[ReplicatedStage, ...]]] = {}
     for j in range(1, n + 1):
         for m in range(1, workers + 1):
-            options = [(stage_time(0, j, m), (ReplicatedStage(j, m),))]
+            options: list[tuple[float, tuple[ReplicatedStage, ...]]] = [
+                (stage_time(0, j, m), (ReplicatedStage(j, m),))
+            ]
             for i in range(1, j):
                 for last in range(1, m):
                     before = best.get((i, m - last))
