@@ -86,6 +86,10 @@ def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
             "be a multiple of parallel.pipeline=2",
         ),
         (
+            "parallel.pipeline_schedule=pipedream",
+            "error: parallel.pipeline_schedule=pipedream needs parallel.pipeline >= 2 (got 1)",
+        ),
+        (
             "parallel.pipeline=2 parallel.zero_stage=2",
             "error: parallel.zero_stage=2 is not supported with parallel.pipeline=2",
         ),

@@ -8,7 +8,7 @@ import logging
 
 from tpformer.config.schema import Config
 from tpformer.parallel.layout import Layout
-from tpformer.parallel.pipeline.schedule import simulate
+from tpformer.parallel.pipeline.schedule import Action, simulate
 from tpformer.parallel.pipeline.split import SplitChoice
 from tpformer.parallel.random import rng_mode_line
 from tpformer.planner.candidate import Workload, candidate_of
@@ -40,6 +40,18 @@ def pipeline_lines(
         forward_time=[c / 3 for c in per_virtual],
     )
     ideal = t.grad_accum * max(costs)
+    update = "every micro-batch" if p.pipedream_update == "micro_batch" else "every step"
+    stale = "the first stage's version" if p.pipedream_vertical_sync else "its own latest"
+    asynchronous = (
+        [
+            f"  pipedream: no flush; each stage updates after {update}'s backwards and runs "
+            f"forwards with {stale}, backwards with the forward's (up to p - r stashed versions "
+            f"on stage r); steady-state bubble {_steady_bubble(layout.pp, t.grad_accum):.0%} "
+            "(the line above counts one step from empty, drained)"
+        ]
+        if p.pipeline_schedule == "pipedream"
+        else []
+    )
     lines = [
         f"pipeline: {layout.pp} stages, schedule {p.pipeline_schedule}"
         + (f" x {chunks} virtual" if chunks > 1 else "")
@@ -49,6 +61,7 @@ def pipeline_lines(
         f"  predicted bubble {sim.bubble:.1%}; step {sim.makespan:.3g} {choice.unit} vs "
         f"{ideal:.3g} without bubble ((m + p - 1) / m = "
         f"{(t.grad_accum + layout.pp - 1) / t.grad_accum:.2f})",
+        *asynchronous,
     ]
     for r in range(layout.pp):
         layers = sum(choice.split[r :: layout.pp])
@@ -59,6 +72,14 @@ def pipeline_lines(
             f"{memory.total / MB:.1f} MB (activations {memory.activations / MB:.1f} MB)"
         )
     return lines
+
+
+def _steady_bubble(stages: int, micro: int) -> float:
+    """Idle share of the stages between the forwards of micro-batches 2m and 4m (pipedream)."""
+    sim = simulate("pipedream", stages, micro, steps=6)
+    first, last = Action("F", 2 * micro), Action("F", 4 * micro)
+    idle = sum(sim.idle_between(r, first, last) for r in range(stages))
+    return idle / sum(sim.span(r, first, last) for r in range(stages))
 
 
 def run_cluster(config: Config, layout: Layout) -> Cluster:

@@ -150,6 +150,11 @@ class Simulation:
         """Idle share of the pipeline: 1 - busy area / total area."""
         return 1.0 - sum(self.busy) / (self.makespan * len(self.busy))
 
+    def span(self, stage: int, first: Action, last: Action) -> float:
+        """Time from the start of `stage`'s action `first` to the end of its `last`."""
+        times = {a: (start, end) for a, start, end in self.timeline[stage]}
+        return times[last][1] - times[first][0]
+
     def idle_between(self, stage: int, first: Action, last: Action) -> float:
         """Time `stage` waits between the start of action `first` and the end of `last`."""
         times = {a: (start, end) for a, start, end in self.timeline[stage]}
