@@ -140,7 +140,11 @@ def _pipeline(
     par.runner.drain()
     weights = {n: gather_full(p, ctx.tp).clone() for n, p in model.named_parameters()}
     stash = getattr(par.pipeline, "stash", None)  # pipedream's (the flushed schedules have none)
-    return losses, weights, stash.peak if stash is not None else 0
+    if stash is None:
+        return losses, weights, 0
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert stash.peak_bytes == stash.peak * weight_bytes  # each version: a copy of the stage
+    return losses, weights, stash.peak
 
 
 def _update_step(stage: int, stages: int, index: int, steps: int) -> int:

@@ -64,8 +64,8 @@ class WeightStash:
         self.params = list(unique.values())
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.versions: dict[int, list[Tensor]] = {}
-        self.peak = 0
-        """Most versions held at once (the memory of weight stashing)."""
+        self.peak = self.peak_bytes = 0
+        """Most versions held at once, and their bytes (the memory of weight stashing)."""
 
     def keep(self, version: int) -> None:
         """Copy the live weights as `version` (they must be that version now)."""
@@ -74,6 +74,7 @@ class WeightStash:
                 p.detach().clone().requires_grad_(p.requires_grad) for p in self.params
             ]
             self.peak = max(self.peak, len(self.versions))
+            self.peak_bytes = max(self.peak_bytes, self.bytes_held)
 
     def drop_except(self, needed: set[int]) -> None:
         for version in [v for v in self.versions if v not in needed]:
