@@ -7,8 +7,8 @@ backward runs against the same copy, so forward and backward see the same weight
 stage updated in between. The stashed copies stand in for the parameters inside the modules for
 the duration of a forward or backward (recomputation in backward sees them too); their gradients
 are handed to the optimizer's owner (`add_gradients`), which applies them to the live weights
-(`update`). A copy is dropped as soon as no in-flight micro-batch and no coming forward reads it:
-up to p - r copies on stage r without vertical sync.
+(`apply_update`). A copy is dropped as soon as no in-flight micro-batch and no coming forward
+reads it: p - r copies on stage r, p with vertical sync (per-micro-batch updates, measured).
 
 Stages share no parameter: a weight the first and the last stage both use (the tied word
 embedding) is two copies, each trained by its own stage (a pipeline-wide gradient sum at every
