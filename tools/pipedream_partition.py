@@ -30,9 +30,9 @@ from tpformer.config.presets import preset
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.partition import (
-    StageCosts,
     best_split,
     pipedream_partition,
+    replicated_stage_time,
     replication_string,
 )
 from tpformer.parallel.pipeline.split import profile_costs
@@ -109,19 +109,14 @@ def main() -> None:
             if workers <= len(costs.layers)
             else float("nan")
         )
-        dp_only = _dp_time(costs, layer_bytes, workers, bandwidth)
+        dp_only = replicated_stage_time(  # one stage on every worker: plain data parallelism
+            costs.stage_cost(0, len(costs.layers)), sum(layer_bytes), workers, bandwidth
+        )
         print(
             f"{workers:7d}  {replication_string(stages):8s} "
             f"{[s.layers for s in stages]!s:12s} {slowest * 1e3:10.1f}  "
             f"{plain * 1e3:13.1f}  {dp_only * 1e3:7.1f}"
         )
-
-
-def _dp_time(costs: StageCosts, sizes: list[float], workers: int, bandwidth: float) -> float:
-    """One stage on every worker: the time per micro-batch of plain data parallelism."""
-    compute = costs.stage_cost(0, len(costs.layers))
-    sync = 2 * (workers - 1) / workers * sum(sizes) / bandwidth
-    return max(compute, sync) / workers
 
 
 if __name__ == "__main__":

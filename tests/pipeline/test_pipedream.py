@@ -25,6 +25,7 @@ from tpformer.config.schema import Config
 from tpformer.config.validate import validate_pipedream
 from tpformer.engine.parallelize import parallelize
 from tpformer.models import build_model
+from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import gather_full
 from tpformer.parallel.pipeline.schedule import (
@@ -132,11 +133,16 @@ def _pipeline(
     model = build_model(config.model, ctx, task="causal_lm")
     par = parallelize(model, config.parallel, config.optim, ctx, seq=SEQ)
     objective, losses = CausalLMObjective(), []
+    half, d = BATCH // ctx.dp.size, ctx.dp.rank  # this DP rank's samples of each micro-batch
     for step, parts in enumerate(_batches(steps)):
+        mine = [
+            (key + d * half, {k: v[d * half : (d + 1) * half] for k, v in b.items()})
+            for key, b in parts
+        ]
         par.engine.set_lr(LRS[step])
-        totals = par.runner.run(step, parts, objective, _counts(), mask_width=SEQ, train=True)
+        totals = par.runner.run(step, mine, objective, _counts(), mask_width=SEQ, train=True)
         par.runner.update()
-        losses.append(float(totals[0]))
+        losses.append(float(all_reduce(totals, ctx.replicas)[0]))  # as the loop sums them
     par.runner.drain()
     weights = {n: gather_full(p, ctx.tp).clone() for n, p in model.named_parameters()}
     stash = getattr(par.pipeline, "stash", None)  # pipedream's (the flushed schedules have none)
@@ -249,33 +255,42 @@ def _assert_weights_close(got: dict, want: dict, stage: int) -> None:
         assert error <= TOLERANCE, f"stage {stage} {name}: error {error:.2e} of the largest weight"
 
 
-CASES = [  # (stages, tensor, vertical_sync, update)
-    (2, 1, False, "micro_batch"),
-    (2, 1, True, "micro_batch"),
-    (4, 1, False, "micro_batch"),
-    (4, 1, True, "micro_batch"),
-    (4, 1, False, "step"),
-    (2, 2, False, "micro_batch"),
+CASES = [  # (stages, vertical_sync, update, other layout degrees)
+    (2, False, "micro_batch", {}),
+    (2, True, "micro_batch", {}),
+    (4, False, "micro_batch", {}),
+    (4, True, "micro_batch", {}),
+    (4, False, "step", {}),
+    (2, False, "micro_batch", {"tensor": 2}),
+    (2, False, "micro_batch", {"data": 2, "zero_stage": 1}),
+    (2, False, "micro_batch", {"context": 2}),
 ]
 
 
-@pytest.mark.parametrize(("stages", "tp", "vertical_sync", "update"), CASES)
+@pytest.mark.parametrize(("stages", "vertical_sync", "update", "layout"), CASES)
 def test_pipeline_equals_the_staleness_reference(
-    stages: int, tp: int, vertical_sync: bool, update: str
+    stages: int, vertical_sync: bool, update: str, layout: dict
 ) -> None:
+    """Also inside a stage: TP=2, DP=2 with ZeRO-1 (each DP rank half of every micro-batch,
+    gradients summed over DP before each stage's update) and CP=2 (ring attention)."""
     split = [1] * stages if stages == 4 else [2, 2]
+    tp, dp, cp = (layout.get(k, 1) for k in ("tensor", "data", "context"))
     config = _config(
         stages,
         tp,
         pipeline_split=split,
         pipedream_vertical_sync=vertical_sync,
         pipedream_update=update,
+        context=cp,
+        zero_stage=layout.get("zero_stage", 0),
     )
     every = MICRO if update == "step" else 1
     want_losses, want_weights = _reference(config, stages, vertical_sync=vertical_sync, every=every)
-    ranks = run_distributed(_pipeline, stages * tp, config, tensor=tp, pipeline=stages)
+    ranks = run_distributed(
+        _pipeline, stages * tp * dp * cp, config, tensor=tp, pipeline=stages, context=cp
+    )
     for rank, (losses, weights, peak) in enumerate(ranks):
-        stage = rank // tp
+        stage = rank // (tp * dp * cp)
         if stage == stages - 1:
             for step, (got, want) in enumerate(zip(losses, want_losses)):
                 assert abs(got - want) <= TOLERANCE * abs(want), (step, losses, want_losses)

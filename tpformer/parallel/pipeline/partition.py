@@ -121,17 +121,25 @@ def replication_string(stages: list[ReplicatedStage]) -> str:
     return "-".join(str(s.replicas) for s in stages)
 
 
+def replicated_stage_time(
+    compute: float, weight_bytes: float, replicas: int, allreduce_bytes_per_s: float
+) -> float:
+    """PipeDream's time per micro-batch of a stage on `replicas` workers: max(compute, the
+    all-reduce of its weights, 2 (m - 1) / m x bytes / bandwidth) / m."""
+    sync = 2 * (replicas - 1) / replicas * weight_bytes / allreduce_bytes_per_s
+    return max(compute, sync) / replicas
+
+
 def pipedream_partition(
     costs: StageCosts, weight_bytes: list[float], workers: int, allreduce_bytes_per_s: float
 ) -> tuple[list[ReplicatedStage], float]:
     """PipeDream's dynamic program over (split, replicas per stage) on `workers` workers, and
     the time per micro-batch of its slowest stage.
 
-    A stage of layers [i, j) on m replicas takes T(i, j, m) = max(compute, sync) / m, compute as
-    `StageCosts.stage_cost` (embedding, head, the transfer into it), sync the all-reduce of its
-    weights among the m replicas, 2 (m - 1) / m x bytes / bandwidth (`weight_bytes` per layer;
-    the embedding's and head's are in the first and last entries' share); A(j, m) = the slowest
-    stage of the best pipeline of layers [0, j) on m workers
+    A stage of layers [i, j) on m replicas takes T(i, j, m) = `replicated_stage_time`, compute as
+    `StageCosts.stage_cost` (embedding, head, the transfer into it), the weights `weight_bytes`
+    per layer (the embedding's and head's in the first and last entries' share); A(j, m) = the
+    slowest stage of the best pipeline of layers [0, j) on m workers
     = min(T(0, j, m), min over i < j, m' < m of max(A(i, m - m'), T(i, j, m'))), the transfer
     being part of the stage that receives it. Every worker is used."""
     n = len(costs.layers)
@@ -140,8 +148,8 @@ def pipedream_partition(
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(weight_bytes, dtype=np.float64))])
 
     def stage_time(i: int, j: int, m: int) -> float:
-        sync = 2 * (m - 1) / m * (prefix[j] - prefix[i]) / allreduce_bytes_per_s
-        return max(costs.stage_cost(i, j), sync) / m
+        compute, weights = costs.stage_cost(i, j), prefix[j] - prefix[i]
+        return replicated_stage_time(compute, weights, m, allreduce_bytes_per_s)
 
     best: dict[tuple[int, int], tuple[float, tuple[ReplicatedStage, ...]]] = {}
     for j in range(1, n + 1):
