@@ -58,6 +58,7 @@ def _worker(
             rng=str(config.rng),
             gloo_shortcuts=config.gloo_shortcuts,
             context=config.context,
+            replicas=config.pipeline_replicas,
         )
         try:
             result = fn(ctx, *args)
@@ -94,6 +95,7 @@ def start_ranks(
     rng: str = "exact",
     gloo_shortcuts: bool = True,
     context: int = 1,
+    replicas: list[int] | None = None,
 ) -> tuple[list[mp.process.BaseProcess], str]:
     """Start fn(ctx, *args) on `world_size` gloo ranks without waiting; returns the processes
     and their work directory (for tests that kill ranks themselves)."""
@@ -106,6 +108,7 @@ def start_ranks(
         rng=RngMode(rng),
         gloo_shortcuts=gloo_shortcuts,
         context=context,
+        pipeline_replicas=list(replicas or []),
     )
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
     mpctx = _context()
@@ -131,6 +134,7 @@ def run_distributed(
     rng: str = "exact",
     gloo_shortcuts: bool = True,
     context: int = 1,
+    replicas: list[int] | None = None,
 ) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` gloo ranks; return each rank's return value, by rank.
 
@@ -148,6 +152,7 @@ def run_distributed(
         rng=rng,
         gloo_shortcuts=gloo_shortcuts,
         context=context,
+        replicas=replicas,
     )
     try:
         deadline = time.monotonic() + timeout_s + 30

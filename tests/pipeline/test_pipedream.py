@@ -129,10 +129,11 @@ def _counts() -> torch.Tensor:
 def _pipeline(
     ctx: ParallelContext, config: Config, steps: int = STEPS
 ) -> tuple[list[float], dict, int]:
-    """Losses per step (last stage), this stage's full weights after the drain, peak stash."""
+    """Losses per step (last stage), this stage's full weights after the drain, peak stash,
+    the gradient norm of the stage's last update in each step."""
     model = build_model(config.model, ctx, task="causal_lm")
     par = parallelize(model, config.parallel, config.optim, ctx, seq=SEQ)
-    objective, losses = CausalLMObjective(), []
+    objective, losses, norms = CausalLMObjective(), [], []
     half, d = BATCH // ctx.dp.size, ctx.dp.rank  # this DP rank's samples of each micro-batch
     for step, parts in enumerate(_batches(steps)):
         mine = [
@@ -141,38 +142,56 @@ def _pipeline(
         ]
         par.engine.set_lr(LRS[step])
         totals = par.runner.run(step, mine, objective, _counts(), mask_width=SEQ, train=True)
-        par.runner.update()
+        norms.append(float(par.runner.update()["grad_norm"]))
         losses.append(float(all_reduce(totals, ctx.replicas)[0]))  # as the loop sums them
     par.runner.drain()
     weights = {n: gather_full(p, ctx.tp).clone() for n, p in model.named_parameters()}
     stash = getattr(par.pipeline, "stash", None)  # pipedream's (the flushed schedules have none)
     if stash is None:
-        return losses, weights, 0
+        return losses, weights, 0, norms
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert stash.peak_bytes == stash.peak * weight_bytes  # each version: a copy of the stage
-    return losses, weights, stash.peak
+    return losses, weights, stash.peak, norms
 
 
-def _update_step(stage: int, stages: int, index: int, steps: int) -> int:
+def _update_step(
+    stage: int, stages: int, index: int, steps: int, replicas: tuple[int, ...] = ()
+) -> int:
     """The step in which `stage` makes the update after micro-batch `index`'s backward: the step
-    of the forward that backward follows in 1F1B order (the drain: the last step)."""
-    return min((index + pipedream_warmup(stages, stage)) // MICRO, steps - 1)
+    of the forward that backward follows in its replica's 1F1B order (the drain: the last
+    step); a replica of n runs micro-batches index // n of its own, MICRO / n per step."""
+    n = replicas[stage] if replicas else 1
+    return min((index // n + pipedream_warmup(stages, stage, replicas)) // (MICRO // n), steps - 1)
 
 
-def _clip(params: list[torch.Tensor], clip: float) -> None:
-    """Clip to `clip` by the stage's own norm, the norms summed in float64 (as the engine)."""
+def _clip(params: list[torch.Tensor], clip: float) -> float:
+    """Clip to `clip` by the stage's own norm, the norms summed in float64 (as the engine);
+    returns the norm before clipping."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.stack(torch._foreach_norm(grads)).double().square().sum().sqrt()
     if clip > 0 and norm > clip:
         torch._foreach_mul_(grads, clip / (norm + 1e-6))
+    return float(norm)
 
 
 def _reference(
-    config: Config, stages: int, *, vertical_sync: bool, every: int, steps: int = STEPS
+    config: Config,
+    stages: int,
+    *,
+    vertical_sync: bool,
+    every: int,
+    steps: int = STEPS,
+    replicas: tuple[int, ...] = (),
 ) -> tuple:
     """One process: stage r's weights are a history of versions; micro-batch i runs forward and
     backward with version pipedream_version(r, i) of every stage, then each stage whose update
-    is due applies its summed gradients (scaled by MICRO / every, as the pipeline does)."""
+    is due applies the mean of its micro-batches' gradients (each micro-batch's loss scaled by
+    MICRO, as the pipeline scales it to a whole step's). `every`: micro-batches per update (1
+    or MICRO); with `replicas`, a stage of n replicas updates once per n micro-batches (the
+    replicas' joint update) or per MICRO, its versions counted in its replicas' numbering."""
+    sizes = [replicas[r] if replicas else 1 for r in range(stages)]
+    local_every = [every // n if every == MICRO else every for n in sizes]
+    per_update = [e * n for e, n in zip(local_every, sizes)]
     ctx = ParallelContext.single(seed=config.parallel.seed, device="cpu", rng="exact")
     split = [1] * stages if stages == 4 else [2, 2]
     stage_models = []
@@ -197,6 +216,7 @@ def _reference(
     history = [[[p.detach().clone() for p in ps]] for ps in params]
     sums = [[torch.zeros_like(p) for p in ps] for ps in params]
     objective, losses = CausalLMObjective(), []
+    norms: list[dict[int, float]] = [{} for _ in range(stages)]  # stage -> step -> last update's
     for step, parts in enumerate(_batches(steps)):
         ctx.rng.mask_width = SEQ
         losses.append(0.0)
@@ -205,7 +225,12 @@ def _reference(
             live = [[p.detach().clone() for p in ps] for ps in params]
             for r in range(stages):
                 version = pipedream_version(
-                    stages, r, index, every=every, vertical_sync=vertical_sync
+                    stages,
+                    r,
+                    index,
+                    every=local_every[r],
+                    vertical_sync=vertical_sync,
+                    replicas=replicas,
                 )
                 with torch.no_grad():
                     for p, v in zip(params[r], history[r][version]):
@@ -217,7 +242,7 @@ def _reference(
                 x = stage.forward(0, x, inputs)
             values = objective.values(stage_models[-1][1].head(x, inputs), inputs, _counts())
             losses[-1] += float(values[0].detach())
-            (values[0] * (MICRO / every)).backward()
+            (values[0] * MICRO).backward()
             with torch.no_grad():
                 for r in range(stages):
                     for total, p, v in zip(sums[r], params[r], live[r]):
@@ -225,15 +250,17 @@ def _reference(
                             total += p.grad
                         p.copy_(v)  # back to the live weights
                         p.grad = None
-            if (index + 1) % every:
-                continue
             for r in range(stages):
+                if (index + 1) % per_update[r]:
+                    continue
                 for p, total in zip(params[r], sums[r]):
-                    p.grad = total.clone()
+                    p.grad = total / per_update[r]
                     total.zero_()
-                _clip(params[r], config.optim.clip_grad)
+                norm = _clip(params[r], config.optim.clip_grad)
+                in_step = _update_step(r, stages, index, steps, replicas)
+                norms[r][in_step] = norm
                 for group in optimizers[r].param_groups:
-                    group["lr"] = LRS[_update_step(r, stages, index, steps)]
+                    group["lr"] = LRS[in_step]
                 optimizers[r].step()
                 optimizers[r].zero_grad(set_to_none=True)
                 history[r].append([p.detach().clone() for p in params[r]])
@@ -241,7 +268,7 @@ def _reference(
         {n: gather_full(p, ctx.tp).clone() for n, p in m.named_parameters()}
         for m, _ in stage_models
     ]
-    return losses, weights
+    return losses, weights, norms
 
 
 def _assert_weights_close(got: dict, want: dict, stage: int) -> None:
@@ -285,11 +312,13 @@ def test_pipeline_equals_the_staleness_reference(
         zero_stage=layout.get("zero_stage", 0),
     )
     every = MICRO if update == "step" else 1
-    want_losses, want_weights = _reference(config, stages, vertical_sync=vertical_sync, every=every)
+    want_losses, want_weights, _ = _reference(
+        config, stages, vertical_sync=vertical_sync, every=every
+    )
     ranks = run_distributed(
         _pipeline, stages * tp * dp * cp, config, tensor=tp, pipeline=stages, context=cp
     )
-    for rank, (losses, weights, peak) in enumerate(ranks):
+    for rank, (losses, weights, peak, _) in enumerate(ranks):
         stage = rank // (tp * dp * cp)
         if stage == stages - 1:
             for step, (got, want) in enumerate(zip(losses, want_losses)):
@@ -300,6 +329,35 @@ def test_pipeline_equals_the_staleness_reference(
     if stages == 2 and tp == 1 and not vertical_sync:  # the two copies of wte trained apart
         first, last = ranks[0][1]["transformer.wte.weight"], ranks[-1][1]["transformer.wte.weight"]
         assert not torch.equal(first, last)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "update"), [((2, 1), "micro_batch"), ((2, 1), "step"), ((1, 2), "micro_batch")]
+)
+def test_replicated_stages_equal_the_staleness_reference(
+    replicas: tuple[int, ...], update: str
+) -> None:
+    """PipeDream's "2-1" (and "1-2") on 3 ranks: a replicated stage's workers take alternate
+    micro-batches and update together (gradients summed over them); losses and every replica's
+    weights equal the one-process reference with the replicated versions within 1e-5, and so
+    does the gradient norm of each stage's last update in a step (which the losses and the
+    clipped AdamW weights would not show: the update's gradient is each stage's own mean)."""
+    config = _config(2, pipeline_split=[2, 2], pipedream_update=update)
+    every = MICRO if update == "step" else 1
+    want_losses, want_weights, want_norms = _reference(
+        config, 2, vertical_sync=False, every=every, replicas=replicas
+    )
+    ranks = run_distributed(_pipeline, sum(replicas), config, pipeline=2, replicas=list(replicas))
+    stage_of = [r for r, n in enumerate(replicas) for _ in range(n)]
+    for rank, (losses, weights, _, norms) in enumerate(ranks):
+        stage = stage_of[rank]
+        for step, (got, want) in enumerate(zip(losses, want_losses)):  # every rank logs it
+            assert abs(got - want) <= TOLERANCE * abs(want), (rank, step, losses, want_losses)
+        _assert_weights_close(weights, want_weights[stage], stage)
+        for step, want in want_norms[stage].items():  # steps in which the stage updated
+            if step == STEPS - 1:  # the last step's final updates come with the drain
+                continue
+            assert abs(norms[step] - want) <= TOLERANCE * want, (rank, step, norms, want_norms)
 
 
 def test_step_updates_without_staleness_in_the_first_step() -> None:

@@ -26,7 +26,12 @@ from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv
 from tpformer.parallel.hang_report import enable_nccl_flight_recorder, gather_summary, write_report
-from tpformer.parallel.layout import Layout, resolve_layout
+from tpformer.parallel.layout import (
+    Layout,
+    provisional_replicas,
+    replicated_layout,
+    resolve_layout,
+)
 from tpformer.planner.auto import (
     apply_auto_layout,
     auto_keys,
@@ -83,6 +88,15 @@ def resolve_run_layout(
         )
         apply_auto_layout(config, choice)
         notes = choice.describe(keys)
+    if p.pipeline_replicas or p.pipeline_split == "pipedream":
+        return replicated_layout(
+            list(p.pipeline_replicas) or provisional_replicas(world_size, int(p.pipeline)),
+            world_size,
+            tensor=p.tensor,
+            data=p.data,
+            context=p.context,
+            pipeline=int(p.pipeline),
+        ), notes
     return resolve_layout(p.tensor, p.data, world_size, p.pipeline, p.context), notes
 
 
@@ -177,6 +191,7 @@ def run_entry_point(
             rng=config.parallel.rng,
             gloo_shortcuts=config.parallel.gloo_shortcuts,
             context=layout.cp,
+            replicas=layout.replicas,
         )
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)

@@ -257,8 +257,14 @@ class ParallelConfig:
     for it (more stashed versions; the staleness is the same on every stage)."""
     pipeline_split: Any = "balanced"
     """balanced (layer costs from FLOPs, embedding and head included), profile (measured on
-    this device), or layers per stage as a list, e.g. [3, 1] (per virtual stage when
+    this device), pipedream (PipeDream's partitioner: the split and the replicas per stage,
+    from profiled layer times and the all-reduce measured between the ranks; sets
+    pipeline_replicas), or layers per stage as a list, e.g. [3, 1] (per virtual stage when
     interleaved)."""
+    pipeline_replicas: list[int] = field(default_factory=list)
+    """pipedream: workers per stage, e.g. [2, 1] (PipeDream's "2-1": stage 1 on two workers
+    that take alternate micro-batches and sum their gradients); the world size is their sum,
+    tensor, context and data stay 1. Empty: one worker per stage (x parallel.data)."""
 
 
 @dataclass

@@ -160,10 +160,10 @@ def validate_pipeline(
             f"trainer.grad_accum to a multiple of {p}"
         )
     if isinstance(split, str):
-        if split not in ("balanced", "profile"):
+        if split not in ("balanced", "profile", "pipedream"):
             raise ValueError(
                 f"parallel.pipeline_split={split!r} is not one of ['balanced', "
-                "'profile'] or a list of layers per stage"
+                "'profile', 'pipedream'] or a list of layers per stage"
             )
         if schedule == "interleaved_1f1b" and split == "balanced" and num_layers % (p * chunks):
             raise ValueError(
@@ -205,6 +205,46 @@ def validate_pipedream(parallel: ParallelConfig, p: int, *, compiled: bool) -> N
             "parallel.pipeline_schedule=pipedream does not support trainer.compile=true: "
             "the blocks compute with stashed weight copies swapped in for the parameters; "
             "set trainer.compile=false or use 1f1b"
+        )
+
+
+def validate_replication(
+    parallel: ParallelConfig, micro_batches: int, *, finetuning: bool = False
+) -> None:
+    """Replicated stages (parallel.pipeline_replicas, or chosen by pipeline_split=pipedream)
+    exist only in the pipedream schedule, where stages share no weight and update apart; a
+    stage's replicas take the step's micro-batches in turn, so their count divides them."""
+    replicas, split = list(parallel.pipeline_replicas), parallel.pipeline_split
+    if not replicas and split != "pipedream":
+        return
+    what = (
+        f"parallel.pipeline_replicas={replicas}"
+        if replicas
+        else "parallel.pipeline_split=pipedream"
+    )
+    if finetuning:
+        raise ValueError(f"{what}: replicated pipeline stages are for pretraining runs")
+    if parallel.pipeline_schedule != "pipedream":
+        raise ValueError(
+            f"{what} replicates pipeline stages, which only the asynchronous schedule runs "
+            f"(got parallel.pipeline_schedule={parallel.pipeline_schedule}); set "
+            "parallel.pipeline_schedule=pipedream"
+        )
+    if parallel.pipedream_vertical_sync:
+        raise ValueError(
+            f"{what} does not support parallel.pipedream_vertical_sync=true: replicas of a "
+            "stage count their own updates; set it to false"
+        )
+    if replicas and split == "pipedream":
+        raise ValueError(
+            f"parallel.pipeline_split=pipedream chooses the replicas itself; leave "
+            f"parallel.pipeline_replicas empty (got {replicas}) or give a split list"
+        )
+    uneven = [n for n in replicas if micro_batches % n]
+    if uneven:
+        raise ValueError(
+            f"{what}: a stage's replicas take the {micro_batches} micro-batches of a step "
+            f"(trainer.grad_accum) in turn, so every count must divide it; {uneven} do not"
         )
 
 
@@ -266,6 +306,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     t = config.trainer
     validate_pipeline(config.parallel, layout.pp, config.model.num_layers, t.grad_accum)
     validate_pipedream(config.parallel, layout.pp, compiled=t.compile)
+    validate_replication(config.parallel, t.grad_accum)
     validate_data(config.data)
 
 
@@ -284,6 +325,7 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
             f"trainer.micro_batch_size={micro} x dp={layout.dp}"
         )
     validate_pipedream(config.parallel, layout.pp, compiled=t.compile)
+    validate_replication(config.parallel, 1, finetuning=True)
     if layout.pp > 1:  # the layer count is checked once the checkpoint is read
         validate_pipeline(
             config.parallel, layout.pp, layout.pp, t.batch_size // (micro * layout.dp)

@@ -86,13 +86,14 @@ def parallelize(
     `head_fraction` (share of tokens the output head runs on), `seq` and `sample` (a micro-
     batch, for pipeline_split=profile) inform the pipeline split."""
     split = stage = None
-    if ctx.pp.size > 1:
+    stages = ctx.layout.pp
+    if stages > 1:
         pipelined(model)  # what the stages call, checked before anything is split
         chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
         split = choose_split(
             model,
             parallel.pipeline_split,
-            ctx.pp.size,
+            stages,
             chunks,
             head_fraction=head_fraction,
             seq=seq,
@@ -101,8 +102,8 @@ def parallelize(
         stage = build_stage(
             model,
             split.split,
-            ctx.pp.rank,
-            ctx.pp.size,
+            ctx.stage,
+            stages,
             tie_ends=parallel.pipeline_schedule != "pipedream",
         )
     if compile_blocks:

@@ -132,7 +132,10 @@ class PipelineStepRunner(_StepUpdate):
             self._backward,
             train=train,
         )
-        return all_reduce(totals, self.ctx.pp)  # the values live on the last stage
+        totals = all_reduce(totals, self.ctx.pp)  # the values live on the last stage
+        if self.ctx.layout.replicas:  # ctx.pp is the world: the sum over every replica already
+            totals /= self.ctx.replicas.size  # this replica's share (the loop sums them)
+        return totals
 
 
 class PipeDreamStepRunner(PipelineStepRunner):

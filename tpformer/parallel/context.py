@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from tpformer.parallel.env import LaunchEnv
 from tpformer.parallel.hang_report import RECORDER
-from tpformer.parallel.layout import Layout, resolve_layout
+from tpformer.parallel.layout import Layout, replicated_layout, resolve_layout
 from tpformer.parallel.random import RNGTracker, resolve_rng_mode
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -97,6 +97,8 @@ class ParallelContext:
     holding the same parameters, whose gradients the engine sums (the dp handle itself when
     cp == 1). `pp` links the stages of this rank's pipeline;
     `pipeline_ends` links its first and last stage (they both hold the tied word embedding).
+    With replicated stages (`layout.replicas`), `pp` is the world, and `layout.peer` names the
+    rank of a stage that runs a given micro-batch.
     `sequence_parallel`: the TP group also splits the sequence outside its tensor-parallel
     regions (Megatron-SP); layers read it when they are built.
     """
@@ -149,6 +151,7 @@ class ParallelContext:
         rng: str = "auto",
         gloo_shortcuts: bool = True,
         context: int = 1,
+        replicas: list[int] | tuple[int, ...] | None = None,
     ) -> ParallelContext:
         """Check the layout against the world size, initialize torch.distributed if needed (from
         `env`, read from the environment when not given), and build the mesh.
@@ -157,10 +160,19 @@ class ParallelContext:
         process group does not exist yet. `rng`: parallel.rng (auto: fast on an accelerator,
         exact on the CPU); fast-mode streams of sharded regions are keyed by the TP rank.
         `gloo_shortcuts`: parallel.gloo_shortcuts, carried by every group handle. `context`:
-        parallel.context, the CP degree.
+        parallel.context, the CP degree. `replicas`: parallel.pipeline_replicas (PipeDream's
+        replicated stages; see `_replicated`).
         """
         env = env if env is not None else LaunchEnv.read()
         world = dist.get_world_size() if dist.is_initialized() else env.world_size
+        if replicas:
+            layout = replicated_layout(
+                replicas, world, tensor=tensor, data=data, context=context, pipeline=pipeline
+            )
+            init_distributed(env, timeout_s=timeout_s)
+            device = device if device is not None else default_device(env)
+            tracker = RNGTracker(seed, resolve_rng_mode(rng, device))
+            return cls._replicated(layout, tracker, device, gloo_shortcuts)
         layout = resolve_layout(tensor, data, world, pipeline, context)
         if sequence_parallel and layout.tp == 1:
             raise ValueError(
@@ -202,6 +214,50 @@ class ParallelContext:
             pipeline_ends=_pipeline_ends(layout, rank, shortcuts),
             control=_control_group(rank, layout.world_size),
         )
+
+    @classmethod
+    def _replicated(
+        cls, layout: Layout, rng: RNGTracker, device: torch.device, shortcuts: bool
+    ) -> ParallelContext:
+        """Replicated stages (PipeDream's "2-1"): no rectangular mesh exists, so the groups are
+        made directly. `dp` is a single handle (every rank reads the whole batch; a replica
+        keeps its micro-batches), `dp_cp` the stage's replicas (the engine sums their
+        gradients), `pp` the world (messages are addressed by global rank, `layout.peer`)."""
+        rank = dist.get_rank()
+        if dist.get_world_size() != layout.world_size:
+            raise ValueError(
+                f"parallel.pipeline_replicas={list(layout.replicas)} uses "
+                f"{layout.world_size} workers but the process group has "
+                f"{dist.get_world_size()} ranks"
+            )
+        _check_same_layout(layout)
+        world = dist.group.WORLD
+        assert world is not None
+        everyone = GroupHandle(world, rank, layout.world_size, gloo_shortcuts=shortcuts)
+        replicas = _own_group(layout.dp_groups(), rank, shortcuts, name="replicas")
+        return cls(
+            layout=layout,
+            rank=rank,
+            tp=GroupHandle.single(),
+            dp=GroupHandle.single(),
+            dp_cp=replicas if replicas.size > 1 else GroupHandle.single(),
+            rng=rng,
+            device=device,
+            pp=everyone,
+            control=_control_group(rank, layout.world_size),
+        )
+
+    def regroup(self, replicas: list[int]) -> ParallelContext:
+        """This world with other replicas per stage (parallel.pipeline_split=pipedream chooses
+        them once the model can be measured): new groups, the same RNG and device. The model
+        built before is still valid: replicated layouts have no tensor parallelism."""
+        layout = replicated_layout(replicas, self.layout.world_size, pipeline=self.layout.pp)
+        return self._replicated(layout, self.rng, self.device, self.pp.gloo_shortcuts)
+
+    @property
+    def stage(self) -> int:
+        """This rank's pipeline stage."""
+        return self.layout.stage_of(self.rank)
 
     @property
     def stage_mesh(self) -> DeviceMesh | None:

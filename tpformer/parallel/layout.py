@@ -46,22 +46,51 @@ class Layout:
     next (a ring of point-to-point transfers every layer: inside the node too when cp x tp fits
     one); pipeline stages, which exchange only one activation per micro-batch, are the ones
     that cross nodes.
+
+    `replicas` (PipeDream's stage replication, e.g. (2, 1)): stage r runs on replicas[r]
+    workers, consecutive ranks, each taking every replicas[r]-th micro-batch; dp = tp = cp = 1
+    and the world is sum(replicas). Empty: the regular grid above.
     """
 
     dp: int
     tp: int
     pp: int = 1
     cp: int = 1
+    replicas: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
+        if self.replicas:
+            return sum(self.replicas)
         return self.pp * self.dp * self.cp * self.tp
+
+    def _stage_start(self, stage: int) -> int:
+        """The first global rank of `stage` in a replicated layout."""
+        return sum(self.replicas[:stage])
+
+    def replica_of(self, rank: int) -> int:
+        """Which of its stage's replicas a global rank is (0 in a regular layout: its DP rank
+        is a coordinate of its own)."""
+        if not self.replicas:
+            return 0
+        return rank - self._stage_start(self.stage_of(rank))
+
+    def peer(self, stage: int, micro: int) -> int:
+        """The rank, in the group the pipeline's messages travel on (ctx.pp), that runs
+        micro-batch `micro` on `stage`: the stage itself in a regular layout (ctx.pp is this
+        rank's pipeline), replica micro % replicas[stage] of it (ctx.pp is the world)."""
+        if not self.replicas:
+            return stage
+        return self._stage_start(stage) + micro % self.replicas[stage]
 
     def rank_of(self, pp: int, dp: int, tp: int, cp: int = 0) -> int:
         return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
 
     def _ranks(self) -> list[tuple[int, int, int, int]]:
-        """Every (pp, dp, cp, tp) coordinate, in global rank order."""
+        """Every (pp, dp, cp, tp) coordinate, in global rank order (a stage's replicas are its
+        DP ranks)."""
+        if self.replicas:
+            return [(p, d, 0, 0) for p, n in enumerate(self.replicas) for d in range(n)]
         return [
             (p, d, c, t)
             for p in range(self.pp)
@@ -97,11 +126,16 @@ class Layout:
         return self._groups("dc")
 
     def pp_groups(self) -> list[list[int]]:
-        """Global ranks of each pipeline, stage by stage (one per DP replica, CP and TP rank)."""
+        """Global ranks of each pipeline, stage by stage (one per DP replica, CP and TP rank);
+        with replicated stages, one group: the world (a micro-batch's path depends on it)."""
+        if self.replicas:
+            return [list(range(self.world_size))]
         return self._groups("p")
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp_rank, tp_rank) of a global rank."""
+        if self.replicas:
+            return self.replica_of(rank), 0
         return (rank // (self.cp * self.tp)) % self.dp, rank % self.tp
 
     def cp_rank_of(self, rank: int) -> int:
@@ -110,10 +144,15 @@ class Layout:
 
     def stage_of(self, rank: int) -> int:
         """The pipeline stage (pp rank) of a global rank."""
+        if self.replicas:
+            return self._ranks()[rank][0]
         return rank // (self.dp * self.cp * self.tp)
 
     def describe(self) -> str:
-        """ "pp1 dp2 cp2 tp2"-style name (cp only when > 1)."""
+        """ "pp1 dp2 cp2 tp2"-style name (cp only when > 1); "pp2 replicas 2-1 tp1" with
+        replicated stages."""
+        if self.replicas:
+            return f"pp{self.pp} replicas {'-'.join(map(str, self.replicas))} tp{self.tp}"
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
 
@@ -154,3 +193,52 @@ def resolve_layout(
             f"world_size={world_size}; use parallel.data=auto (= {world_size // model})"
         )
     return Layout(dp=data, tp=tensor, pp=pipeline, cp=context)
+
+
+def replicated_layout(
+    replicas: list[int] | tuple[int, ...],
+    world_size: int,
+    *,
+    tensor: int = 1,
+    data: int | str = "auto",
+    context: int = 1,
+    pipeline: int | None = None,
+) -> Layout:
+    """parallel.pipeline_replicas (workers per stage, PipeDream's "2-1") as a Layout: the
+    replicas are a stage's data parallelism, so tensor, context and data stay 1, and the world
+    is their sum."""
+    counts = tuple(int(n) for n in replicas)
+    if len(counts) < 2 or any(n < 1 for n in counts):
+        raise ValueError(
+            f"parallel.pipeline_replicas={list(replicas)} needs one worker count >= 1 per "
+            "pipeline stage, at least two stages"
+        )
+    if pipeline is not None and pipeline != len(counts):
+        raise ValueError(
+            f"parallel.pipeline_replicas={list(counts)} names {len(counts)} stages but "
+            f"parallel.pipeline={pipeline}; give one worker count per stage"
+        )
+    if tensor != 1 or context != 1 or str(data) not in ("auto", "1"):
+        raise ValueError(
+            f"parallel.pipeline_replicas={list(counts)}: replicated stages are the data "
+            f"parallelism (each replica takes whole micro-batches); set parallel.tensor=1, "
+            f"parallel.context=1 and parallel.data=auto (got tensor={tensor}, "
+            f"context={context}, data={data})"
+        )
+    if sum(counts) != world_size:
+        raise ValueError(
+            f"parallel.pipeline_replicas={list(counts)} uses {sum(counts)} workers but "
+            f"world_size={world_size}; the worker counts must sum to the world size"
+        )
+    return Layout(dp=1, tp=1, pp=len(counts), replicas=counts)
+
+
+def provisional_replicas(world_size: int, stages: int) -> list[int]:
+    """The replicas a parallel.pipeline_split=pipedream run starts with, until its partitioner
+    has measured the model and chosen (every rank spare on the first stage)."""
+    if world_size < stages:
+        raise ValueError(
+            f"parallel.pipeline_split=pipedream places parallel.pipeline={stages} stages on "
+            f"world_size={world_size} ranks; it needs at least {stages}"
+        )
+    return [world_size - stages + 1] + [1] * (stages - 1)

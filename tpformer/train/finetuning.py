@@ -180,7 +180,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     )
     sample = (
         {k: v.to(ctx.device) for k, v in train(0)[0][1].items()}  # what profile times
-        if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1
+        if config.parallel.pipeline_split == "profile" and ctx.layout.pp > 1
         else None
     )
     wrapped = parallelize(

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
@@ -25,6 +25,7 @@ from tpformer.models import build_model
 from tpformer.parallel.comm import all_gather_object, broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import logical_shape
+from tpformer.parallel.pipeline.split import choose_replication
 from tpformer.train.loop import Trainer, TrainingTask
 from tpformer.train.objectives import objective_for
 from tpformer.train.schedule import scaled_lr
@@ -96,6 +97,27 @@ class HeldOutLoss:
         return {k: sum(p[k] for p in parts) / len(parts) for k in parts[0] if k != "tokens"}
 
 
+def replicate_stages(
+    config: Config, model: nn.Module, sample: dict[str, Tensor], ctx: ParallelContext
+) -> ParallelContext:
+    """parallel.pipeline_split=pipedream: PipeDream's partitioner chooses the layers and the
+    workers of each stage on this run's model, batch and ranks; the choice is written into
+    config.parallel (pipeline_split, pipeline_replicas: checkpoints record it) and the ranks
+    are regrouped for it."""
+    choice = choose_replication(
+        model,
+        sample,
+        ctx.pp,
+        ctx.device,
+        stages=ctx.layout.pp,
+        micro_batches=config.trainer.grad_accum,
+    )
+    log.info("%s", choice.describe())
+    config.parallel.pipeline_split = choice.split
+    config.parallel.pipeline_replicas = choice.replicas
+    return ctx.regroup(choice.replicas)
+
+
 def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> Trainer:
     """Prepare the data, build and parallelize the model, log the plan; the loop runs it."""
     m, t = config.model, config.trainer
@@ -120,9 +142,11 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
 
     sample = (
         objective.model_inputs({k: v.to(ctx.device) for k, v in batches("train")(0)[0][1].items()})
-        if config.parallel.pipeline_split == "profile" and ctx.pp.size > 1
+        if config.parallel.pipeline_split in ("profile", "pipedream") and ctx.layout.pp > 1
         else None
     )
+    if config.parallel.pipeline_split == "pipedream" and sample is not None:
+        ctx = replicate_stages(config, model, sample, ctx)
     wrapped = parallelize(
         model,
         config.parallel,
@@ -134,12 +158,10 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
         compile_blocks=t.compile,
     )
 
-    stage_params = [
-        int(n)
-        for n in all_gather_object(
-            sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp
-        )
-    ]
+    per_rank = all_gather_object(
+        sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp
+    )
+    stage_params = [int(per_rank[ctx.layout.peer(r, 0)]) for r in range(ctx.layout.pp)]
     plan, warnings = format_plan(
         config,
         ctx.layout,

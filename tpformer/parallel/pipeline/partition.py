@@ -131,7 +131,13 @@ def replicated_stage_time(
 
 
 def pipedream_partition(
-    costs: StageCosts, weight_bytes: list[float], workers: int, allreduce_bytes_per_s: float
+    costs: StageCosts,
+    weight_bytes: list[float],
+    workers: int,
+    allreduce_bytes_per_s: float,
+    *,
+    stages: int | None = None,
+    divides: int | None = None,
 ) -> tuple[list[ReplicatedStage], float]:
     """PipeDream's dynamic program over (split, replicas per stage) on `workers` workers, and
     the time per micro-batch of its slowest stage.
@@ -141,28 +147,57 @@ def pipedream_partition(
     per layer (the embedding's and head's in the first and last entries' share); A(j, m) = the
     slowest stage of the best pipeline of layers [0, j) on m workers
     = min(T(0, j, m), min over i < j, m' < m of max(A(i, m - m'), T(i, j, m'))), the transfer
-    being part of the stage that receives it. Every worker is used."""
+    being part of the stage that receives it. Every worker is used. `stages`: exactly that many
+    stages (parallel.pipeline); `divides`: only replica counts that divide it (the micro-batches
+    of a step, which a stage's replicas take in turn)."""
     n = len(costs.layers)
     if workers < 1:
         raise ValueError(f"pipedream partition needs at least one worker (got {workers})")
+    if stages is not None and not 1 <= stages <= min(n, workers):
+        raise ValueError(
+            f"cannot place {stages} pipeline stages on {n} layers and {workers} workers; "
+            f"parallel.pipeline must be between 1 and {min(n, workers)}"
+        )
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(weight_bytes, dtype=np.float64))])
 
     def stage_time(i: int, j: int, m: int) -> float:
         compute, weights = costs.stage_cost(i, j), prefix[j] - prefix[i]
         return replicated_stage_time(compute, weights, m, allreduce_bytes_per_s)
 
-    best: dict[tuple[int, int], tuple[float, tuple[ReplicatedStage, ...]]] = {}
+    def allowed(m: int) -> bool:
+        return divides is None or divides % m == 0
+
+    Option = tuple[float, tuple[ReplicatedStage, ...]]
+    # best[(j, m, s)]: layers [0, j) on m workers in s stages (s = 0: any number)
+    best: dict[tuple[int, int, int], Option] = {}
+    counts = range(1, (stages or n) + 1)
+
+    def keep(key: tuple[int, int, int], option: Option) -> None:
+        if key not in best or (round(option[0], 12), len(option[1])) < (
+            round(best[key][0], 12),
+            len(best[key][1]),
+        ):
+            best[key] = option
+
     for j in range(1, n + 1):
         for m in range(1, workers + 1):
-            options: list[tuple[float, tuple[ReplicatedStage, ...]]] = [
-                (stage_time(0, j, m), (ReplicatedStage(j, m),))
-            ]
+            if allowed(m):
+                keep((j, m, 1), (stage_time(0, j, m), (ReplicatedStage(j, m),)))
             for i in range(1, j):
-                for last in range(1, m):
-                    before = best.get((i, m - last))
-                    if before is not None:
-                        slowest = max(before[0], stage_time(i, j, last))
-                        options.append((slowest, (*before[1], ReplicatedStage(j - i, last))))
-            best[(j, m)] = min(options, key=lambda o: (round(o[0], 12), len(o[1])))
-    slowest, stages = best[(n, workers)]
-    return list(stages), slowest
+                for last in filter(allowed, range(1, m)):
+                    for s in counts[1:]:
+                        before = best.get((i, m - last, s - 1))
+                        if before is not None:
+                            slowest = max(before[0], stage_time(i, j, last))
+                            keep((j, m, s), (slowest, (*before[1], ReplicatedStage(j - i, last))))
+    options = [
+        best[(n, workers, s)] for s in ([stages] if stages else counts) if (n, workers, s) in best
+    ]
+    if not options:
+        raise ValueError(
+            f"no PipeDream configuration of {workers} workers in {stages} stages has replica "
+            f"counts that divide the {divides} micro-batches of a step; change "
+            "trainer.grad_accum or the world size"
+        )
+    slowest, chosen = min(options, key=lambda o: (round(o[0], 12), len(o[1])))
+    return list(chosen), slowest

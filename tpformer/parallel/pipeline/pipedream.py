@@ -29,6 +29,7 @@ from tpformer.parallel.comm import Pending, recv, send_async
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import Backward, Batch, PipelineRunner, Values, _grad_of
 from tpformer.parallel.pipeline.schedule import (
+    Action,
     pipedream_drain,
     pipedream_step,
     pipedream_version,
@@ -121,7 +122,14 @@ class PipeDreamRunner(PipelineRunner):
 
     `every_step`: update once per trainer.grad_accum micro-batches (else after each one); the
     backward of each micro-batch is scaled by (micro-batches per step / per update), so an
-    update's gradient is the mean over its micro-batches as a whole step's would be."""
+    update's gradient is the mean over its micro-batches as a whole step's would be.
+
+    Replicated stages (ctx.layout.replicas): replica j of a stage of n runs the stream's
+    micro-batches j, j + n, ... (PipeDream's round robin) as a 1F1B stream of its own, and the
+    replicas update together, their gradients summed (the engine's reduction over
+    ctx.replicas): an update is n x `every` consecutive micro-batches of the stream. A
+    received gradient is rescaled by the stages' ratio of micro-batches per update, so each
+    stage's update is still the mean over its own micro-batches."""
 
     def __init__(
         self,
@@ -138,6 +146,10 @@ class PipeDreamRunner(PipelineRunner):
         self.optimizer = optimizer
         self.vertical_sync, self.every_step = vertical_sync, every_step
         self.stash = WeightStash(cast(nn.Module, stage.model))
+        self.replicas = ctx.layout.replicas
+        self.replica = ctx.layout.replica_of(ctx.rank)
+        self.workers = self.replicas[stage.rank] if self.replicas else 1
+        """Replicas of this stage: it runs every `workers`-th micro-batch."""
         self.steps = 0
         """Steps since the last drain (the stream restarts, from an empty pipeline, at each)."""
         self.micro = 0
@@ -150,7 +162,13 @@ class PipeDreamRunner(PipelineRunner):
 
     @property
     def every(self) -> int:
-        return self.micro if self.every_step else 1
+        """This replica's backwards per update."""
+        return self.micro // self.workers if self.every_step else 1
+
+    def per_update(self, stage: int) -> int:
+        """Micro-batches (of the stream) per update of `stage`: grad_accum per step, else one
+        per replica (the replicas update together)."""
+        return self.micro if self.every_step else (self.replicas[stage] if self.replicas else 1)
 
     def version_of(self, index: int) -> int:
         return pipedream_version(
@@ -159,18 +177,23 @@ class PipeDreamRunner(PipelineRunner):
             index,
             every=self.every,
             vertical_sync=self.vertical_sync,
+            replicas=self.replicas,
         )
+
+    def next_forward(self) -> int:
+        """The stream number of this replica's next forward."""
+        return self.forwards * self.workers + self.replica
 
     def _tidy_stash(self) -> None:
         """Keep the versions in-flight micro-batches and coming forwards read."""
-        coming = self.version_of(self.forwards)
+        coming = self.version_of(self.next_forward())
         needed = {f.version for f in self.in_flight.values()}
         needed |= {v for v in self.stash.versions if v >= coming}
         self.stash.drop_except(needed)
 
     def _update(self) -> None:
         """Stash the live version first when a coming forward still reads it (vertical sync)."""
-        if self.version_of(self.forwards) <= self.updates:
+        if self.version_of(self.next_forward()) <= self.updates:
             self.stash.keep(self.updates)
         self.optimizer.apply_update()
         self.updates += 1
@@ -179,7 +202,7 @@ class PipeDreamRunner(PipelineRunner):
     # ------------------------------------------------------------------ one step
 
     def _tag_of(self, kind: int, index: int, vstage: int) -> int:
-        window = self.micro + self.stage.stages  # in-flight stream numbers never span more
+        window = 2 * (self.micro + self.ctx.layout.world_size)  # in-flight numbers span less
         return self._tag(kind, index % window, vstage, window)
 
     def run(
@@ -205,7 +228,9 @@ class PipeDreamRunner(PipelineRunner):
         activations: list[Pending] = []
         gradients: list[Pending] = []
         first = self.steps * self.micro
-        for action in pipedream_step(self.stage.stages, self.micro, self.stage.rank, self.steps):
+        for action in pipedream_step(
+            self.stage.stages, self.micro, self.stage.rank, self.steps, self.replicas, self.replica
+        ):
             if action.kind == "F":
                 key, batch = parts[action.micro - first]
                 self._forward(action.micro, step, key, batch, values, totals, activations)
@@ -236,7 +261,7 @@ class PipeDreamRunner(PipelineRunner):
         if stage.rank > 0:
             x = recv(
                 torch.empty(self._shape(batch), dtype=self.dtype, device=self.ctx.device),
-                self.prev,
+                self.prev(index),
                 self.activations,
                 self._tag_of(0, index, stage.rank),
             )
@@ -246,13 +271,14 @@ class PipeDreamRunner(PipelineRunner):
             if stage.rank == p - 1:
                 vals = values(stage.head(y, batch), batch)
                 totals += torch.stack([t.detach().double() for t in vals])
-                y = vals[0] * (self.micro / self.every) if self.every != self.micro else vals[0]
+                per_update = self.per_update(stage.rank)
+                y = vals[0] * (self.micro / per_update) if per_update != self.micro else vals[0]
         self.in_flight[index] = InFlight(x, y, version)
         self.forwards += 1
         self._tidy_stash()
         if stage.rank < p - 1:
             tag = self._tag_of(0, index, stage.rank + 1)
-            sends.append(send_async(y.detach(), self.next, self.activations, tag))
+            sends.append(send_async(y.detach(), self.next(index), self.activations, tag))
 
     def _backward(self, index: int, sends: list[Pending]) -> None:
         stage = self.stage
@@ -261,21 +287,29 @@ class PipeDreamRunner(PipelineRunner):
         if stage.rank < stage.stages - 1:
             grad = recv(
                 torch.empty_like(flight.y),
-                self.next,
+                self.next(index),
                 self.gradients,
                 self._tag_of(1, index, stage.rank),
             )
+            ratio = self.per_update(stage.rank + 1) / self.per_update(stage.rank)
+            if ratio != 1:  # the next stage's backward was scaled for its own updates
+                grad *= ratio
         with self.stash.use(flight.version):
             torch.autograd.backward(flight.y, grad)
-        updates = (index + 1) % self.every == 0
+        updates = (index // self.workers + 1) % self.every == 0
         self.optimizer.add_gradients(self.stash.take_gradients(flight.version), sync=updates)
         if stage.rank > 0:
             tag = self._tag_of(1, index, stage.rank - 1)
-            sends.append(send_async(_grad_of(flight.x), self.prev, self.gradients, tag))
+            sends.append(send_async(_grad_of(flight.x), self.prev(index), self.gradients, tag))
         if updates:
             self._update()
         else:
             self._tidy_stash()
+
+    def actions(self, micro: int, *, train: bool) -> list[Action]:
+        """Evaluation's forwards (the live weights): this replica's micro-batches, in order."""
+        assert not train, "training steps run the stream (run), not a flushed step"
+        return [Action("F", i) for i in range(self.replica, micro, self.workers)]
 
     def drain(self) -> None:
         """Run the backwards (and updates) still owed; the pipeline is empty afterwards and the
@@ -283,7 +317,9 @@ class PipeDreamRunner(PipelineRunner):
         if not self.steps:
             return
         sends: list[Pending] = []
-        for action in pipedream_drain(self.stage.stages, self.micro, self.stage.rank, self.steps):
+        for action in pipedream_drain(
+            self.stage.stages, self.micro, self.stage.rank, self.steps, self.replicas, self.replica
+        ):
             self._backward(action.micro, sends)
         for work in [*self.carried, *sends]:
             work.wait()

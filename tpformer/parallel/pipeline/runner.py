@@ -20,7 +20,7 @@ from torch import Tensor
 
 from tpformer.parallel.comm import Pending, process_group, recv, send_async
 from tpformer.parallel.context import GroupHandle, ParallelContext
-from tpformer.parallel.pipeline.schedule import actions_for, virtual_stage
+from tpformer.parallel.pipeline.schedule import Action, actions_for, virtual_stage
 from tpformer.parallel.pipeline.stage import PipelineStage
 
 Batch = dict[str, Tensor]
@@ -64,8 +64,17 @@ class PipelineRunner:
         self.seq_split = (ctx.tp.size if ctx.sequence_parallel else 1) * ctx.cp.size
         self.activations = ctx.pp
         self.gradients = _duplicate_groups(ctx)
-        p = ctx.pp.size
-        self.prev, self.next = (ctx.pp.rank - 1) % p, (ctx.pp.rank + 1) % p
+
+    def prev(self, micro: int) -> int:
+        """The rank (in ctx.pp) of the previous stage that runs `micro` (the last stage's for
+        the first: interleaved chunks wrap around)."""
+        p = self.stage.stages
+        return self.ctx.layout.peer((self.stage.rank - 1) % p, micro)
+
+    def next(self, micro: int) -> int:
+        """The rank (in ctx.pp) of the next stage that runs `micro`."""
+        p = self.stage.stages
+        return self.ctx.layout.peer((self.stage.rank + 1) % p, micro)
 
     def _tag(self, kind: int, micro: int, vstage: int, micros: int) -> int:
         return (vstage * micros + micro) * 2 + kind
@@ -89,7 +98,7 @@ class PipelineRunner:
         stage, ctx, m = self.stage, self.ctx, len(parts)
         p, v = stage.stages, len(stage.chunks)
         last_v = p * v - 1
-        actions = actions_for(self.schedule, p, m, stage.rank, v, train=train)
+        actions = self.actions(m, train=train)
         last_backward = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
         totals = torch.zeros(n_values, dtype=torch.float64, device=ctx.device)
         inputs: dict[tuple[int, int], Tensor | None] = {}
@@ -105,7 +114,7 @@ class PipelineRunner:
                 if vs > 0:
                     x = recv(
                         torch.empty(self._shape(batch), dtype=self.dtype, device=ctx.device),
-                        self.prev,
+                        self.prev(action.micro),
                         self.activations,
                         self._tag(0, action.micro, vs, m),
                     )
@@ -120,7 +129,7 @@ class PipelineRunner:
                     sends.append(
                         send_async(
                             y.detach(),
-                            self.next,
+                            self.next(action.micro),
                             self.activations,
                             self._tag(0, action.micro, vs + 1, m),
                         )
@@ -133,7 +142,7 @@ class PipelineRunner:
             if vs < last_v:
                 grad = recv(
                     torch.empty_like(y),
-                    self.next,
+                    self.next(action.micro),
                     self.gradients,
                     self._tag(1, action.micro, vs, m),
                 )
@@ -142,7 +151,7 @@ class PipelineRunner:
                 sends.append(
                     send_async(
                         _grad_of(x),
-                        self.prev,
+                        self.prev(action.micro),
                         self.gradients,
                         self._tag(1, action.micro, vs - 1, m),
                     )
@@ -150,6 +159,14 @@ class PipelineRunner:
         for work in sends:
             work.wait()
         return totals
+
+    def actions(self, micro: int, *, train: bool) -> list[Action]:
+        """This stage's actions for a step of `micro` micro-batches (forwards only if not
+        `train`)."""
+        stage = self.stage
+        return actions_for(
+            self.schedule, stage.stages, micro, stage.rank, len(stage.chunks), train=train
+        )
 
     def outputs(self, batch: Batch, extract: Callable[[object], Tensor]) -> Tensor:
         """Forward one batch through the pipeline (no gradients) and return `extract` of the
@@ -162,6 +179,7 @@ class PipelineRunner:
 
         self.run(0, [(0, batch)], keep, 1, lambda *_: None, train=False)
         box = [out[0].cpu() if out else None]
-        src = dist.get_global_rank(process_group(self.ctx.pp), self.ctx.pp.size - 1)
+        last = self.ctx.layout.peer(self.stage.stages - 1, 0)
+        src = dist.get_global_rank(process_group(self.ctx.pp), last)
         dist.broadcast_object_list(box, src=src, group=self.ctx.pp.group)
         return box[0].to(self.ctx.device)  # type: ignore[union-attr]

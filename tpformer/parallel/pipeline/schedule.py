@@ -77,44 +77,93 @@ def interleaved(stages: int, micro: int, stage: int, chunks: int) -> list[Action
     return actions + [unit(k, True) for k in range(total - warmup, total)]
 
 
-def pipedream_warmup(stages: int, stage: int) -> int:
-    """Forwards stage `stage` runs before its first backward: p - r - 1."""
-    return stages - stage - 1
+def pipedream_warmup(stages: int, stage: int, replicas: tuple[int, ...] = ()) -> int:
+    """Forwards a worker of `stage` runs before its first backward: p - r - 1; with replicated
+    stages PipeDream's NOAM, ceil(workers of stages r.. / replicas[r]) - 1 of its own."""
+    if not replicas:
+        return stages - stage - 1
+    return -(-sum(replicas[stage:]) // replicas[stage]) - 1
 
 
-def _endless_1f1b(stages: int, stage: int, forwards: int) -> list[Action]:
+def _endless_1f1b(warmup: int, forwards: int) -> list[Action]:
     """The 1F1B order of a stream of micro-batches 0, 1, ... cut before forward `forwards`."""
-    warmup = pipedream_warmup(stages, stage)
     actions = [Action("F", i) for i in range(min(warmup, forwards))]
     for i in range(warmup, forwards):
         actions += [Action("F", i), Action("B", i - warmup)]
     return actions
 
 
-def pipedream_step(stages: int, micro: int, stage: int, step: int) -> list[Action]:
+def _replica_stream(
+    stages: int, micro: int, stage: int, replicas: tuple[int, ...], replica: int
+) -> tuple[int, int, int]:
+    """(workers n of the stage, its micro-batches per step m / n, warm-up) of one replica,
+    whose local micro-batch l is the stream's l x n + replica."""
+    n = replicas[stage] if replicas else 1
+    if micro % n:
+        raise ValueError(
+            f"stage {stage} has {n} replicas but a step has {micro} micro-batches; "
+            "trainer.grad_accum must be a multiple of every stage's replica count"
+        )
+    if not 0 <= replica < n:
+        raise ValueError(f"stage {stage} has {n} replicas, no replica {replica}")
+    return n, micro // n, pipedream_warmup(stages, stage, replicas)
+
+
+def _numbered(actions: list[Action], n: int, replica: int) -> list[Action]:
+    return [Action(a.kind, a.micro * n + replica) for a in actions]
+
+
+def pipedream_step(
+    stages: int,
+    micro: int,
+    stage: int,
+    step: int,
+    replicas: tuple[int, ...] = (),
+    replica: int = 0,
+) -> list[Action]:
     """Step `step` (counted from the last drain) of the asynchronous schedule: the stream's
     actions from forward step x m to forward (step + 1) x m; micro-batch numbers count the
-    stream (micro-batch j of step t is t x m + j), backwards included from earlier steps."""
-    before = len(_endless_1f1b(stages, stage, step * micro))
-    return _endless_1f1b(stages, stage, (step + 1) * micro)[before:]
+    stream (micro-batch j of step t is t x m + j), backwards included from earlier steps.
+    With `replicas`, the actions of replica `replica` of the stage: every n-th micro-batch."""
+    n, local, warmup = _replica_stream(stages, micro, stage, replicas, replica)
+    before = len(_endless_1f1b(warmup, step * local))
+    return _numbered(_endless_1f1b(warmup, (step + 1) * local)[before:], n, replica)
 
 
-def pipedream_drain(stages: int, micro: int, stage: int, steps: int) -> list[Action]:
-    """The backwards still owed after `steps` steps: the last p - r - 1 forwards' (in order)."""
-    forwards = steps * micro
-    done = sum(a.kind == "B" for a in _endless_1f1b(stages, stage, forwards))
-    return [Action("B", i) for i in range(done, forwards)]
+def pipedream_drain(
+    stages: int,
+    micro: int,
+    stage: int,
+    steps: int,
+    replicas: tuple[int, ...] = (),
+    replica: int = 0,
+) -> list[Action]:
+    """The backwards still owed after `steps` steps: the last forwards' (in order)."""
+    n, local, warmup = _replica_stream(stages, micro, stage, replicas, replica)
+    forwards = steps * local
+    done = sum(a.kind == "B" for a in _endless_1f1b(warmup, forwards))
+    return _numbered([Action("B", i) for i in range(done, forwards)], n, replica)
 
 
 def pipedream_version(
-    stages: int, stage: int, index: int, *, every: int, vertical_sync: bool
+    stages: int,
+    stage: int,
+    index: int,
+    *,
+    every: int,
+    vertical_sync: bool,
+    replicas: tuple[int, ...] = (),
 ) -> int:
     """The weight version (updates applied since the last drain) the forward of stream
     micro-batch `index` uses on `stage`: the stage's own updates after its backwards before
     that forward, floor(max(0, index - (p - r - 1)) / every); with vertical sync, the version
-    the first stage used for that micro-batch (floor(max(0, index - (p - 1)) / every))."""
-    warmup = pipedream_warmup(stages, 0 if vertical_sync else stage)
-    return max(0, index - warmup) // every
+    the first stage used for that micro-batch (floor(max(0, index - (p - 1)) / every)).
+    With `replicas`, in the replica's own numbering: index // n for the micro-batch, `every`
+    of its own backwards per update (the replicas update together: an update's micro-batches
+    are every x n consecutive ones of the stream)."""
+    n = replicas[stage] if replicas else 1
+    warmup = pipedream_warmup(stages, 0 if vertical_sync else stage, replicas)
+    return max(0, index // n - warmup) // every
 
 
 def actions_for(
@@ -163,16 +212,48 @@ class Simulation:
         return end - begin - busy
 
 
-def stage_lists(name: str, stages: int, micro: int, chunks: int = 1, steps: int = 1) -> list:
+def stage_lists(
+    name: str,
+    stages: int,
+    micro: int,
+    chunks: int = 1,
+    steps: int = 1,
+    replicas: tuple[int, ...] = (),
+    every_step: bool = False,
+) -> list[list[Action]]:
     """Every stage's actions for `steps` steps (pipedream: the stream of `steps` steps, then
-    the drain; the other schedules flush every step, so one step says it all)."""
+    the drain; the other schedules flush every step, so one step says it all). With replicated
+    stages (pipedream only), one list per worker, stage by stage, with the replicas' joint
+    updates as "U" actions (micro = the update's number)."""
     if name == "pipedream":
-        return [
-            [a for t in range(steps) for a in pipedream_step(stages, micro, r, t)]
-            + pipedream_drain(stages, micro, r, steps)
-            for r in range(stages)
-        ]
+        lists = []
+        for r in range(stages):
+            for j in range(replicas[r] if replicas else 1):
+                actions = [
+                    a
+                    for t in range(steps)
+                    for a in pipedream_step(stages, micro, r, t, replicas, j)
+                ]
+                actions += pipedream_drain(stages, micro, r, steps, replicas, j)
+                lists.append(_with_updates(actions, micro, r, replicas, every_step))
+        return lists
     return [actions_for(name, stages, micro, r, chunks) for r in range(stages)]
+
+
+def _with_updates(
+    actions: list[Action], micro: int, stage: int, replicas: tuple[int, ...], every_step: bool
+) -> list[Action]:
+    """A replicated stage's list with its updates (a collective of its replicas) marked."""
+    if not replicas:
+        return actions
+    n = replicas[stage]
+    every = micro // n if every_step else 1
+    out: list[Action] = []
+    for a in actions:
+        out.append(a)
+        if a.kind == "B" and (a.micro // n + 1) % every == 0:
+            out.append(Action("U", (a.micro // n) // every))
+    return out
 
 
 def simulate(
@@ -185,24 +266,40 @@ def simulate(
     forward_time: list[float] | None = None,
     backward_ratio: float = 2.0,
     transfer: float = 0.0,
+    replicas: tuple[int, ...] = (),
+    every_step: bool = False,
 ) -> Simulation:
-    """Run every stage's list under the runner's rules (a forward waits for the previous
-    virtual stage's forward, a backward for the next one's backward; sends never block) with
-    per-virtual-stage forward times (default 1) and backward = ratio x forward. Raises
-    RuntimeError if the lists deadlock."""
-    lists = stage_lists(name, stages, micro, chunks, steps)
+    """Run every worker's list under the runner's rules (a forward waits for the previous
+    virtual stage's forward, a backward for the next one's backward, an update of replicated
+    stage for all its replicas; sends never block) with per-virtual-stage forward times
+    (default 1) and backward = ratio x forward. One worker per stage unless `replicas`
+    (pipedream). Raises RuntimeError if the lists deadlock."""
+    lists = stage_lists(name, stages, micro, chunks, steps, replicas, every_step)
+    stage_of = [r for r in range(stages) for _ in range(replicas[r] if replicas else 1)]
+    workers = len(lists)
     last = stages * chunks - 1
     fwd = forward_time or [1.0] * (stages * chunks)
     done: dict[tuple[str, int, int], float] = {}
-    clock, busy = [0.0] * stages, [0.0] * stages
-    position, alive, peak = [0] * stages, [0] * stages, [0] * stages
-    timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(stages)]
-    while any(position[r] < len(lists[r]) for r in range(stages)):
+    clock, busy = [0.0] * workers, [0.0] * workers
+    position, alive, peak = [0] * workers, [0] * workers, [0] * workers
+    timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(workers)]
+    while any(position[w] < len(lists[w]) for w in range(workers)):
         progressed = False
-        for r in range(stages):
-            if position[r] == len(lists[r]):
+        for w in range(workers):
+            if position[w] == len(lists[w]):
                 continue
-            a = lists[r][position[r]]
+            a = lists[w][position[w]]
+            r = stage_of[w]
+            if a.kind == "U":
+                group = [u for u in range(workers) if stage_of[u] == r]
+                if any(position[u] == len(lists[u]) or lists[u][position[u]] != a for u in group):
+                    continue
+                start = max(clock[u] for u in group)
+                for u in group:
+                    clock[u] = start
+                    position[u] += 1
+                progressed = True
+                continue
             v = virtual_stage(a.chunk, r, stages)
             if a.kind == "F":
                 needs = ("F", a.micro, v - 1) if v > 0 else None
@@ -212,14 +309,14 @@ def simulate(
                 continue
             ready = done[needs] + (transfer if needs[2] != v else 0.0) if needs else 0.0
             cost = fwd[v] * (1.0 if a.kind == "F" else backward_ratio)
-            start = max(clock[r], ready)
-            clock[r] = start + cost
-            timeline[r].append((a, start, clock[r]))
-            busy[r] += cost
-            done[(a.kind, a.micro, v)] = clock[r]
-            alive[r] += 1 if a.kind == "F" else -1
-            peak[r] = max(peak[r], alive[r])
-            position[r] += 1
+            start = max(clock[w], ready)
+            clock[w] = start + cost
+            timeline[w].append((a, start, clock[w]))
+            busy[w] += cost
+            done[(a.kind, a.micro, v)] = clock[w]
+            alive[w] += 1 if a.kind == "F" else -1
+            peak[w] = max(peak[w], alive[w])
+            position[w] += 1
             progressed = True
         if not progressed:
             raise RuntimeError(f"{name} deadlocks at positions {position}")
