@@ -54,6 +54,7 @@ PUBLIC_KEYS = {
         "pipedream_update",
         "pipedream_vertical_sync",
         "pipeline",
+        "pipeline_replicas",
         "pipeline_schedule",
         "pipeline_split",
         "powersgd_rank",

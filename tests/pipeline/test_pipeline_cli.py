@@ -71,7 +71,8 @@ def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
         ),
         (
             "parallel.pipeline=2 parallel.pipeline_split=fastest",
-            "error: parallel.pipeline_split='fastest' is not one of ['balanced', 'profile']",
+            "error: parallel.pipeline_split='fastest' is not one of ['balanced', 'profile', "
+            "'pipedream']",
         ),
         (
             "parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b trainer.grad_accum=2",
@@ -88,6 +89,16 @@ def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
         (
             "parallel.pipeline_schedule=pipedream",
             "error: parallel.pipeline_schedule=pipedream needs parallel.pipeline >= 2 (got 1)",
+        ),
+        (
+            "parallel.pipeline=2 parallel.pipeline_schedule=pipedream "
+            "parallel.pipeline_replicas=[2,1]",
+            "error: parallel.pipeline_replicas=[2, 1] uses 3 workers but world_size=2",
+        ),
+        (
+            "parallel.pipeline=2 parallel.pipeline_replicas=[1,1]",
+            "error: parallel.pipeline_replicas=[1, 1] replicates pipeline stages, which only "
+            "the asynchronous schedule runs",
         ),
         (
             "parallel.pipeline=2 parallel.zero_stage=2",
