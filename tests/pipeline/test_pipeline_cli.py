@@ -2,6 +2,7 @@
 process starts (exit 2, one line naming the values)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,35 @@ def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
         assert len(losses[name]) == 3
         for got, want in zip(losses[name], losses["one"]):
             assert abs(got - want) <= FP32_MODEL_REL * want, losses
+
+
+@pytest.mark.slow
+def test_cli_pipedream_partition_chooses_replicas_and_runs(tmp_path: Path) -> None:
+    """parallel.pipeline_split=pipedream on 3 processes: the partitioner's choice is printed
+    ("2-1" style) and is the layout the run takes; updating per step, the first step (no
+    staleness yet) has the one-process loss."""
+    common = [*MINI, "trainer.grad_accum=4", "parallel.pipedream_update=step"]
+    one = tmp_path / "one"
+    assert _cli([*common, f"hydra.run.dir={one}"], tmp_path, timeout=600).returncode == 0
+    run = tmp_path / "replicated"
+    result = _cli(
+        [
+            *common,
+            "parallel.pipeline=2",
+            "parallel.pipeline_schedule=pipedream",
+            "parallel.pipeline_split=pipedream",
+            "launcher.nproc_per_node=3",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    chosen = re.search(r"pipedream partition: (\d-\d) \(workers per stage\)", result.stderr)
+    assert chosen is not None, result.stderr[-3000:]
+    assert f"layout: world 3 = pp 2 x replicas {chosen[1]} x tp 1" in result.stderr
+    got, want = _losses(run), _losses(one)
+    assert len(got) == 3 and abs(got[0] - want[0]) <= FP32_MODEL_REL * want[0], (got, want)
 
 
 @pytest.mark.parametrize(

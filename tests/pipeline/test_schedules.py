@@ -131,15 +131,22 @@ def test_a_model_without_pipeline_parts_is_named_with_what_it_lacks() -> None:
 
 
 def _replicated_brute_force(
-    costs: StageCosts, sizes: list[float], workers: int, bw: float
+    costs: StageCosts,
+    sizes: list[float],
+    workers: int,
+    bw: float,
+    stage_count: int | None = None,
+    divides: int | None = None,
 ) -> float:
     n, best = len(costs.layers), float("inf")
     prefix = [sum(sizes[:i]) for i in range(n + 1)]
-    for stages in range(1, min(n, workers) + 1):
+    for stages in [stage_count] if stage_count else range(1, min(n, workers) + 1):
         for cuts in itertools.combinations(range(1, n), stages - 1):
             bounds = list(zip((0, *cuts), (*cuts, n)))
             for replicas in itertools.product(range(1, workers + 1), repeat=stages):
                 if sum(replicas) != workers:
+                    continue
+                if divides and any(divides % m for m in replicas):
                     continue
                 slowest = max(
                     max(costs.stage_cost(a, b), 2 * (m - 1) / m * (prefix[b] - prefix[a]) / bw) / m
@@ -171,3 +178,29 @@ def test_pipedream_partition_finds_the_best_split_and_replication() -> None:
     # weights too costly to all-reduce: no replication, a plain pipeline
     stages, _ = pipedream_partition(heavy_first, [100.0, 100.0, 100.0], 3, 1.0)
     assert replication_string(stages) == "1-1-1"
+
+
+def test_pipedream_partition_keeps_the_stage_count_and_divisible_replicas() -> None:
+    """`stages` (parallel.pipeline) fixes the count, `divides` (the step's micro-batches) the
+    allowed replica counts; each equals exhaustive search under the same constraint."""
+    from tpformer.parallel.pipeline.partition import pipedream_partition
+
+    rng = random.Random(2)
+    for _ in range(40):
+        n, workers = rng.randint(2, 6), rng.randint(2, 6)
+        count, divides = rng.randint(1, min(n, workers)), rng.choice([None, 2, 4, 6])
+        costs = StageCosts([rng.uniform(0.5, 2) for _ in range(n)], 0.2, rng.uniform(0, 3), 0.1)
+        sizes = [rng.uniform(0, 4) for _ in range(n)]
+        want = _replicated_brute_force(costs, sizes, workers, 2.0, count, divides)
+        if want == float("inf"):
+            continue
+        stages, slowest = pipedream_partition(
+            costs, sizes, workers, 2.0, stages=count, divides=divides
+        )
+        assert len(stages) == count and sum(s.replicas for s in stages) == workers
+        if divides:
+            assert all(divides % s.replicas == 0 for s in stages)
+        assert slowest == pytest.approx(want)
+    cheap_sync = StageCosts([4.0, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"replica counts that divide the 3 micro-batches"):
+        pipedream_partition(cheap_sync, [0.0] * 4, 5, 1.0, stages=2, divides=3)

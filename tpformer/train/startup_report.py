@@ -32,13 +32,17 @@ def pipeline_lines(
     costs = choice.stage_costs(layout.pp)
     per_virtual = choice.costs.of_split(choice.split)
     # the simulation's forward = 1/3 of forward+backward (backward twice the forward)
+    fwd = [c / 3 for c in per_virtual]
     sim = simulate(
         p.pipeline_schedule,
         layout.pp,
         t.grad_accum,
         chunks,
-        forward_time=[c / 3 for c in per_virtual],
+        forward_time=fwd,
+        replicas=layout.replicas,
+        every_step=p.pipedream_update == "step",
     )
+    first_worker = [layout.peer(r, 0) for r in range(layout.pp)]
     ideal = t.grad_accum * max(costs)
     update = "every micro-batch" if p.pipedream_update == "micro_batch" else "every step"
     stale = "the first stage's version" if p.pipedream_vertical_sync else "its own latest"
@@ -46,9 +50,18 @@ def pipeline_lines(
         [
             f"  pipedream: no flush; each stage updates after {update}'s backwards and runs "
             f"forwards with {stale}, backwards with the forward's (up to p - r stashed versions "
-            f"on stage r); steady-state bubble {_steady_bubble(layout.pp, t.grad_accum):.0%} "
+            f"on stage r); steady-state bubble {_steady_bubble(layout, t.grad_accum, fwd):.0%} "
             "(the line above counts one step from empty, drained)"
         ]
+        + (
+            [
+                f"  replicated stages {'-'.join(map(str, layout.replicas))}: stage r runs on "
+                "replicas[r] workers that take its micro-batches in turn and update together "
+                "(gradients summed over the DP groups above)"
+            ]
+            if layout.replicas
+            else []
+        )
         if p.pipeline_schedule == "pipedream"
         else []
     )
@@ -68,18 +81,32 @@ def pipeline_lines(
         memory = stage_memory[r]
         lines.append(
             f"  stage {r}: {layers} layers, {costs[r]:.3g} {choice.unit} per micro-batch, "
-            f"{sim.peak_in_flight[r]} micro-batches in flight, memory per rank "
+            f"{sim.peak_in_flight[first_worker[r]]} micro-batches in flight, memory per rank "
             f"{memory.total / MB:.1f} MB (activations {memory.activations / MB:.1f} MB)"
         )
     return lines
 
 
-def _steady_bubble(stages: int, micro: int) -> float:
-    """Idle share of the stages between the forwards of micro-batches 2m and 4m (pipedream)."""
-    sim = simulate("pipedream", stages, micro, steps=6)
-    first, last = Action("F", 2 * micro), Action("F", 4 * micro)
-    idle = sum(sim.idle_between(r, first, last) for r in range(stages))
-    return idle / sum(sim.span(r, first, last) for r in range(stages))
+def _steady_bubble(layout: Layout, micro: int, forward_time: list[float]) -> float:
+    """Idle share of the workers between their forwards of micro-batches 2m.. and 4m..
+    (pipedream; a replica's own first forwards at or after them), stages taking
+    `forward_time` (backward twice that)."""
+    sim = simulate(
+        "pipedream",
+        layout.pp,
+        micro,
+        steps=6,
+        forward_time=forward_time,
+        replicas=layout.replicas,
+    )
+    idle = span = 0.0
+    for worker, timeline in enumerate(sim.timeline):
+        forwards = [a.micro for a, _, _ in timeline if a.kind == "F"]
+        first = Action("F", min(i for i in forwards if i >= 2 * micro))
+        last = Action("F", min(i for i in forwards if i >= 4 * micro))
+        idle += sim.idle_between(worker, first, last)
+        span += sim.span(worker, first, last)
+    return idle / span
 
 
 def run_cluster(config: Config, layout: Layout) -> Cluster:
@@ -170,10 +197,15 @@ def format_plan(
     pp = f"pp {layout.pp} x " if layout.pp > 1 else ""
     cluster = run_cluster(config, layout)
     stage_memory = predict_memory_of(config, layout, cluster)
-    predicted, warnings = prediction_lines(config, layout, cluster, device_type, stage_memory)
+    warnings: list[str] = []
+    if layout.replicas:  # the planner prices regular grids only: its numbers would mislead
+        predicted = ["step time: the planner does not model replicated stages"]
+    else:
+        predicted, warnings = prediction_lines(config, layout, cluster, device_type, stage_memory)
     cp = f" x cp {layout.cp}" if layout.cp > 1 else ""
+    dp = f"replicas {'-'.join(map(str, layout.replicas))}" if layout.replicas else f"dp {layout.dp}"
     lines = [
-        f"layout: world {layout.world_size} = {pp}dp {layout.dp}{cp} x tp {layout.tp}",
+        f"layout: world {layout.world_size} = {pp}{dp}{cp} x tp {layout.tp}",
         f"  TP groups: {layout.tp_groups()}",
         f"  DP groups: {layout.dp_groups()}",
         *(
