@@ -10,8 +10,9 @@ and the activation transfer, then runs `partition.pipedream_partition` for each 
 prints the configuration ("2-1" = stage 1 on two workers, stage 2 on one), the layers per stage
 and the predicted time per micro-batch of the slowest stage, against the best plain pipeline
 (one worker per stage) and plain data parallelism (one stage on every worker).
-NOTE: the runtime (tpformer's pipedream schedule) runs one worker per stage; replicated stages
-are chosen here, not yet run (docs/parallel/pipeline.md).
+A run makes the same choice on its own model, batch and ranks with
+`parallel.pipeline_schedule=pipedream parallel.pipeline_split=pipedream` (the stage count fixed
+by parallel.pipeline) and runs it (docs/parallel/pipeline.md).
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ from tpformer.parallel.pipeline.partition import (
     replicated_stage_time,
     replication_string,
 )
-from tpformer.parallel.pipeline.split import profile_costs
-from tpformer.parallel.pipeline.stage import pipelined
+from tpformer.parallel.pipeline.split import layer_weight_bytes, profile_costs
 
 
 def _allreduce_worker(rank: int, store: str, numel: int, out: str) -> None:
@@ -86,13 +86,7 @@ def main() -> None:
         "nsp_labels": torch.zeros(args.micro, dtype=torch.long),
     }
     costs = profile_costs(model, sample)
-    parts = pipelined(model)
-    blocks = list(parts.blocks())
-    layer_bytes = [4.0 * sum(p.numel() for p in b.parameters()) for b in blocks]
-    in_blocks = {id(p) for b in blocks for p in b.parameters()}
-    rest = 4.0 * sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
-    layer_bytes[0] += rest / 2  # the embedding's (and the tied head's) weights at both ends
-    layer_bytes[-1] += rest / 2
+    layer_bytes = layer_weight_bytes(model)
     bandwidth = allreduce_bandwidth()
     print(
         f"{args.model}, micro-batch {args.micro} x seq {args.seq}: layers "
