@@ -22,7 +22,7 @@ from tests.pipeline.test_pipeline_training import pipeline_config
 from tests.tolerances import FP32_MODEL_REL
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
-from tpformer.config.validate import validate_pipedream
+from tpformer.config.validate import validate_pipedream, validate_replication
 from tpformer.engine.parallelize import parallelize
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_reduce
@@ -384,17 +384,24 @@ def test_pipeline_equals_the_staleness_reference(
 
 
 @pytest.mark.parametrize(
-    ("replicas", "update"), [((2, 1), "micro_batch"), ((2, 1), "step"), ((1, 2), "micro_batch")]
+    ("replicas", "update", "zero_stage"),
+    [
+        ((2, 1), "micro_batch", 0),
+        ((2, 1), "step", 0),
+        ((1, 2), "micro_batch", 0),
+        ((2, 1), "micro_batch", 1),
+    ],
 )
 def test_replicated_stages_equal_the_staleness_reference(
-    replicas: tuple[int, ...], update: str
+    replicas: tuple[int, ...], update: str, zero_stage: int
 ) -> None:
-    """PipeDream's "2-1" (and "1-2") on 3 ranks: a replicated stage's workers take alternate
+    """PipeDream's "2-1" (and "1-2", and 2-1 with ZeRO-1 sharding the replicated stage's optimizer
+    state over its two workers) on 3 ranks: a replicated stage's workers take alternate
     micro-batches and update together (gradients summed over them); losses and every replica's
     weights equal the one-process reference with the replicated versions within 1e-5, and so
     does the gradient norm of each stage's last update in a step (which the losses and the
     clipped AdamW weights would not show: the update's gradient is each stage's own mean)."""
-    config = _config(2, pipeline_split=[2, 2], pipedream_update=update)
+    config = _config(2, pipeline_split=[2, 2], pipedream_update=update, zero_stage=zero_stage)
     every = MICRO if update == "step" else 1
     want_losses, want_weights, want_norms = _reference(
         config, 2, vertical_sync=False, every=every, replicas=replicas
@@ -421,6 +428,28 @@ def test_step_updates_without_staleness_in_the_first_step() -> None:
     want = run_distributed(_pipeline, 2, flushed, pipeline=2)[-1][0]
     assert abs(got[0] - want[0]) <= TOLERANCE * abs(want[0])
     assert abs(got[1] - want[1]) > TOLERANCE * abs(want[1])  # then the stages drift apart
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"pipeline_schedule": "1f1b"},
+            r"replicas=\[2, 1\] replicates pipeline stages, which only",
+        ),
+        ({"pipedream_vertical_sync": True}, r"does not support parallel.pipedream_vertical_sync"),
+        ({"pipeline_replicas": [3, 1]}, r"every count must divide it; \[3\] do not"),
+        ({"pipeline_split": "pipedream"}, r"chooses the replicas itself; leave"),
+        ({"finetuning": True}, r"replicated pipeline stages are for pretraining runs"),
+    ],
+)
+def test_invalid_replication_settings_are_named(change: dict, message: str) -> None:
+    config = _config(2, pipeline_replicas=[2, 1])
+    finetuning = change.pop("finetuning", False)
+    parallel = replace(config.parallel, **change)
+    with pytest.raises(ValueError, match=message):
+        validate_replication(parallel, 4, finetuning=finetuning)
+    validate_replication(config.parallel, 4)  # the valid one passes
 
 
 @pytest.mark.parametrize(
@@ -472,4 +501,29 @@ def test_training_loop_checkpoints_the_drained_weights_and_resumes(tmp_path: Pat
     for name, value in {**last_state, **first_state}.items():  # the first stage's tied copy
         assert torch.equal(saved[name], value), name
     resumed = run_distributed(_train, 2, config, run, {"resume": "auto"}, pipeline=2)[-1][0]
+    assert sorted(resumed) == [3, 4] and all(math.isfinite(v) for v in resumed.values())
+
+
+def test_replicated_run_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """A "2-1" run (3 ranks) saves after its drain: the two replicas of stage 0 hold the same
+    weights, the checkpoint holds them and the last stage's, and a resume continues."""
+    config = pipeline_config(
+        micro=2, accum=4, pipeline=2, pipeline_schedule="pipedream", pipeline_replicas=[2, 1]
+    )
+    config = replace(config, trainer=replace(config.trainer, max_steps=4))
+    run = str(tmp_path / "run")
+    (_, first), (_, second), (losses, last) = run_distributed(
+        _train, 3, config, run, {"exit_at_step": 2}, pipeline=2, replicas=[2, 1]
+    )
+    assert sorted(losses) == [1, 2] and all(math.isfinite(v) for v in losses.values())
+    assert first.keys() == second.keys()
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), name  # the replicas update together
+    saved = {k: torch.empty_like(v) for k, v in {**last, **first}.items()}
+    store.load(tmp_path / "run" / "checkpoints" / store.step_dir_name(2), {"engine": saved})
+    for name, value in {**last, **first}.items():
+        assert torch.equal(saved[name], value), name
+    resumed = run_distributed(
+        _train, 3, config, run, {"resume": "auto"}, pipeline=2, replicas=[2, 1]
+    )[-1][0]
     assert sorted(resumed) == [3, 4] and all(math.isfinite(v) for v in resumed.values())
