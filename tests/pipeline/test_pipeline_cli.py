@@ -126,6 +126,12 @@ def test_cli_pipedream_partition_chooses_replicas_and_runs(tmp_path: Path) -> No
             "error: parallel.pipeline_replicas=[2, 1] uses 3 workers but world_size=2",
         ),
         (
+            "parallel.pipeline=auto parallel.pipeline_schedule=pipedream "
+            "parallel.pipeline_split=pipedream",
+            "error: parallel.pipeline=auto: the planner chooses regular layouts; with "
+            "replicated pipeline stages",
+        ),
+        (
             "parallel.pipeline=2 parallel.pipeline_replicas=[1,1]",
             "error: parallel.pipeline_replicas=[1, 1] replicates pipeline stages, which only "
             "the asynchronous schedule runs",

@@ -190,6 +190,11 @@ def test_a_given_layout_is_priced_and_ranked() -> None:
         ("parallel.tensor=3", "parallel.tensor=3 does not divide world_size=8; valid values are"),
         ("parallel.tensor=32", "parallel.tensor=32 does not divide world_size=8"),
         ("parallel.sequence_parallel=true", "needs parallel.tensor > 1"),
+        (
+            "parallel.pipeline_replicas=[2,1]",
+            "parallel.pipeline_replicas=[2, 1]: tpformer-plan prices regular",
+        ),
+        ("parallel.pipeline_split=pipedream", "replicated pipeline stages are chosen by"),
     ],
 )
 def test_a_given_layout_the_run_would_refuse_is_an_error(given: str, message: str) -> None:

@@ -319,6 +319,18 @@ def plan(
     every: bool = False,
 ) -> str:
     precision = str(config.parallel.precision)
+    p = config.parallel
+    if p.pipeline_replicas or p.pipeline_split == "pipedream":
+        given = (
+            f"parallel.pipeline_replicas={list(p.pipeline_replicas)}"
+            if p.pipeline_replicas
+            else "parallel.pipeline_split=pipedream"
+        )
+        raise ValueError(
+            f"{given}: tpformer-plan prices regular tensor x pipeline x data layouts; "
+            "replicated pipeline stages are chosen by PipeDream's partitioner in the run "
+            "itself (tools/pipedream_partition.py shows its choice)"
+        )
     if do_calibrate:
         import torch
 

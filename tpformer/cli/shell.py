@@ -77,6 +77,13 @@ def resolve_run_layout(
     check_degree("pipeline", p.pipeline)
     notes: list[str] = []
     keys = auto_keys(config)
+    replicated = bool(p.pipeline_replicas) or p.pipeline_split == "pipedream"
+    if keys and replicated:
+        raise ValueError(
+            f"{auto_label(keys)}: the planner chooses regular layouts; with replicated "
+            "pipeline stages (parallel.pipeline_replicas, parallel.pipeline_split=pipedream) "
+            "give parallel.tensor=1 and parallel.pipeline as an integer"
+        )
     if keys:
         if not isinstance(config, Config):
             raise ValueError(
@@ -88,7 +95,7 @@ def resolve_run_layout(
         )
         apply_auto_layout(config, choice)
         notes = choice.describe(keys)
-    if p.pipeline_replicas or p.pipeline_split == "pipedream":
+    if replicated:
         return replicated_layout(
             list(p.pipeline_replicas) or provisional_replicas(world_size, int(p.pipeline)),
             world_size,
