@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from datetime import timedelta
 
 import torch
@@ -29,13 +28,14 @@ import torch.multiprocessing as mp
 
 from tpformer.config.presets import preset
 from tpformer.models import build_model
-from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.parallel.pipeline.partition import (
     best_split,
     pipedream_partition,
     replicated_stage_time,
     replication_string,
 )
+from tpformer.parallel.pipeline.split import allreduce_bandwidth as measure_allreduce
 from tpformer.parallel.pipeline.split import layer_weight_bytes, profile_costs
 
 
@@ -44,14 +44,9 @@ def _allreduce_worker(rank: int, store: str, numel: int, out: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timedelta(60)
     )
-    x = torch.ones(numel)
-    dist.all_reduce(x)  # warm-up
-    start = time.perf_counter()
-    for _ in range(5):
-        dist.all_reduce(x)
-    seconds = (time.perf_counter() - start) / 5
+    world = GroupHandle(dist.group.WORLD, rank, 2)
+    bus = measure_allreduce(world, torch.device("cpu"), numel)
     if rank == 0:
-        bus = 2 * (2 - 1) / 2 * x.nbytes / seconds  # the all-reduce's bus bandwidth
         with open(out, "w") as f:
             f.write(str(bus))
     dist.destroy_process_group()

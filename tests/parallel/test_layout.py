@@ -2,7 +2,15 @@
 
 import pytest
 
-from tpformer.parallel.layout import Layout, divide, pad_to_multiple, resolve_layout, shard_range
+from tpformer.parallel.layout import (
+    Layout,
+    divide,
+    pad_to_multiple,
+    provisional_replicas,
+    replicated_layout,
+    resolve_layout,
+    shard_range,
+)
 
 
 def test_divide_and_shard_range() -> None:
@@ -45,3 +53,36 @@ def test_rank_grids_keep_tp_adjacent() -> None:
 def test_bad_layouts_name_the_values(tensor: int, data: str, world: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         resolve_layout(tensor, data, world)
+
+
+def test_replicated_stages_route_micro_batches_round_robin() -> None:
+    """PipeDream's "1-3-2": stage r on consecutive ranks; micro-batch i runs on replica
+    i mod n of each stage; the replicas of a stage are its DP group."""
+    layout = replicated_layout([1, 3, 2], 6, pipeline=3)
+    assert layout.world_size == 6 and layout.pp == 3
+    assert [layout.stage_of(r) for r in range(6)] == [0, 1, 1, 1, 2, 2]
+    assert [layout.replica_of(r) for r in range(6)] == [0, 0, 1, 2, 0, 1]
+    assert [layout.peer(1, i) for i in range(4)] == [1, 2, 3, 1]
+    assert [layout.peer(2, i) for i in range(3)] == [4, 5, 4]
+    assert layout.dp_groups() == [[0], [1, 2, 3], [4, 5]]
+    assert layout.describe() == "pp3 replicas 1-3-2 tp1"
+    assert Layout(dp=2, tp=1, pp=2).peer(1, 5) == 1  # regular: the stage in its own pipeline
+
+
+@pytest.mark.parametrize(
+    ("replicas", "kwargs", "message"),
+    [
+        ([2, 1], {}, r"pipeline_replicas=\[2, 1\] uses 3 workers but world_size=4"),
+        ([2, 1, 1], {"pipeline": 2}, r"names 3 stages but parallel.pipeline=2"),
+        ([4], {}, r"needs one worker count >= 1 per pipeline stage, at least two stages"),
+        ([3, 0], {}, r"needs one worker count >= 1 per pipeline stage"),
+        ([2, 2], {"tensor": 2}, r"set parallel.tensor=1, parallel.context=1 and parallel.data"),
+        ([2, 2], {"data": "2"}, r"\(got tensor=1, context=1, data=2\)"),
+    ],
+)
+def test_bad_replicas_are_named(replicas: list[int], kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        replicated_layout(replicas, 4, **kwargs)
+    with pytest.raises(ValueError, match=r"pipeline=3 stages on world_size=2 ranks"):
+        provisional_replicas(2, 3)
+    assert provisional_replicas(4, 2) == [3, 1]

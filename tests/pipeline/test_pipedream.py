@@ -34,6 +34,7 @@ from tpformer.parallel.pipeline.schedule import (
     pipedream_step,
     pipedream_version,
     pipedream_warmup,
+    replica_backwards_per_update,
     simulate,
 )
 from tpformer.parallel.pipeline.stage import build_stage
@@ -109,7 +110,7 @@ def test_replicated_schedule_runs_round_robin_and_never_deadlocks(
     pipedream_version."""
     stages, micro, steps = len(replicas), 2 * math.lcm(*replicas), 3
     for r, n in enumerate(replicas):
-        every = micro // n if every_step else 1
+        every = replica_backwards_per_update(micro, n, every_step=every_step)
         for j in range(n):
             actions = [
                 a for t in range(steps) for a in pipedream_step(stages, micro, r, t, replicas, j)
@@ -408,8 +409,10 @@ def test_replicated_stages_equal_the_staleness_reference(
     )
     ranks = run_distributed(_pipeline, sum(replicas), config, pipeline=2, replicas=list(replicas))
     stage_of = [r for r, n in enumerate(replicas) for _ in range(n)]
-    for rank, (losses, weights, _, norms) in enumerate(ranks):
+    for rank, (losses, weights, peak, norms) in enumerate(ranks):
         stage = stage_of[rank]
+        if update == "micro_batch":  # a worker stashes its warm-up + 1 versions (2-1: [2, 2, 1])
+            assert peak == pipedream_warmup(2, stage, replicas) + 1, (rank, peak)
         for step, (got, want) in enumerate(zip(losses, want_losses)):  # every rank logs it
             assert abs(got - want) <= TOLERANCE * abs(want), (rank, step, losses, want_losses)
         _assert_weights_close(weights, want_weights[stage], stage)

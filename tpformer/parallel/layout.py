@@ -134,8 +134,6 @@ class Layout:
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp_rank, tp_rank) of a global rank."""
-        if self.replicas:
-            return self.replica_of(rank), 0
         return (rank // (self.cp * self.tp)) % self.dp, rank % self.tp
 
     def cp_rank_of(self, rank: int) -> int:

@@ -33,6 +33,7 @@ from tpformer.parallel.pipeline.schedule import (
     pipedream_drain,
     pipedream_step,
     pipedream_version,
+    replica_backwards_per_update,
 )
 from tpformer.parallel.pipeline.stage import PipelineStage
 
@@ -163,7 +164,7 @@ class PipeDreamRunner(PipelineRunner):
     @property
     def every(self) -> int:
         """This replica's backwards per update."""
-        return self.micro // self.workers if self.every_step else 1
+        return replica_backwards_per_update(self.micro, self.workers, every_step=self.every_step)
 
     def per_update(self, stage: int) -> int:
         """Micro-batches (of the stream) per update of `stage`: grad_accum per step, else one

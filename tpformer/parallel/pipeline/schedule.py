@@ -145,6 +145,12 @@ def pipedream_drain(
     return _numbered([Action("B", i) for i in range(done, forwards)], n, replica)
 
 
+def replica_backwards_per_update(micro: int, workers: int, *, every_step: bool) -> int:
+    """A replica's own backwards per update of its stage: the step's micro-batches / workers
+    when updating per step, else one (the stage's `workers` replicas update together)."""
+    return micro // workers if every_step else 1
+
+
 def pipedream_version(
     stages: int,
     stage: int,
@@ -247,7 +253,7 @@ def _with_updates(
     if not replicas:
         return actions
     n = replicas[stage]
-    every = micro // n if every_step else 1
+    every = replica_backwards_per_update(micro, n, every_step=every_step)
     out: list[Action] = []
     for a in actions:
         out.append(a)
