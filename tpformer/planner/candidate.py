@@ -40,6 +40,14 @@ class Workload:
     rng: str = "auto"
     """parallel.rng: exact-mode attention dropout keeps the [b, h, s, s] tensors and draws
     per-sample streams; fast (auto on accelerators) runs the fused attention kernel."""
+    explicit_attention: bool = False
+    """Price an explicit attention core (scores materialized, softmax and dropout on them) even
+    where tpformer would run the fused kernel: how Megatron-LM ran before FlashAttention (2021,
+    2022), with its per-rank dropout streams under rng=fast."""
+    scatter_gather_hops: bool = False
+    """Price Megatron-LM's scatter/gather stage hops (Narayanan et al. 2021, 4.1): without
+    sequence parallelism each TP rank sends 1/t of the activation to the next stage, which
+    all-gathers it; tpformer's pipeline sends the whole activation from every TP rank."""
     grad_bytes: int = 4
     """Bytes per gradient element the engine keeps: 4, tpformer's fp32 buffers (also under
     grad_compression=bf16, which only sends 16-bit); 2 prices an engine that keeps 16-bit

@@ -70,8 +70,13 @@ def rng_mode(work: Workload, cluster: Cluster) -> str:
 
 def fused_attention(work: Workload, cluster: Cluster) -> bool:
     """Whether the attention core is one fused SDPA kernel that keeps no [b, h, s, s] tensor:
-    on an accelerator, unless exact-mode attention dropout makes the core explicit."""
-    return cluster.device_type != "cpu" and not exact_attention_dropout(work, cluster)
+    on an accelerator, unless exact-mode attention dropout makes the core explicit (or the
+    workload prices an explicit core: Workload.explicit_attention)."""
+    return (
+        cluster.device_type != "cpu"
+        and not work.explicit_attention
+        and not exact_attention_dropout(work, cluster)
+    )
 
 
 def exact_attention_dropout(work: Workload, cluster: Cluster) -> bool:

@@ -281,6 +281,20 @@ def pipeline_makespan(stage_time: list[float], micro_batches: int, chunks: int) 
     return micro_batches * slowest + (sum(stage_time) - slowest) / chunks
 
 
+def _stage_hop(work: Workload, c: Candidate, cl: Cluster) -> float:
+    """One activation (or its gradient) across a stage boundary, over the link it crosses (a
+    boundary crosses nodes once a stage fills one). Under sequence parallelism each TP rank
+    sends its 1/t of the sequence; with `work.scatter_gather_hops` (Megatron-LM without it)
+    each sends 1/t of the replicated activation and the next stage all-gathers it."""
+    nbytes = work.seq / c.cp * c.micro_batch * work.model.hidden_size * work.itemsize
+    link = cl.link(c.replicas * c.tp + 1)
+    if c.sequence_parallel:
+        return link.send(nbytes / c.tp)
+    if work.scatter_gather_hops and c.tp > 1:
+        return link.send(nbytes / c.tp) + cl.link(c.tp).all_gather(nbytes, c.tp)
+    return link.send(nbytes)
+
+
 def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     split = c.split(work)
     per_layer = layer_time(work, c, cl)
@@ -288,14 +302,7 @@ def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     embedding, head = _ends_time(work, c, cl)
     params = [s.total for s in stage_params(work, c)]
     # a stage boundary crosses nodes once a stage fills one
-    q = c.tp if c.sequence_parallel else 1
-    hop = (
-        cl.link(c.replicas * c.tp + 1).send(
-            work.seq / c.cp * c.micro_batch * work.model.hidden_size * work.itemsize / q
-        )
-        if c.pp > 1
-        else 0.0
-    )
+    hop = _stage_hop(work, c, cl) if c.pp > 1 else 0.0
     stage_time, compute, comm = [], [], []
     for r in range(c.pp):
         layers = sum(split[r :: c.pp])
