@@ -1,7 +1,9 @@
 """The planner at scale, next to published results (tpformer/planner/published.py):
 Narayanan et al. 2021, Table 1 (GPT 1.7B-1T on 32-3,072 A100s) and Table 2 (ZeRO-3 without
-model parallelism vs PTD-P for the 175B and 530B models), each priced with the options those
-runs had; then BERT-large and GPT-2 XL on 8 to 1024 H100s with tpformer's own options.
+model parallelism vs PTD-P for the 175B and 530B models), Korthikanti et al. 2022, Table 4 (one
+22B layer under five options) and Table 5 (22B-1T iteration times with full recomputation and
+with SP + selective recomputation), each priced with the options those runs had; then
+BERT-large and GPT-2 XL on 8 to 1024 H100s with tpformer's own options.
 
 Table 1: for each row, the published layout priced (its tensor x pipeline split, the best
 micro-batch the planner finds for it) and the ratio of predicted to published TFLOP/s; the
@@ -10,7 +12,7 @@ recomputation, DP all-reduce after backward) and how much slower it predicts the
 split; and what it picks with all of tpformer's options. Table 2: every row at its published
 layout and micro-batch. TFLOP/s use the paper's FLOP count (with the recomputed forward).
 
-    python tools/plan_scaling.py            # about a minute
+    python tools/plan_scaling.py            # about 15 seconds
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ from tpformer.config.presets import preset
 from tpformer.planner.candidate import Workload
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.published import (
+    KORTHIKANTI_TABLE_4,
+    KORTHIKANTI_TABLE_5,
     MEGATRON_TABLE_1,
     MEGATRON_TABLE_2,
+    TABLE_4_RUN,
     cluster,
+    megatron_matmul_efficiency,
     reproduce,
+    table_4_layer,
     tflops,
 )
 from tpformer.planner.search import Evaluated, search
+from tpformer.planner.step_time import model_flops
 
 GB = 1e9
 
@@ -97,6 +105,52 @@ def zero3_rows() -> list[float]:
     return ratios
 
 
+def korthikanti_layer_rows() -> None:
+    """Table 4: the fitted row and the four predicted ones."""
+    efficiency = megatron_matmul_efficiency()
+    print(
+        f"\nGEMM plateau of the 2021-22 stack, fitted to Table 4's baseline: {efficiency:.3f} of "
+        f"peak ({efficiency * 312:.0f} TFLOP/s; today's measured plateau 0.869)\n"
+    )
+    print("| 22B layer, TP=8, micro 4 | measured fwd + bwd (ms) | predicted (ms) | ratio |")
+    print("|---|---|---|---|")
+    cl = cluster(TABLE_4_RUN)
+    for i, timing in enumerate(KORTHIKANTI_TABLE_4):
+        predicted = table_4_layer(timing, cl) * 1e3
+        note = " (fitted)" if i == 0 else ""
+        print(
+            f"| {timing.name}{note} | {timing.forward_ms} + {timing.backward_ms} = "
+            f"{timing.ms:.1f} | {predicted:.2f} | {predicted / timing.ms:.3f} |"
+        )
+
+
+def korthikanti_rows() -> list[float]:
+    """Table 5 at Table 3's layouts; returns the throughput ratios."""
+    print(
+        "\n| params | GPUs | TP x PP, micro, schedule | options | published s | predicted s | "
+        "ratio | MFU published / predicted | memory | first choice (same options) | "
+        "published split slower by |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for run in KORTHIKANTI_TABLE_5:
+        r = reproduce(run)
+        e, peak = r.published, 312e12 * run.gpus
+        assert e.time is not None
+        ratios.append(r.ratio)
+        first = "the published split" if r.first_is_published else describe(r.first)
+        options = "SP + selective" if run.scheme == "sp-selective" else "full recomputation"
+        schedule = "interleaved x3" if run.virtual_stages == 3 else run.schedule
+        print(
+            f"| {run.params_b:g}B | {run.gpus} | {run.tp} x {run.pp}, {run.micro_batch}, "
+            f"{schedule} | {options} | {run.seconds:g} | {e.time.step:.2f} | {r.ratio:.2f} | "
+            f"{model_flops(r.work) / run.seconds / peak:.1%} / "
+            f"{model_flops(r.work) / e.time.step / peak:.1%} | {fit_text(e)} | {first} | "
+            f"{r.margin:+.1%} |"
+        )
+    return ratios
+
+
 def h100_rows() -> None:
     print(
         "\n| model | H100s | seq | global batch | planner's pick (TP x PP x DP) | step s | "
@@ -132,12 +186,21 @@ def h100_rows() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.parse_args()
-    ratios = megatron_rows() + zero3_rows()
-    worst = max(ratios, key=lambda r: abs(math.log(r)))
-    print(
-        f"\nworst predicted / published throughput over {len(ratios)} rows: {worst:.2f} "
-        f"(min {min(ratios):.2f}, max {max(ratios):.2f})"
-    )
+    table_1 = megatron_rows()
+    table_2 = zero3_rows()
+    korthikanti_layer_rows()
+    table_5 = korthikanti_rows()
+    print("\npredicted / published throughput:")
+    for name, ratios in (
+        ("Narayanan Table 1", table_1),
+        ("Narayanan Table 2 (ZeRO-3, then PTD-P)", table_2),
+        ("Korthikanti Table 5", table_5),
+    ):
+        worst = max(ratios, key=lambda r: abs(math.log(r)))
+        print(
+            f"  {name}: {len(ratios)} rows, worst {worst:.2f} "
+            f"(min {min(ratios):.2f}, max {max(ratios):.2f})"
+        )
     h100_rows()
 
 
