@@ -284,8 +284,9 @@ def pipeline_makespan(stage_time: list[float], micro_batches: int, chunks: int) 
 def _stage_hop(work: Workload, c: Candidate, cl: Cluster) -> float:
     """One activation (or its gradient) across a stage boundary, over the link it crosses (a
     boundary crosses nodes once a stage fills one). Under sequence parallelism each TP rank
-    sends its 1/t of the sequence; with `work.scatter_gather_hops` (Megatron-LM without it)
-    each sends 1/t of the replicated activation and the next stage all-gathers it."""
+    sends its 1/t of the sequence; otherwise each sends the whole (replicated) activation, or,
+    with `work.scatter_gather_hops` (Megatron-LM's), 1/t of it, which the next stage
+    all-gathers over its TP link."""
     nbytes = work.seq / c.cp * c.micro_batch * work.model.hidden_size * work.itemsize
     link = cl.link(c.replicas * c.tp + 1)
     if c.sequence_parallel:
@@ -301,7 +302,6 @@ def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     tp_layer = tensor_comm_time(work, c, cl) + context_comm_time(work, c, cl)
     embedding, head = _ends_time(work, c, cl)
     params = [s.total for s in stage_params(work, c)]
-    # a stage boundary crosses nodes once a stage fills one
     hop = _stage_hop(work, c, cl) if c.pp > 1 else 0.0
     stage_time, compute, comm = [], [], []
     for r in range(c.pp):
