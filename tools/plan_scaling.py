@@ -23,6 +23,7 @@ import time
 from dataclasses import replace
 
 from tpformer.config.presets import preset
+from tpformer.engine.memory import zero_memory_bytes
 from tpformer.planner.candidate import Workload
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.published import (
@@ -31,6 +32,7 @@ from tpformer.planner.published import (
     MEGATRON_TABLE_1,
     MEGATRON_TABLE_2,
     TABLE_4_RUN,
+    ZERO_TABLE_1,
     cluster,
     megatron_matmul_efficiency,
     reproduce,
@@ -151,6 +153,37 @@ def korthikanti_rows() -> list[float]:
     return ratios
 
 
+def _gb(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def zero_memory_rows() -> list[float]:
+    """The ZeRO paper's Table 1 next to the planner's model-state bytes, under the paper's
+    16-bit gradients (DeepSpeed's profile) and under tpformer's engine (fp32 gradients)."""
+    print(
+        "\n| params | DP | stage | ZeRO paper GB | planner, 16-bit grads GB | ratio | "
+        "tpformer's engine (fp32 grads) GB | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for params, rows in ZERO_TABLE_1.items():
+        for dp, per_stage in rows.items():
+            for stage, paper in enumerate(per_stage, start=1):
+                sizes = [
+                    zero_memory_bytes(
+                        stage, int(params), dp, param_bytes=2, mixed=True, grad_bytes=g
+                    ).total
+                    / GB
+                    for g in (2, 4)
+                ]
+                ratios.append(sizes[0] / paper)
+                print(
+                    f"| {params / 1e9:g}B | {dp} | {stage} | {paper:g} | {_gb(sizes[0])} | "
+                    f"{sizes[0] / paper:.3f} | {_gb(sizes[1])} | {sizes[1] / paper:.2f} |"
+                )
+    return ratios
+
+
 def h100_rows() -> None:
     print(
         "\n| model | H100s | seq | global batch | planner's pick (TP x PP x DP) | step s | "
@@ -190,6 +223,11 @@ def main() -> None:
     table_2 = zero3_rows()
     korthikanti_layer_rows()
     table_5 = korthikanti_rows()
+    memory = zero_memory_rows()
+    print(
+        f"\nmodel states / the ZeRO paper's Table 1 over {len(memory)} entries: "
+        f"{min(memory):.3f}-{max(memory):.3f}"
+    )
     print("\npredicted / published throughput:")
     for name, ratios in (
         ("Narayanan Table 1", table_1),

@@ -155,6 +155,38 @@ TABLE_4_RUN = KORTHIKANTI_TABLE_5[0]
 """The 22B GPT at TP=8, micro-batch 4, whose layer Table 4 times."""
 
 
+ZERO_TABLE_1 = {
+    7.5e9: {
+        1: (120, 120, 120),
+        4: (52.5, 41.3, 30),
+        16: (35.6, 21.6, 7.5),
+        64: (31.4, 16.6, 1.88),
+        256: (30.4, 15.4, 0.47),
+        1024: (30.1, 15.1, 0.12),
+    },
+    128e9: {
+        1: (2048, 2048, 2048),
+        4: (896, 704, 512),
+        16: (608, 368, 128),
+        64: (536, 284, 32),
+        256: (518, 263, 8),
+        1024: (513, 257, 2),
+    },
+    1e12: {
+        1: (16000, 16000, 16000),
+        4: (7000, 5500, 4000),
+        16: (4750, 2875, 1000),
+        64: (4187, 2218, 250),
+        256: (4046, 2054, 62.5),
+        1024: (4011, 2013, 15.6),
+    },
+}
+"""Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models" (arXiv 1910.02054), Table 1: model-state GB per device under mixed-precision Adam
+(16-bit parameters and gradients, fp32 master weights and moments) by parameters, DP degree
+and stage (1: optimizer states, 2: + gradients, 3: + parameters partitioned)."""
+
+
 def gpt(layers: int, hidden: int, heads: int) -> ModelConfig:
     """The paper's GPT: 4h FFN, learned positions up to the sequence, padded vocabulary."""
     return ModelConfig(
