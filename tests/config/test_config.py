@@ -43,6 +43,7 @@ PUBLIC_KEYS = {
     ],
     "parallel": [
         "activation_checkpointing",
+        "bucket_mb",
         "checkpoint_every",
         "checkpoint_num_layers",
         "checkpoint_offload",

@@ -71,9 +71,12 @@ def reference_params() -> dict[str, torch.Tensor]:
     return full_state_dict(model, ctx.tp)
 
 
-def _train(ctx: ParallelContext, stage: int, offload: str, accum: int) -> dict[str, torch.Tensor]:
+def _train(
+    ctx: ParallelContext, stage: int, offload: str, accum: int, bucket_mb: float = 0.0
+) -> dict[str, torch.Tensor]:
     model = _model(ctx)
-    engine = build_engine(model, OPTIM, ParallelConfig(zero_stage=stage, cpu_offload=offload), ctx)
+    parallel = ParallelConfig(zero_stage=stage, cpu_offload=offload, bucket_mb=bucket_mb)
+    engine = build_engine(model, OPTIM, parallel, ctx)
     per_rank = GLOBAL_BATCH // ctx.dp.size
     micro = per_rank // accum
     for step in range(STEPS):
@@ -157,6 +160,8 @@ def test_bad_engine_settings_raise() -> None:
         validate_engine(ParallelConfig(cpu_offload="optimizer"), replace(OPTIM, name="sgd"), "cpu")
     with pytest.raises(ValueError, match="precision=fp16 needs a GPU"):
         validate_engine(ParallelConfig(precision="fp16"), OPTIM, "cpu")
+    with pytest.raises(ValueError, match=r"parallel.bucket_mb=25.0 applies to ZeRO stages 0-2"):
+        validate_engine(ParallelConfig(zero_stage=3, bucket_mb=25.0), OPTIM, "cpu")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -245,7 +250,8 @@ def _whole_gradients_at_once(ctx: ParallelContext) -> dict[int, int]:
         for p in model.parameters():  # runs after the engine's own hook on the same parameter
             p.register_post_accumulate_grad_hook(count)
         batch = {k: v[:2] for k, v in _batch(0).items()}
-        for _ in range(2):
+        for _ in range(2):  # two steps of two micro-batches
+            engine.backward(model(**batch).loss, sync=False)
             engine.backward(model(**batch).loss)
             engine.step()
         most[stage] = seen[0]
@@ -256,10 +262,39 @@ def _whole_gradients_at_once(ctx: ParallelContext) -> dict[int, int]:
 def test_whole_gradients_are_freed_as_they_are_reduced(dp: int) -> None:
     """Stages 2-3 keep only shards: a layer's whole gradient goes back to the pool once its
     reduce-scatter is done, so the root bucket's and at most two layers' coexist (the one
-    in flight and the one filling), not all six (dp=2 runs the point-to-point exchange, whose
-    gloo work never reports completion before it is waited for)."""
+    in flight and the one filling), not all six, also with gradient accumulation: every
+    micro-batch is reduce-scattered into the shard (dp=2 runs the point-to-point exchange,
+    whose gloo work never reports completion before it is waited for)."""
     for most in run_distributed(_whole_gradients_at_once, dp, tensor=1):
         assert most == {2: 3, 3: 3}
+
+
+def _reductions_per_micro_batch(ctx: ParallelContext) -> dict[int, list[int]]:
+    from tpformer.parallel.comm import count_collectives
+
+    counts = {}
+    for stage in (1, 2, 3):
+        model = _model(ctx)
+        engine = build_engine(model, OPTIM, ParallelConfig(zero_stage=stage), ctx)
+        batch = {k: v[:2] for k, v in _batch(0).items()}
+        with count_collectives() as first:
+            engine.backward(model(**batch).loss, sync=False)
+        with count_collectives() as last:
+            engine.backward(model(**batch).loss)
+            engine.step()
+        counts[stage] = [first["reduce_scatter"], last["reduce_scatter"], len(engine.buckets)]
+    return counts
+
+
+def test_stages_two_and_three_reduce_every_micro_batch() -> None:
+    """Stage 1 accumulates whole gradients and reduce-scatters once per step; stages 2-3
+    reduce-scatter each bucket in every micro-batch (what their memory formula and the
+    planner's time assume)."""
+    for counts in run_distributed(_reductions_per_micro_batch, 2, tensor=1):
+        buckets = counts[1][2]
+        assert counts[1][:2] == [0, buckets], counts
+        assert counts[2][:2] == [buckets, buckets], counts
+        assert counts[3][:2] == [buckets, buckets], counts
 
 
 LAMB = replace(OPTIM, name="lamb", lr=1e-2)
@@ -369,3 +404,64 @@ def test_a_parameter_without_gradient_this_step_counts_as_zero(world: int, stage
         else run_distributed(_two_steps_second_without_b, world, stage)[0]
     )
     assert got == pytest.approx(want, rel=1e-6)
+
+
+BUCKET_MB = 0.008
+"""About 2,100 fp32 elements: tiny_bert's blocks (about 8,400 parameters at TP=1) are cut into
+several buckets, and the QKV matrix (3,072) is a bucket of its own."""
+
+
+def _bucketed(ctx: ParallelContext) -> list:
+    results = [_train(ctx, stage, "none", 2, BUCKET_MB) for stage in (0, 1, 2)]
+    results.append(_train(ctx, 2, "optimizer", 1, BUCKET_MB))
+    model = _model(ctx)
+    engine = build_engine(model, OPTIM, ParallelConfig(bucket_mb=BUCKET_MB), ctx)
+    blocks = sum(1 for _ in model.blocks())
+    singles = [b.numel for b in engine.buckets if len(b.segments) == 1]
+    cap = int(BUCKET_MB * 2**20) // 4
+    sizes = [b.numel for b in engine.buckets]
+    return [results, blocks, sizes, cap, singles]
+
+
+@pytest.mark.parametrize(("tp", "dp"), [(1, 2), (2, 2)])
+def test_small_buckets_match_single_process_adamw(reference, tp: int, dp: int) -> None:
+    """parallel.bucket_mb cuts blocks into buckets at parameter boundaries: stages 0-2 (with
+    accumulation, and ZeRO-2 with the optimizer offloaded) still equal torch.optim.AdamW on one
+    process; no bucket exceeds the cap unless it is one parameter."""
+    for results, blocks, sizes, cap, singles in run_distributed(_bucketed, tp * dp, tensor=tp):
+        assert len(sizes) > blocks + 1, sizes  # the blocks were cut
+        assert all(size <= cap or size in singles for size in sizes), (sizes, cap)
+        for params in results:
+            for name, expected in reference.items():
+                assert_rel_close(params[name], expected, ADAMW_REL, name)
+
+
+def _most_whole_gradient(ctx: ParallelContext) -> dict[float, int]:
+    """The most elements of whole (unreduced) gradient buffers held at once during two steps
+    of two micro-batches at ZeRO-2, by bucket_mb."""
+    most = {}
+    for bucket_mb in (0.0, BUCKET_MB):
+        model = build_model(tiny_bert(num_layers=6), ctx, task="classification", num_labels=LABELS)
+        engine = build_engine(model, OPTIM, ParallelConfig(zero_stage=2, bucket_mb=bucket_mb), ctx)
+        seen = [0]
+
+        def count(param: torch.Tensor, engine=engine, seen=seen) -> None:
+            held = sum(w.numel() for w in engine.grads.whole if w is not None)
+            seen[0] = max(seen[0], held)
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(count)
+        batch = {k: v[:2] for k, v in _batch(0).items()}
+        for _ in range(2):
+            engine.backward(model(**batch).loss, sync=False)
+            engine.backward(model(**batch).loss)
+            engine.step()
+        most[bucket_mb] = seen[0]
+    return most
+
+
+def test_small_buckets_hold_less_whole_gradient() -> None:
+    """With 8 KiB buckets ZeRO-2 holds less than half the whole gradient it holds with one
+    bucket per block (the root's and two layers')."""
+    for most in run_distributed(_most_whole_gradient, 2, tensor=1):
+        assert most[BUCKET_MB] < most[0.0] / 2, most

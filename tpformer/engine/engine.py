@@ -1,10 +1,12 @@
 """ZeroEngine: data parallelism and ZeRO stages 0-3 over the DP group, on flat padded buffers (one
-bucket per block the model names, plus one for every other parameter).
+bucket per block the model names, plus one for every other parameter; with bucket_mb, pieces of
+at most that many MiB of fp32 gradient).
 
 stage 0  plain data parallelism: whole gradients all-reduced bucket by bucket while backward
          still runs (as DDP), the whole optimizer state on every rank.
 stage 1  + optimizer state (and fp32 master weights) partitioned; updated shards all-gathered.
-stage 2  + gradients reduce-scattered: each rank keeps only its gradient shard.
+stage 2  + gradients reduce-scattered in every micro-batch: each rank keeps only its gradient
+         shard, which accumulates the micro-batches.
 stage 3  + parameters partitioned: gathered for each block's forward and backward, then freed.
 
 Under sequence parallelism the gradients of LayerNorms and other parameters of the
@@ -79,6 +81,7 @@ class ZeroEngine:
         powersgd_rank: int = 1,
         powersgd_start_step: int = 0,
         independent_stages: bool = False,
+        bucket_mb: float = 0.0,
     ) -> None:
         self.model, self.ctx, self.stage = model, ctx, zero_stage
         self.norm_group_pp = None if independent_stages else ctx.pp
@@ -100,9 +103,10 @@ class ZeroEngine:
         self.sync = True
         self._callback_queued = False
         self.pool = BufferPool()
+        assert zero_stage < 3 or not bucket_mb, "validate_engine refuses bucket_mb at stage 3"
         self.buckets = [
             FlatBucket(u.params, ctx.replicas.size, ctx.replicas.rank, module=u.module)
-            for u in split_units(model)
+            for u in split_units(model, max_elements=int(bucket_mb * 2**20) // 4)
         ]
         self.whole_master = zero_stage == 0
         if zero_stage == 3:
@@ -193,7 +197,8 @@ class ZeroEngine:
     # ------------------------------------------------------------------ backward
 
     def backward(self, loss: Tensor, *, sync: bool = True, grad: Tensor | None = None) -> None:
-        """Backward of one micro-batch; `sync=False` accumulates without any communication.
+        """Backward of one micro-batch; `sync=False` accumulates without communicating (stages 0-1;
+        stages 2-3 reduce-scatter every micro-batch into the shard).
         The gradient summed over every micro-batch and DP rank is the step's gradient. With
         `grad`, `loss` is a pipeline stage's output and `grad` its (already scaled) gradient
         from the next stage."""
@@ -228,8 +233,9 @@ class ZeroEngine:
         return hook
 
     def _bucket_done(self, i: int) -> None:
-        """All of a bucket's gradients are in: launch its reduction (last micro-batch only)."""
-        if self.sync:
+        """All of a bucket's gradients are in: launch its reduction (stages 0-1: in the last
+        micro-batch only; 2-3: in every one)."""
+        if self.sync or self.grads.every_micro_batch:
             self.grads.launch(i)
         self.params.after_backward(i)
 

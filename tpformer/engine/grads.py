@@ -3,11 +3,14 @@
 Gradients accumulate in one fp32 flat buffer per bucket ("whole": every parameter of the
 bucket) over micro-batches; only the last micro-batch communicates. Two strategies:
 
-ReplicatedGrads  stages 0-1: the whole buffer is persistent. Stage 0 all-reduces it (DDP);
-                 stage 1 reduce-scatters it in place, since only this rank's chunk is stepped.
+ReplicatedGrads  stages 0-1: the whole buffer is persistent and accumulates the micro-batches;
+                 only the last one communicates. Stage 0 all-reduces it (DDP); stage 1
+                 reduce-scatters it in place, since only this rank's chunk is stepped.
 ShardedGrads     stages 2-3: the whole buffer is transient (taken from the pool when the first
-                 gradient of the bucket arrives) and reduce-scattered into a persistent
-                 shard; it goes back to the pool as soon as its reduction is done.
+                 gradient of the bucket arrives) and reduce-scattered into a persistent shard
+                 in every micro-batch, which the shard accumulates (as DeepSpeed's ZeRO-2); it
+                 goes back to the pool as soon as its reduction is done, so a whole gradient
+                 never outlives its bucket's backward, with or without accumulation.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class ReplicatedGrads:
     """Stages 0-1 (see the module docstring). `sharded` selects stage 1's in-place
     reduce-scatter, whose result is this rank's chunk of the whole buffer. `bf16` sends the
     reduction in bfloat16; `powersgd` replaces it by PowerSGD's (engine/compression.py)."""
+
+    every_micro_batch = False
+    """Whether buckets are reduced in every micro-batch (else only in the last one's backward)."""
 
     def __init__(
         self,
@@ -152,7 +158,12 @@ class ReplicatedGrads:
 
 
 class ShardedGrads(ReplicatedGrads):
-    """Stages 2-3 (see the module docstring): whole buffers are transient, shards persistent."""
+    """Stages 2-3 (see the module docstring): whole buffers are transient, shards persistent.
+    A bucket's reduction runs in every micro-batch: the first of a step reduce-scatters into
+    the shard, later ones into a pooled buffer that is added to it once done (with one
+    micro-batch per step this is exactly one reduce-scatter into the shard)."""
+
+    every_micro_batch = True
 
     def __init__(
         self,
@@ -167,41 +178,76 @@ class ShardedGrads(ReplicatedGrads):
         self.shard = [
             torch.zeros(b.shard_size, dtype=torch.float32, device=device) for b in buckets
         ]
+        self.summed = [False] * len(buckets)
+        """The shard already holds an earlier micro-batch's sum this step."""
+        self.incoming: list[Tensor | None] = [None] * len(buckets)
+        """Where a later micro-batch's reduction lands before it is added to the shard."""
+
+    def accumulate(self, i: int, seg: Segment, grad: Tensor) -> None:
+        if self.pending[i].launched:  # the previous micro-batch's sum of this bucket
+            self._retire(i)
+        super().accumulate(i, seg, grad)
 
     def _reduce(self, i: int) -> Pending | None:
+        if self.summed[i]:
+            out = self.pool.take(self.buckets[i].shard_size, torch.float32, self.device, zero=False)
+            self.incoming[i] = out
+        else:
+            out, self.summed[i] = self.shard[i], True
         work: Pending | None
         if self.bf16:
-            work = Bf16Reduction(self._whole(i), self.shard[i], self.buckets[i], self.dp)
+            work = Bf16Reduction(self._whole(i), out, self.buckets[i], self.dp)
         else:
-            work = reduce_scatter_async(self.shard[i], self._whole(i), self.dp)
-        self._retire_reductions()
+            work = reduce_scatter_async(out, self._whole(i), self.dp)
+        self._retire_reductions(but=i)
         return work
 
-    def _retire_reductions(self) -> None:
-        """Wait for the reduce-scatters launched before the one just started and return their
-        whole buffers, so the next bucket reuses them: besides the root's (filled from the heads
-        to the embeddings), at most two blocks' whole gradients coexist, the one in flight and
-        the one filling. The previous bucket's reduction had a whole block's backward to finish,
-        so the wait is normally free; it is a wait, not a poll, because gloo's point-to-point
-        work reports completion only once waited for."""
+    def _retire(self, i: int) -> None:
+        """Finish bucket i's reduction: wait, add a later micro-batch's sum into the shard,
+        return the whole buffer to the pool; the bucket can then be reduced again."""
+        pending = self.pending[i]
+        wait(pending.work)
+        self.pending[i] = PendingReduction()
+        incoming = self.incoming[i]
+        if incoming is not None:
+            self.shard[i].add_(incoming)
+            self.pool.give(incoming)
+            self.incoming[i] = None
+        self._release(i)
+
+    def _retire_reductions(self, but: int) -> None:
+        """Finish the reductions launched before bucket `but`'s and return their whole buffers,
+        so the next bucket reuses them: besides the root's (filled from the heads to the
+        embeddings), at most two blocks' whole gradients coexist, the one in flight and the one
+        filling. The previous bucket's reduction had a whole block's backward to finish, so the
+        wait is normally free; it is a wait, not a poll, because gloo's point-to-point work
+        reports completion only once waited for."""
         for i, pending in enumerate(self.pending):
-            if self.whole[i] is not None and pending.work is not None:
-                wait(pending.work)
-                pending.work = None
-                self._release(i)
+            if i != but and pending.launched:
+                self._retire(i)
+
+    def reduced(self, i: int) -> Tensor:
+        """The shard of bucket i's gradient summed over DP and this step's micro-batches."""
+        if self.pending[i].launched:
+            self._retire(i)
+        elif self.whole[i] is not None or not self.summed[i]:  # unreduced, or never a gradient
+            if self.whole[i] is None:
+                self.whole[i] = self.pool.take(
+                    self.buckets[i].padded_numel, torch.float32, self.device, zero=True
+                )
+            self.launch(i)
+            self._retire(i)
+        return self.shard[i]
 
     def _release(self, i: int) -> None:
         self.pool.give(self.whole[i])  # None when already released after its reduction
         self.whole[i] = None
 
-    def _result(self, i: int) -> Tensor:
-        self._release(i)  # the transient whole buffer goes once reduced
-        return self.shard[i]
-
     def zero(self) -> None:
         for i, shard in enumerate(self.shard):
             shard.zero_()
             self._release(i)
+            self.summed[i] = False
 
     def nbytes(self) -> int:
         return sum(s.numel() * s.element_size() for s in self.shard)

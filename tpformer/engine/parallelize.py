@@ -67,6 +67,7 @@ def build_engine(
         powersgd_rank=parallel.powersgd_rank,
         powersgd_start_step=parallel.powersgd_start_step,
         independent_stages=parallel.pipeline_schedule == "pipedream",
+        bucket_mb=parallel.bucket_mb,
     )
 
 

@@ -6,6 +6,13 @@ without it is one bucket. A parameter that pipeline ends share (the tied word em
 bucket of its own, so the first and last stage hold identical flat layouts of it. This is the
 whole contract between the engine and a model, so the engine wraps any nn.Module and imports no
 layer or model class.
+
+With a size cap (parallel.bucket_mb, ZeRO stages 0-2) a unit's parameters are split, in their
+order, into buckets of at most that many elements (a larger parameter is a bucket of its own),
+each keeping the block as its module: gradients are reduced, and whole gradient buffers held,
+bucket by bucket. Stage 3 keeps whole blocks: it frees a block's gathered parameters after its
+forward and gathers them again for its backward, and autograd's saved views of them (a linear
+layer saves its weight transposed) must find the same buffer then.
 """
 
 from __future__ import annotations
@@ -30,11 +37,14 @@ class Unit:
 
     module: nn.Module | None
     params: list[tuple[str, nn.Parameter]]
+    tied: bool = False
+    """The parameters both pipeline ends hold (laid out alike on both: never cut)."""
 
 
-def split_units(model: nn.Module) -> list[Unit]:
+def split_units(model: nn.Module, max_elements: int = 0) -> list[Unit]:
     """One unit per block, then the pipeline-tied unit and the root unit (if they have
-    parameters)."""
+    parameters); with `max_elements` > 0 the block and root units are cut into pieces of at
+    most that many elements (see the module docstring)."""
     names = {id(m): n for n, m in model.named_modules()}
     units: list[Unit] = []
     in_block: set[int] = set()
@@ -45,8 +55,26 @@ def split_units(model: nn.Module) -> list[Unit]:
     rest = [(n, p) for n, p in model.named_parameters() if id(p) not in in_block]
     tied = [(n, p) for n, p in rest if param_info(p).pipeline_tied]
     if tied:
-        units.append(Unit(None, tied))
+        units.append(Unit(None, tied, tied=True))
     rest = [(n, p) for n, p in rest if not param_info(p).pipeline_tied]
     if rest:
         units.append(Unit(None, rest))
-    return [u for u in units if u.params]
+    units = [u for u in units if u.params]
+    if max_elements > 0:
+        units = [piece for u in units for piece in _cut(u, max_elements)]
+    return units
+
+
+def _cut(unit: Unit, max_elements: int) -> list[Unit]:
+    """`unit` in consecutive pieces of at most max_elements (the tied unit stays whole)."""
+    if unit.tied:
+        return [unit]
+    pieces: list[Unit] = []
+    size = 0
+    for name, p in unit.params:
+        if not pieces or size + p.numel() > max_elements:
+            pieces.append(Unit(unit.module, []))
+            size = 0
+        pieces[-1].params.append((name, p))
+        size += p.numel()
+    return pieces
