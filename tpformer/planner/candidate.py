@@ -54,8 +54,10 @@ class Workload:
     gradients (the ZeRO paper's 16 bytes per parameter, DeepSpeed, 2021 Megatron-LM)."""
     bucket_elements: int = 0
     """0: gradients and ZeRO-3's gathered parameters are whole blocks, as tpformer's engine
-    buckets them; > 0: an engine whose buckets hold this many elements (DeepSpeed's
-    reduce_bucket_size is 5e8), none smaller than a layer's largest matrix."""
+    buckets them by default; > 0: gradient buckets of at most this many elements
+    (parallel.bucket_mb; DeepSpeed's reduce_bucket_size is 5e8)."""
+    gather_per_bucket: bool = False
+    """ZeRO-3 gathers parameters bucket by bucket too (DeepSpeed); tpformer gathers blocks."""
 
     @classmethod
     def of(cls, config: Config, global_batch: int, name: str = "") -> Workload:
@@ -70,6 +72,7 @@ class Workload:
             nsp=bert,
             name=name or str(config.model.arch),
             rng=str(config.parallel.rng),
+            bucket_elements=int(config.parallel.bucket_mb * 2**20) // 4,
         )
 
     @property
@@ -265,6 +268,16 @@ def context_degrees(seq: int, tp: int, gpus_per_node: int, world: int) -> list[i
     ]
 
 
+def zero_stages(work: Workload, replicas: int, pp: int) -> tuple[int, ...]:
+    """The ZeRO stages a layout can take: none without replicas, 0-1 with pipelines, 0-2 with
+    tpformer's gradient buckets (parallel.bucket_mb), else 0-3."""
+    if replicas == 1:
+        return (0,)
+    if pp > 1:
+        return (0, 1)
+    return (0, 1, 2) if work.bucket_elements and not work.gather_per_bucket else (0, 1, 2, 3)
+
+
 def _candidates(
     work: Workload,
     world: int,
@@ -290,7 +303,7 @@ def _candidates(
             if pp > 1 and m % pp == 0 and layers % (2 * pp) == 0:
                 schedules.append("interleaved_1f1b")
             for schedule in schedules:
-                for stage in (0,) if dp * cp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
+                for stage in zero_stages(work, dp * cp, pp):
                     offloads = ["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])
                     if device_type == "cpu":
                         offloads = ["none"]  # host memory is device memory

@@ -215,17 +215,34 @@ def activation_parts(
     return layer, embedding, head
 
 
-def working_params(work: Workload, c: Candidate, params: StageParams, layers: int) -> float:
-    """Parameters whose whole gradients ZeRO-2/3 hold at once (and ZeRO-3 also gathers):
-    tpformer's engine, one bucket per block, holds the root (embeddings and head, reduced
-    last) and two layers (one reducing while the next fills); an engine with buckets of
-    `work.bucket_elements` holds two buckets, each at least the largest matrix of a layer."""
+def working_params(
+    work: Workload, c: Candidate, params: StageParams, layers: int
+) -> tuple[float, float]:
+    """(gradient elements ZeRO-2/3 hold whole at once, parameter elements ZeRO-3 holds
+    gathered) on one stage. tpformer's engine, one bucket per block: the root's (embeddings and
+    head, reduced last and gathered for the whole step) and two layers' (one reducing while the
+    next fills). With buckets of `work.bucket_elements` (parallel.bucket_mb, stages 0-2):
+    gradients in three buckets at once (one reducing, two filling: buckets are cut in forward
+    order, and backward starts one before it completes the other, e.g. a weight's bucket before
+    its bias's), each at most the cap or one parameter larger than it (a layer's largest matrix,
+    or for one of the three the word embedding); an engine that also gathers per bucket
+    (`work.gather_per_bucket`, DeepSpeed's ZeRO-3) holds two buckets of gradients and of
+    parameters, none smaller than a layer's largest matrix."""
     per_layer = params.layers / max(1, layers)
+    blocks = params.embedding + params.head + 2 * per_layer
     if not work.bucket_elements:
-        return params.embedding + params.head + 2 * per_layer
+        return blocks, blocks
     h, f = work.model.hidden_size, work.model.intermediate_size
     largest = max(h * f, 3 * h * h) / c.tp
-    return 2 * min(per_layer, max(work.bucket_elements, largest))
+    if work.gather_per_bucket:
+        bucket = 2 * min(per_layer, max(work.bucket_elements, largest))
+        return bucket, bucket
+    bucket = max(work.bucket_elements, largest)
+    first = bucket
+    if params.embedding or params.head:
+        vocab = padded_vocab_size(work.model.vocab_size, c.tp, work.model.pad_vocab_to) // c.tp
+        first = max(bucket, vocab * h)
+    return min(params.total, first + 2 * bucket), blocks
 
 
 def predict_stage_memory(
@@ -268,9 +285,9 @@ def predict_stage_memory(
             host, optimizer = host + optimizer, 0.0
         if c.cpu_offload == "optimizer+params":
             host, params_bytes = host + params_bytes, 0.0
-        in_flight_params = working_params(work, c, params, layers)
-        buffers = (work.grad_bytes * in_flight_params if c.zero_stage >= 2 else 0) + (
-            work.itemsize * in_flight_params if c.zero_stage == 3 else 0
+        whole_grads, gathered = working_params(work, c, params, layers)
+        buffers = (work.grad_bytes * whole_grads if c.zero_stage >= 2 else 0) + (
+            work.itemsize * gathered if c.zero_stage == 3 else 0
         )
         stages.append(
             MemoryPrediction(

@@ -218,6 +218,7 @@ def workload(run: PublishedRun) -> Workload:
         scatter_gather_hops=True,
         grad_bytes=2 if zero3 else 4,
         bucket_elements=DEEPSPEED_BUCKET if zero3 else 0,
+        gather_per_bucket=zero3,
     )
 
 
