@@ -198,14 +198,3 @@ def test_model_states_match_the_zero_papers_table(params: float) -> None:
             grads_whole = stage < 2
             extra = 2 * params / (1 if grads_whole else dp)
             assert ours.total - state.total == pytest.approx(extra, abs=2)
-
-
-def test_bucketed_runs_are_planned_without_stage_3() -> None:
-    """parallel.bucket_mb applies to stages 0-2 (validate_engine refuses it at 3), so the search
-    never proposes a layout the run would refuse; DeepSpeed's profile keeps stage 3."""
-    from tpformer.planner.candidate import enumerate_candidates
-
-    ours = Workload(tiny_gpt(), 64, 8, "bf16", 1.0, nsp=False, bucket_elements=1000)
-    assert {c.zero_stage for c in enumerate_candidates(ours, 8, 8)} == {0, 1, 2}
-    deepspeed = replace(ours, gather_per_bucket=True)
-    assert {c.zero_stage for c in enumerate_candidates(deepspeed, 8, 8)} == {0, 1, 2, 3}

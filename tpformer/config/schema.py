@@ -221,9 +221,10 @@ class ParallelConfig:
     """full: keep the checkpointed layer inputs on the CPU between forward and backward."""
     bucket_mb: float = ranged(0.0, 0.0)
     """Largest gradient bucket, in MiB of fp32 gradient (DDP's bucket_cap_mb, DeepSpeed's
-    reduce_bucket_size), ZeRO stages 0-2: blocks and the other parameters are cut into buckets
-    of at most this size at parameter boundaries, so DP reductions start sooner and ZeRO-2
-    holds smaller whole gradients. 0: one bucket per block (stage 3 always)."""
+    reduce_bucket_size): blocks and the other parameters are cut into buckets of at most this
+    size at parameter boundaries, so DP reductions start sooner and ZeRO-2/3 hold smaller whole
+    gradients (ZeRO-3 still gathers a block's parameters for its forward). 0: one bucket per
+    block."""
     grad_compression: GradCompression = GradCompression.none
     """DP gradient reduction: none; bf16 (sent and summed in bfloat16, any ZeRO stage); powersgd
     (rank-powersgd_rank factors with error feedback, ZeRO stages 0-1)."""

@@ -77,12 +77,6 @@ def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: s
             "low-rank factors of whole matrices do not split into; use "
             "grad_compression=bf16 (any stage) or none"
         )
-    if parallel.bucket_mb > 0 and parallel.zero_stage == 3:
-        raise ValueError(
-            f"parallel.bucket_mb={parallel.bucket_mb} applies to ZeRO stages 0-2 (got "
-            "parallel.zero_stage=3, which gathers and reduces each block whole); use "
-            "parallel.bucket_mb=0 with stage 3"
-        )
     if parallel.precision == "fp16" and device_type == "cpu":
         raise ValueError(
             "parallel.precision=fp16 needs a GPU: CPU kernels for half precision are "

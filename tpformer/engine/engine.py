@@ -103,7 +103,6 @@ class ZeroEngine:
         self.sync = True
         self._callback_queued = False
         self.pool = BufferPool()
-        assert zero_stage < 3 or not bucket_mb, "validate_engine refuses bucket_mb at stage 3"
         self.buckets = [
             FlatBucket(u.params, ctx.replicas.size, ctx.replicas.rank, module=u.module)
             for u in split_units(model, max_elements=int(bucket_mb * 2**20) // 4)
@@ -114,7 +113,6 @@ class ZeroEngine:
                 model,
                 self.buckets,
                 ctx.replicas,
-                self.pool,
                 dtype=self.dtype,
                 device=device,
                 offload=cpu_offload == "optimizer+params",

@@ -101,11 +101,11 @@ class FlatBucket:
 
 
 class BufferPool:
-    """Reuses the transient full-size buffers of ZeRO 2-3 (gathered parameters, gradient
-    accumulators) instead of returning them to the allocator.
+    """Reuses the transient full-size gradient accumulators of ZeRO 2-3 instead of returning
+    them to the allocator.
 
     The pool never holds more than the most buffers in use at once, which the peak already
-    paid for; reuse avoids faulting in fresh pages for every gather (tens of MB per layer).
+    paid for; reuse avoids faulting in fresh pages for every bucket (tens of MB per layer).
     """
 
     def __init__(self) -> None:

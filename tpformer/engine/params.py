@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tpformer.engine.flat_buffer import BufferPool, FlatBucket
+from tpformer.engine.flat_buffer import FlatBucket
 from tpformer.parallel.comm import Pending, all_gather_async, wait
 from tpformer.parallel.context import GroupHandle
 
@@ -117,31 +117,37 @@ class ReplicatedParams:
 
 
 class PartitionedParams:
-    """Stage 3 (see the module docstring). With `offload` the shards live on the CPU."""
+    """Stage 3 (see the module docstring). With `offload` the shards live on the CPU.
+
+    Each bucket has one flat compute-dtype buffer whose storage is allocated for a gather and
+    released (resized to zero bytes) after use, as FSDP does; the parameters are views of it
+    for good. Autograd keeps views of parameters from forward to backward (a linear layer saves
+    its weight transposed), and those find the re-gathered values in the same storage."""
 
     def __init__(
         self,
         model: nn.Module,
         buckets: list[FlatBucket],
         dp: GroupHandle,
-        pool: BufferPool,
         *,
         dtype: torch.dtype,
         device: torch.device,
         offload: bool,
     ) -> None:
-        self.model, self.buckets, self.dp, self.pool = model, buckets, dp, pool
+        self.model, self.buckets, self.dp = model, buckets, dp
         self.dtype, self.device = dtype, device
         self.shard_device = torch.device("cpu") if offload else device
-        self.full: list[Tensor | None] = [None] * len(buckets)
+        self.flat: list[Tensor] = []
+        self.gathered = [False] * len(buckets)
         self.pending: list[PendingGather | None] = [None] * len(buckets)
         self.shard: list[Tensor] = []
         for bucket in buckets:
-            self.shard.append(
-                bucket.shard_of(bucket.flatten(dtype, device)).clone().to(self.shard_device)
-            )
-            for seg in bucket.segments:  # the build buffer is dropped, not pooled
-                seg.param.data = torch.empty(0, dtype=dtype, device=device)
+            flat = bucket.flatten(dtype, device)
+            self.shard.append(bucket.shard_of(flat).clone().to(self.shard_device))
+            for seg in bucket.segments:
+                seg.param.data = bucket.view(flat, seg)
+            flat.untyped_storage().resize_(0)
+            self.flat.append(flat)
         self._install_hooks()
 
     def owned(self, i: int) -> Tensor:
@@ -157,41 +163,35 @@ class PartitionedParams:
                 shard.copy_(master)
 
     def _free(self, i: int) -> None:
-        """Drop bucket i's whole parameters (the buffer goes back to the pool)."""
-        empty = torch.empty(0, dtype=self.dtype, device=self.device)
-        for seg in self.buckets[i].segments:
-            seg.param.data = empty
-        self.pool.give(self.full[i])
-        self.full[i] = None
+        """Release bucket i's whole parameters (a gather in flight keeps its storage)."""
+        if self.gathered[i]:
+            self.flat[i].untyped_storage().resize_(0)
+            self.gathered[i] = False
 
     def _prefetch(self, i: int) -> None:
         """Start the all-gather of bucket i's parameters (no wait)."""
-        if self.full[i] is not None or self.pending[i] is not None:
+        if self.gathered[i] or self.pending[i] is not None:
             return
-        full = self.pool.take(
-            self.shard[i].numel() * self.dp.size, self.dtype, self.device, zero=False
-        )
+        flat = self.flat[i]
+        flat.untyped_storage().resize_(flat.numel() * flat.element_size())
         shard = self.shard[i].to(self.device, non_blocking=True)
-        self.pending[i] = PendingGather(all_gather_async(full, shard, self.dp), full, shard)
+        self.pending[i] = PendingGather(all_gather_async(flat, shard, self.dp), flat, shard)
 
     def _gather(self, i: int) -> None:
         """Make bucket i's parameters whole (waiting for a prefetch if one runs)."""
-        if self.full[i] is not None:
+        if self.gathered[i]:
             return
         self._prefetch(i)
         pending = self.pending[i]
         assert pending is not None, f"bucket {i}: no gather was started"
         wait(pending.work)
-        self.pending[i], self.full[i] = None, pending.full
-        bucket = self.buckets[i]
-        for seg in bucket.segments:
-            seg.param.data = bucket.view(pending.full, seg)
+        self.pending[i], self.gathered[i] = None, True
 
     def _install_hooks(self) -> None:
         blocks = [i for i, b in enumerate(self.buckets) if b.module is not None]
-        root = next((i for i, b in enumerate(self.buckets) if b.module is None), None)
-        if root is not None:
-            self.model.register_forward_pre_hook(lambda module, args: self._gather(root))
+        roots = [i for i, b in enumerate(self.buckets) if b.module is None]
+        if roots:
+            self.model.register_forward_pre_hook(lambda module, args: self._gather_all(roots))
         for k, i in enumerate(blocks):
             after = blocks[k + 1] if k + 1 < len(blocks) else None
             before = blocks[k - 1] if k > 0 else None
@@ -199,6 +199,12 @@ class PartitionedParams:
             assert module is not None  # blocks are the buckets with a module
             module.register_forward_pre_hook(self._pre_forward(i, after))
             module.register_forward_hook(self._post_forward(i, before))
+
+    def _gather_all(self, indices: list[int]) -> None:
+        for i in indices:
+            self._prefetch(i)
+        for i in indices:
+            self._gather(i)
 
     def _pre_forward(self, i: int, after: int | None) -> Callable:
         def hook(module: nn.Module, args: object) -> None:

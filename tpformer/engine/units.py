@@ -7,12 +7,10 @@ bucket of its own, so the first and last stage hold identical flat layouts of it
 whole contract between the engine and a model, so the engine wraps any nn.Module and imports no
 layer or model class.
 
-With a size cap (parallel.bucket_mb, ZeRO stages 0-2) a unit's parameters are split, in their
-order, into buckets of at most that many elements (a larger parameter is a bucket of its own),
-each keeping the block as its module: gradients are reduced, and whole gradient buffers held,
-bucket by bucket. Stage 3 keeps whole blocks: it frees a block's gathered parameters after its
-forward and gathers them again for its backward, and autograd's saved views of them (a linear
-layer saves its weight transposed) must find the same buffer then.
+With a size cap (parallel.bucket_mb) a unit's parameters are split, in their order, into
+buckets of at most that many elements (a larger parameter is a bucket of its own), each keeping
+the block as its module: gradients are reduced, and whole gradient buffers held, bucket by
+bucket, while ZeRO-3 still gathers all of a block's buckets for its forward and backward.
 """
 
 from __future__ import annotations

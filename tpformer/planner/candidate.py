@@ -268,16 +268,6 @@ def context_degrees(seq: int, tp: int, gpus_per_node: int, world: int) -> list[i
     ]
 
 
-def zero_stages(work: Workload, replicas: int, pp: int) -> tuple[int, ...]:
-    """The ZeRO stages a layout can take: none without replicas, 0-1 with pipelines, 0-2 with
-    tpformer's gradient buckets (parallel.bucket_mb), else 0-3."""
-    if replicas == 1:
-        return (0,)
-    if pp > 1:
-        return (0, 1)
-    return (0, 1, 2) if work.bucket_elements and not work.gather_per_bucket else (0, 1, 2, 3)
-
-
 def _candidates(
     work: Workload,
     world: int,
@@ -303,7 +293,7 @@ def _candidates(
             if pp > 1 and m % pp == 0 and layers % (2 * pp) == 0:
                 schedules.append("interleaved_1f1b")
             for schedule in schedules:
-                for stage in zero_stages(work, dp * cp, pp):
+                for stage in (0,) if dp * cp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
                     offloads = ["none", "optimizer"] + (["optimizer+params"] if stage == 3 else [])
                     if device_type == "cpu":
                         offloads = ["none"]  # host memory is device memory

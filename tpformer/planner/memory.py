@@ -221,7 +221,7 @@ def working_params(
     """(gradient elements ZeRO-2/3 hold whole at once, parameter elements ZeRO-3 holds
     gathered) on one stage. tpformer's engine, one bucket per block: the root's (embeddings and
     head, reduced last and gathered for the whole step) and two layers' (one reducing while the
-    next fills). With buckets of `work.bucket_elements` (parallel.bucket_mb, stages 0-2):
+    next fills). With buckets of `work.bucket_elements` (parallel.bucket_mb):
     gradients in three buckets at once (one reducing, two filling: buckets are cut in forward
     order, and backward starts one before it completes the other, e.g. a weight's bucket before
     its bias's), each at most the cap or one parameter larger than it (a layer's largest matrix,
