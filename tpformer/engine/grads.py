@@ -1,7 +1,7 @@
 """Gradient reduction over the DP group, bucket by bucket while backward still runs.
 
 Gradients accumulate in one fp32 flat buffer per bucket ("whole": every parameter of the
-bucket) over micro-batches; only the last micro-batch communicates. Two strategies:
+bucket). Two strategies:
 
 ReplicatedGrads  stages 0-1: the whole buffer is persistent and accumulates the micro-batches;
                  only the last one communicates. Stage 0 all-reduces it (DDP); stage 1
