@@ -12,6 +12,7 @@ from tpformer.config.schema import OptimConfig, ParallelConfig
 from tpformer.config.validate import validate_engine
 from tpformer.engine import build_engine
 from tpformer.engine.memory import zero_memory_bytes
+from tpformer.engine.units import bucket_elements
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict
@@ -416,7 +417,7 @@ def _bucketed(ctx: ParallelContext) -> list:
     engine = build_engine(model, OPTIM, ParallelConfig(bucket_mb=BUCKET_MB), ctx)
     blocks = sum(1 for _ in model.blocks())
     singles = [b.numel for b in engine.buckets if len(b.segments) == 1]
-    cap = int(BUCKET_MB * 2**20) // 4
+    cap = bucket_elements(BUCKET_MB)
     sizes = [b.numel for b in engine.buckets]
     return [results, blocks, sizes, cap, singles]
 

@@ -42,7 +42,7 @@ from tpformer.engine.optimizer import build_masters, build_optimizer
 from tpformer.engine.params import PartitionedParams, ReplicatedParams
 from tpformer.engine.precision import LossScaler, compute_dtype
 from tpformer.engine.state import load_logical_state, logical_state
-from tpformer.engine.units import split_units
+from tpformer.engine.units import bucket_elements, split_units
 from tpformer.parallel.context import ParallelContext
 
 
@@ -105,7 +105,7 @@ class ZeroEngine:
         self.pool = BufferPool()
         self.buckets = [
             FlatBucket(u.params, ctx.replicas.size, ctx.replicas.rank, module=u.module)
-            for u in split_units(model, max_elements=int(bucket_mb * 2**20) // 4)
+            for u in split_units(model, max_elements=bucket_elements(bucket_mb))
         ]
         self.whole_master = zero_stage == 0
         if zero_stage == 3:

@@ -26,10 +26,9 @@ from tpformer.parallel.context import GroupHandle
 
 @dataclass
 class PendingGather:
-    """An all-gather in flight into `full`; `shard` is its source, kept alive until it is done."""
+    """An all-gather in flight; `shard` is its source, kept alive until it is done."""
 
     work: Pending | None
-    full: Tensor
     shard: Tensor
 
 
@@ -84,9 +83,7 @@ class ReplicatedParams:
         order = sorted(range(len(self.buckets)), key=lambda i: self.buckets[i].module is not None)
         for i in order:
             shard = masters[i].to(self.device, self.dtype, copy=True)
-            self.pending[i] = PendingGather(
-                all_gather_async(self.full[i], shard, self.dp), self.full[i], shard
-            )
+            self.pending[i] = PendingGather(all_gather_async(self.full[i], shard, self.dp), shard)
 
     def _wait(self, i: int) -> None:
         pending = self.pending[i]
@@ -134,8 +131,7 @@ class PartitionedParams:
         device: torch.device,
         offload: bool,
     ) -> None:
-        self.model, self.buckets, self.dp = model, buckets, dp
-        self.dtype, self.device = dtype, device
+        self.model, self.buckets, self.dp, self.device = model, buckets, dp, device
         self.shard_device = torch.device("cpu") if offload else device
         self.flat: list[Tensor] = []
         self.gathered = [False] * len(buckets)
@@ -175,7 +171,7 @@ class PartitionedParams:
         flat = self.flat[i]
         flat.untyped_storage().resize_(flat.numel() * flat.element_size())
         shard = self.shard[i].to(self.device, non_blocking=True)
-        self.pending[i] = PendingGather(all_gather_async(flat, shard, self.dp), flat, shard)
+        self.pending[i] = PendingGather(all_gather_async(flat, shard, self.dp), shard)
 
     def _gather(self, i: int) -> None:
         """Make bucket i's parameters whole (waiting for a prefetch if one runs)."""
@@ -201,6 +197,7 @@ class PartitionedParams:
             module.register_forward_hook(self._post_forward(i, before))
 
     def _gather_all(self, indices: list[int]) -> None:
+        """Start every gather, then wait for each (the buckets' all-gathers queue together)."""
         for i in indices:
             self._prefetch(i)
         for i in indices:
@@ -233,8 +230,7 @@ class PartitionedParams:
         """Nothing is gathered after a step (shards are updated in place)."""
 
     def gather_all(self) -> None:
-        for i in range(len(self.buckets)):
-            self._gather(i)
+        self._gather_all(list(range(len(self.buckets))))
 
     def free_all(self) -> None:
         for i in range(len(self.buckets)):

@@ -39,6 +39,11 @@ class Unit:
     """The parameters both pipeline ends hold (laid out alike on both: never cut)."""
 
 
+def bucket_elements(bucket_mb: float) -> int:
+    """Elements of fp32 gradient in a bucket of parallel.bucket_mb MiB (0: no cap)."""
+    return int(bucket_mb * 2**20) // 4
+
+
 def split_units(model: nn.Module, max_elements: int = 0) -> list[Unit]:
     """One unit per block, then the pipeline-tied unit and the root unit (if they have
     parameters); with `max_elements` > 0 the block and root units are cut into pieces of at

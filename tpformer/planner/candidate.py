@@ -16,6 +16,7 @@ from tpformer.config.schema import (
     Recompute,
     ZeroStage,
 )
+from tpformer.engine.units import bucket_elements
 from tpformer.parallel.layout import divisors
 from tpformer.parallel.pipeline.partition import best_split, equal_split
 from tpformer.parallel.pipeline.split import flop_costs
@@ -72,7 +73,7 @@ class Workload:
             nsp=bert,
             name=name or str(config.model.arch),
             rng=str(config.parallel.rng),
-            bucket_elements=int(config.parallel.bucket_mb * 2**20) // 4,
+            bucket_elements=bucket_elements(config.parallel.bucket_mb),
         )
 
     @property
