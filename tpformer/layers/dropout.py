@@ -127,7 +127,8 @@ class ParallelDropout(nn.Module):
         dropout applies. exact: each sample's [heads, s, s] stream drawn once per call (as the
         CP=1 model draws it) and this rank's heads and query rows kept (bool); a block is its
         key columns. fast: a stream per (block, TP rank, CP rank), drawn again in backward
-        from the same key. Also returned: the tensors the function holds until backward (the
+        from the key of the forward's position (captured here: under a pipeline schedule other
+        micro-batches' forwards move the tracker before this one's backward). Also returned: the tensors the function holds until backward (the
         exact masks), which ring attention saves as its own."""
         if not self.training or self.p == 0.0:
             return (lambda src: None), ()
@@ -137,11 +138,13 @@ class ParallelDropout(nn.Module):
         b, heads, n = q.shape[:3]
         q_pos = positions[cp_rank]
         if self.rng.fast:
-            site = self.site
+            site, rng = self.site, self.rng
+            forward_position = rng.state_dict()  # backward runs at another position (pipelines)
 
             def drawn(src: int) -> Tensor:
                 shape = (b, heads, n, positions[src].numel())
-                with self.rng.forked(q.device, name_key(f"{site}/{src}"), sharded=True):
+                key = name_key(f"{site}/{src}")
+                with rng.restored(forward_position), rng.forked(q.device, key, sharded=True):
                     keep = torch.empty(shape, device=q.device).bernoulli_(1.0 - self.p)
                 return keep.mul_(scale)
 
