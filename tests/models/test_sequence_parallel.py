@@ -17,9 +17,9 @@ from tests.tolerances import (
 )
 from tpformer.layers.block import TransformerLayer
 from tpformer.layers.dropout import assign_dropout_sites
-from tpformer.layers.sequence import labeled_rows
+from tpformer.layers.sequence import labeled_positions, rows_at
 from tpformer.models import build_model
-from tpformer.parallel.comm import all_reduce, count_collectives, gather_rows
+from tpformer.parallel.comm import all_reduce, count_collectives
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import gather_full, initialize_parameters
 from tpformer.parallel.param_info import param_info
@@ -147,51 +147,54 @@ def test_model_matches_single_process(task: str, dropout: float, tp: int) -> Non
 
 def test_pretraining_communication_has_no_all_reduce_outside_the_heads() -> None:
     """BERT pretraining with SP, 2 layers: forward 2+2 per layer, the embedding's
-    reduce-scatter, one broadcast of the first token to the pooler, one all-gather of the
-    masked rows, the loss's 3 all-reduces; backward the layers' mirror and re-gathers, the
+    reduce-scatter, one broadcast of the first token to the pooler, one all-reduce of the
+    labeled rows (each rank contributes those it holds), the loss's 3 all-reduces; backward the layers' mirror and re-gathers, the
     embedding's all-gather, and the MLM head's copy_to_tp (its projection is vocab-parallel)."""
     result = run_distributed(_model_step, 2, "pretraining", 0.1, tensor=2, sequence_parallel=True)[
         0
     ]
     assert result["forward"] == {
-        "all_gather": 2 * 2 + 1,
+        "all_gather": 2 * 2,
         "reduce_scatter": 2 * 2 + 1,
         "broadcast": 1,
-        "all_reduce": 3,
+        "all_reduce": 1 + 3,
     }
     assert result["backward"] == {"all_gather": 2 * 4 + 1, "reduce_scatter": 2 * 2, "all_reduce": 1}
 
 
-def _rows(ctx: ParallelContext) -> dict:
-    hidden = torch.randn(BATCH, SEQ, 8, generator=seeded(1))
+def _labels() -> torch.Tensor:
     labels = torch.full((BATCH, SEQ), -100)
     labels[1, 0], labels[2, 7], labels[2, 11], labels[3, 5] = 4, 5, 6, 7  # none on some ranks
+    return labels
+
+
+def _rows(ctx: ParallelContext) -> dict:
+    hidden = torch.randn(BATCH, SEQ, 8, generator=seeded(1))
+    positions = labeled_positions(_labels(), multiple=1)
     local = shard(hidden, 1, ctx.tp.rank, ctx.tp.size).clone().requires_grad_()
-    rows, picked = labeled_rows(local, labels, ctx.tp, True)
+    with count_collectives() as calls:
+        rows, held = rows_at(local, positions, SEQ, ctx.tp, True, ctx.cp)
     (rows * torch.arange(rows.numel(), dtype=rows.dtype).view_as(rows)).sum().backward()
-    with count_collectives() as none_labeled:
-        empty = gather_rows(local[:0, 0], [0] * ctx.tp.size, ctx.tp)
-    return {
-        "rows": rows.detach(),
-        "labels": picked,
-        "grad": local.grad,
-        "empty": empty.shape[0],
-        "calls": sum(none_labeled.values()),
-    }
+    return {"rows": rows.detach(), "held": held, "grad": local.grad, "calls": dict(calls)}
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_labeled_rows_come_back_in_sequence_order(tp: int) -> None:
+def test_rows_at_labeled_positions_match_plain_indexing(tp: int) -> None:
+    """The positions come with the batch ([b, P], labeled first, then padding); under SP each
+    rank contributes the rows it holds and one all-reduce replicates them (no count is read on
+    the host); gradients reach the rank that holds each row."""
+    labels = _labels()
+    positions = labeled_positions(labels, multiple=1)
+    assert positions.shape == (BATCH, 2)  # the most labels in one sequence
+    assert positions[2].tolist() == [7, 11] and positions[3, 0] == 5
     hidden = torch.randn(BATCH, SEQ, 8, generator=seeded(1)).requires_grad_()
-    labels = torch.full((BATCH, SEQ), -100)
-    labels[1, 0], labels[2, 7], labels[2, 11], labels[3, 5] = 4, 5, 6, 7
-    rows, picked = labeled_rows(hidden, labels, ParallelContext.single().tp, False)
+    rows = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, 8))
     (rows * torch.arange(rows.numel(), dtype=rows.dtype).view_as(rows)).sum().backward()
     for rank, result in enumerate(run_distributed(_rows, tp, tensor=tp)):
         assert torch.equal(result["rows"], rows.detach())
-        assert torch.equal(result["labels"], picked)
+        assert bool(result["held"].all())
         assert torch.equal(result["grad"], shard(hidden.grad, 1, rank, tp))
-        assert (result["empty"], result["calls"]) == (0, 0)
+        assert result["calls"] == {"all_reduce": 1}
 
 
 def _logits_without_labels(ctx: ParallelContext) -> torch.Tensor:

@@ -51,12 +51,15 @@ def _site_masks(ctx: ParallelContext) -> dict[str, torch.Tensor]:
     chunked = ParallelDropout(P, ctx.rng, sequence=ctx.tp)
     chunked.site = 12345
     masks["sequence_parallel"] = chunked(torch.ones(BATCH, SEQ // ctx.tp.size, 32)) > 0
+    whole = ParallelDropout(P, ctx.rng)
+    whole.site = 12345
+    masks["whole_sequence"] = whole(torch.ones(BATCH, SEQ, 32)) > 0
     return masks
 
 
 def test_every_site_keeps_one_minus_p_within_three_sigma() -> None:
     masks = _site_masks(ParallelContext.single(seed=7, device="cpu", rng="fast"))
-    assert len(masks) == 8  # embeddings + 2 per layer x 2 layers, 2 attention cores, one SP
+    assert len(masks) == 9  # embeddings + 2 per layer x 2 layers, 2 cores, SP and its whole
     for name, keep in masks.items():
         sigma = math.sqrt(P * (1 - P) / keep.numel())
         rate = keep.float().mean().item()
@@ -68,7 +71,9 @@ def test_every_site_keeps_one_minus_p_within_three_sigma() -> None:
 
 def test_tp_ranks_share_replicated_masks_and_draw_their_own_sharded_ones() -> None:
     """TP=2 x DP=2: the two TP ranks of a DP rank agree on the replicated sites and differ on
-    the heads and sequence chunks they hold; DP ranks (other samples) differ everywhere."""
+    the heads and sequence chunks they hold; a sequence-parallel chunk is its rows of the whole
+    sequence's mask (hash masks are keyed by global position); DP ranks (other samples) differ
+    everywhere. One process's masks of DP rank 1's samples equal DP rank 1's."""
     ranks = run_distributed(_site_masks, 4, tensor=2, seed=7, rng="fast")
     for name in ranks[0]:
         sharded = name.endswith(".core") or name == "sequence_parallel"
@@ -76,6 +81,12 @@ def test_tp_ranks_share_replicated_masks_and_draw_their_own_sharded_ones() -> No
             first, second = ranks[2 * dp][name], ranks[2 * dp + 1][name]
             assert torch.equal(first, second) != sharded, (name, dp)
         assert not torch.equal(ranks[0][name], ranks[2][name]), name
+    for dp in range(2):
+        chunks = [ranks[2 * dp + tp]["sequence_parallel"] for tp in range(2)]
+        assert torch.equal(torch.cat(chunks, dim=1), ranks[2 * dp]["whole_sequence"])
+    one = _site_masks(ParallelContext.single(seed=7, device="cpu", rng="fast"))
+    assert torch.equal(one["whole_sequence"], ranks[0]["whole_sequence"])
+    assert torch.equal(one["bert.embeddings.dropout"], ranks[0]["bert.embeddings.dropout"])
 
 
 def test_fast_repeats_bit_for_bit_and_leaves_the_default_generator_alone() -> None:

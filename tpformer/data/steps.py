@@ -43,9 +43,12 @@ class StepSource(Protocol):
 
 
 class Counter(Protocol):
-    """What normalizes a micro-batch's loss: an Objective's `counts`."""
+    """What the host prepares per micro-batch: an Objective's `counts` (what normalizes its
+    loss) and `host_inputs` (index tensors the step would otherwise find on the device)."""
 
     def counts(self, batch: Batch) -> list[float]: ...
+
+    def host_inputs(self, batch: Batch) -> Batch: ...
 
 
 @dataclass
@@ -77,7 +80,7 @@ class StepInput:
 
 def prepare_step(source: StepSource, counter: Counter, step: int) -> StepInput:
     """The step's batches and, from their host tensors, its counts and mask width."""
-    parts = source(step)
+    parts = [(key, counter.host_inputs(b)) for key, b in source(step)]
     per_batch = [counter.counts(b) for _, b in parts]
     local = [sum(c) for c in zip(*per_batch)]
     tokens = sum(b["input_ids"].numel() for _, b in parts)

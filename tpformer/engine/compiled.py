@@ -5,27 +5,60 @@ Order (parallelize): the pipeline keeps this rank's stage, then each remaining b
 is compiled, then recomputation wraps it (full: the checkpoint around the compiled forward, so
 a recomputation re-runs the compiled code), then the engine flattens the parameters and adds its
 hooks. The engine's hooks sit on the block modules and the parameters, outside the compiled
-function, so ZeRO-3's gathers and the gradient reduction run as in eager mode. The dropout draws
-and selective recomputation's wrapper of the attention core (marked with
-tpformer.parallel.random.eager_island) are wrapped with torch.compiler.disable after
-recomputation, and run eagerly between the compiled graphs: masks stay the eager ones, so
-compiled and eager runs give the same losses.
+function, so ZeRO-3's gathers and the gradient reduction run as in eager mode.
+
+Randomness (tpformer/parallel/random.py). Under parallel.rng=fast a block is one graph: its
+dropout masks are integer hashes computed inside the graph, and the attention dropout is drawn by
+SDPA's kernel from the device's default generator, which the wrapper here seeds with the
+attention's key before the compiled block runs (the kernel is the block's only draw from it), as
+the eager attention seeds it around its SDPA call: compiled and eager runs draw the same masks.
+Inductor's `fallback_random` keeps that draw the eager op's on the CPU too (its math SDPA would
+otherwise take inductor's own RNG). Under exact, the per-sample draws and selective
+recomputation's wrapper of the attention core (marked with tpformer.parallel.random.eager_island)
+are wrapped with torch.compiler.disable after recomputation and run eagerly between graphs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 from torch import nn
 
 from tpformer.engine.units import model_blocks
-from tpformer.parallel.random import EAGER_ISLAND
+from tpformer.parallel.random import EAGER_ISLAND, DeviceStreamUser, RNGTracker
 
 
-def apply_compile(model: nn.Module) -> None:
-    """Replace each block's forward by its torch.compile'd version (inductor): compiled at the
-    first call, from then on reused by every block of the same shape."""
+def apply_compile(model: nn.Module, rng: RNGTracker) -> None:
+    """Replace each block's forward by its torch.compile'd version (inductor), seeded for its
+    attention dropout under fast mode: compiled at the first call, from then on reused by every
+    block of the same shape."""
+    import torch._inductor.config as inductor_config  # here: a run without compile skips it
+
+    inductor_config.fallback_random = True
     for block in model_blocks(model):
-        block.forward = torch.compile(block.forward)
+        block.forward = _seeded(block, torch.compile(block.forward), rng)
+
+
+def _seeded(block: nn.Module, forward: Callable[..., Any], rng: RNGTracker) -> Callable[..., Any]:
+    """`forward` with the device's default generator seeded by the key of the block's one draw
+    from it (fast mode's attention dropout), read at each call (eval and exact draw nothing)."""
+    users = [m for m in block.modules() if isinstance(m, DeviceStreamUser)]
+    if len(users) > 1:
+        raise NotImplementedError(
+            f"trainer.compile seeds one device-generator draw per block; {type(block).__name__} "
+            f"has {len(users)} ({', '.join(type(m).__name__ for m in users)})"
+        )
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        site = users[0].device_stream_site() if users and block.training else None
+        stream = nullcontext() if site is None else rng.forked(rng.device, site, sharded=True)
+        with stream:
+            return forward(*args, **kwargs)
+
+    return run
 
 
 def isolate_eager_islands(model: nn.Module) -> None:

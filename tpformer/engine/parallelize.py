@@ -8,8 +8,8 @@ here reaches all of them at once. Order:
 2. trainer.compile: each remaining block's forward is torch.compile'd (engine/compiled.py);
    activation recomputation then wraps the blocks (before the engine, whose stage-3 hooks
    must see the recomputed forward as a forward inside backward, and skip the free); with
-   compile, the methods marked eager (dropout draws, selective recomputation's wrapper) are
-   then kept out of the graphs;
+   compile, the methods marked eager (exact mode's dropout draws, selective recomputation's
+   wrapper, ring attention) are then kept out of the graphs;
 3. the engine takes over the parameters (flat buffers, ZeRO partitioning, precision, offload)
    and builds the optimizer over them; the pipeline runner gets the engine's compute dtype;
 4. the step runner (engine/step_runner.py): the micro-batch loop of a step, local or pipelined.
@@ -108,7 +108,7 @@ def parallelize(
             tie_ends=parallel.pipeline_schedule != "pipedream",
         )
     if compile_blocks:
-        apply_compile(model)
+        apply_compile(model, ctx.rng)
     recomputed = apply_recompute(model, parallel, ctx.rng)
     if compile_blocks:
         isolate_eager_islands(model)

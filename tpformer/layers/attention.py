@@ -85,17 +85,28 @@ class ParallelSelfAttention(nn.Module):
             return self._dropping_core(q, k, v, mask, causal)
         return self._fused_core(q, k, v, mask, causal, 0.0)
 
-    @eager_island
     def _dropping_core(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
     ) -> Tensor:
-        """The core with attention dropout: fast, SDPA's own dropout from this call's stream;
+        """The core with attention dropout: fast, SDPA's own dropout from this call's stream
+        (seeded here, or, inside a compiled block, before the block: `device_stream_site`);
         exact, the explicit core with the TP=1 model's masks."""
         if not self.dropout.rng.fast:
             return self._explicit_core(q, k, v, mask, causal)
+        if torch.compiler.is_compiling():
+            return self._fused_core(q, k, v, mask, causal, self.dropout.p)
         assert self.dropout.site is not None, "call assign_dropout_sites(model)"
         with self.dropout.rng.forked(q.device, self.dropout.site, sharded=True):
             return self._fused_core(q, k, v, mask, causal, self.dropout.p)
+
+    def device_stream_site(self) -> int | None:
+        """fast mode: the key of the one draw this layer makes from the device's default
+        generator (SDPA's dropout), which a compiled block seeds before it runs
+        (engine/compiled.py); None when it draws nothing (exact, eval, no dropout, CP)."""
+        rng, dropout = self.dropout.rng, self.dropout
+        if not rng.fast or dropout.p == 0 or self.cp.size > 1:
+            return None
+        return dropout.site
 
     @eager_island
     def _ring_core(
@@ -134,9 +145,12 @@ class ParallelSelfAttention(nn.Module):
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
         )
 
+    @eager_island
     def _explicit_core(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
     ) -> Tensor:
+        """exact mode: the probabilities materialized, dropped with the TP=1 model's masks (a
+        per-sample generator loop: kept out of compiled graphs)."""
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
         if mask is None and causal:
             s = q.shape[-2]

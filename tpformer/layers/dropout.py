@@ -1,7 +1,10 @@
 """Dropout keyed by the training position (see tpformer.parallel.random for the two modes).
 
-fast mode: one `F.dropout` call per tensor from a generator seeded for this call (replicated
-regions: the same on every TP rank; sharded regions: this TP rank's own stream).
+fast mode: one counter-based hash mask per tensor (`keep_mask`), keyed by the global sample and
+the element's global position in it, so every layout and micro-batching draws the same masks;
+integer tensor ops only, so it runs inside compiled graphs (trainer.compile) and, on GPUs in
+eager mode, as one compiled kernel. (The attention probabilities' dropout in fast mode is
+drawn by SDPA's fused kernel: layers/attention.py.)
 
 exact mode: a mask is drawn per global sample, from a generator keyed by the module's name and
 the sample's global index: one stream per sample covers the sample's whole tensor as the TP=1
@@ -16,15 +19,23 @@ core).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.parallel.comm import SEQUENCE_DIM, sequence_range
 from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.random import RNGTracker, eager_island, name_key
+from tpformer.parallel.random import RNGTracker, eager_island, keep_mask, name_key
 from tpformer.parallel.sequence_chunks import context_positions
+
+
+@cache
+def _fused_keep_mask() -> Callable[..., Tensor]:
+    """keep_mask as one fused kernel, for eager runs on accelerators (a dozen int64 passes over
+    the activation otherwise); integer ops, so its bits equal the eager ops' and a compiled
+    block's. Made at the first use (importing dynamo costs seconds); the CPU runs the ops."""
+    return torch.compile(keep_mask, dynamic=True)
 
 
 class _ApplyMask(torch.autograd.Function):
@@ -61,7 +72,7 @@ class ParallelDropout(nn.Module):
     """Dropout keyed by position. Input [b, ...] (per sample); with `heads` (the model's
     number of attention heads) [b, heads/tp, ...], this rank's heads starting at `head_offset`;
     with `sequence` (the TP group of a sequence-parallel region) [b, s/tp, ...], this rank's
-    chunk of the sequence. Both are sharded regions (their own stream per TP rank in fast mode).
+    chunk of the sequence.
     With `context` (the CP ring) [b, s/cp, ...] (or [b, s/(cp tp), ...] with `sequence`): this
     CP rank's positions, rows of the whole sequence's stream in exact mode.
 
@@ -83,20 +94,60 @@ class ParallelDropout(nn.Module):
         self.p, self.rng, self.heads = p, rng, heads
         self.sequence = sequence if sequence is not None and sequence.size > 1 else None
         self.context = context if context is not None and context.size > 1 else None
-        self.site: int | None = None
+        self._site: int | None = None
+        self.register_buffer("site_key", torch.zeros((), dtype=torch.int64), persistent=False)
+        """The site as a tensor: what fast mode's in-graph mask reads (a Python int would be a
+        constant of the compiled graph and recompile it per block)."""
+
+    @property
+    def site(self) -> int | None:
+        return self._site
+
+    @site.setter
+    def site(self, key: int) -> None:
+        self._site = key
+        self.site_key.fill_(key)
 
     def forward(self, x: Tensor, head_offset: int = 0) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        return self._drop(x, head_offset)
-
-    @eager_island
-    def _drop(self, x: Tensor, head_offset: int) -> Tensor:
         if self.site is None:
             raise RuntimeError("ParallelDropout has no site; call assign_dropout_sites(model)")
         if self.rng.fast:
-            with self.rng.forked(x.device, self.site, sharded=self.sharded):
-                return F.dropout(x, self.p, training=True)
+            return self._drop_fast(x, head_offset)
+        return self._drop_exact(x, head_offset)
+
+    def _drop_fast(self, x: Tensor, head_offset: int) -> Tensor:
+        """The hash mask of this rank's elements at their global positions (traceable)."""
+        shape = x.shape if x.dim() > 2 else (x.shape[0], 1, *x.shape[1:])
+        positions = self._row_positions(shape[1], head_offset, x.device)
+        on_host = x.device.type == "cpu" or torch.compiler.is_compiling()
+        draw = keep_mask if on_host else _fused_keep_mask()
+        rng = self.rng
+        keep = draw(rng.step_key, rng.first_sample, self.site_key, positions, shape, self.p)
+        keep = keep.view(x.shape)
+        scale = 1.0 / (1.0 - self.p)
+        if dropout_mask_bytes(x.device.type, x.dtype) == 4:
+            return _ApplyMask.apply(x, keep.float().mul_(scale), scale)
+        return _ApplyMask.apply(x, keep, scale)
+
+    def _row_positions(self, rows: int, head_offset: int, device: torch.device) -> Tensor:
+        """Global index along dim 1 of this rank's rows: its heads (offset by `head_offset`),
+        its CP positions (and its SP chunk of them), its SP chunk, or all of them."""
+        if self.heads is not None:
+            return torch.arange(head_offset, head_offset + rows, device=device)
+        split = self.sequence.size if self.sequence is not None else 1
+        if self.context is not None:
+            whole = rows * split * self.context.size
+            positions = context_positions(whole, self.context.rank, self.context.size, device)
+        else:
+            positions = torch.arange(rows * split, device=device)
+        if self.sequence is None:
+            return positions
+        return positions.narrow(0, sequence_range(rows, self.sequence)[0], rows)
+
+    @eager_island
+    def _drop_exact(self, x: Tensor, head_offset: int) -> Tensor:
         whole, slices = self._sample_layout(x.shape[1:], head_offset, x.device)
         direct = whole == list(x.shape[1:])
         noise = torch.empty(x.shape, device=x.device, dtype=torch.float32)
@@ -128,8 +179,9 @@ class ParallelDropout(nn.Module):
         CP=1 model draws it) and this rank's heads and query rows kept (bool); a block is its
         key columns. fast: a stream per (block, TP rank, CP rank), drawn again in backward
         from the key of the forward's position (captured here: under a pipeline schedule other
-        micro-batches' forwards move the tracker before this one's backward). Also returned: the tensors the function holds until backward (the
-        exact masks), which ring attention saves as its own."""
+        micro-batches' forwards move the tracker before this one's backward). Also returned:
+        the tensors the function holds until backward (the exact masks), which ring attention
+        saves as its own."""
         if not self.training or self.p == 0.0:
             return (lambda src: None), ()
         if self.site is None:
@@ -156,11 +208,6 @@ class ParallelDropout(nn.Module):
             full = torch.empty(self.heads, width, width, device=q.device).uniform_(generator=gen)
             rows[i] = full.narrow(0, head_offset, heads).index_select(1, q_pos) >= self.p
         return (lambda src: rows.index_select(-1, positions[src]).float().mul_(scale)), (rows,)
-
-    @property
-    def sharded(self) -> bool:
-        """Whether each TP rank holds a different part of the tensor (its heads or its chunk)."""
-        return self.heads is not None or self.sequence is not None
 
     def _sample_layout(
         self, shape: torch.Size, head_offset: int, device: torch.device

@@ -2,9 +2,9 @@
 positions a rank holds (sequence and context parallelism).
 
 Under sequence parallelism the last layer leaves [b, s/tp, h] on each TP rank. The MLM head
-needs only the masked positions (about 15%), the pooler only the first token; these helpers
-fetch exactly those rows and hand them out replicated, as the heads expect. Without sequence
-parallelism they are plain indexing.
+needs only the masked positions (about 15%, given with the batch: `labeled_positions`), the
+pooler only the first token; these helpers fetch exactly those rows and hand them out
+replicated, as the heads expect. Without sequence parallelism they are plain indexing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tpformer.parallel.comm import from_first_rank, gather_rows, sequence_range
+from tpformer.parallel.comm import from_first_rank, reduce_from_tp, sequence_range
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.sequence_chunks import context_positions
 
@@ -50,33 +50,44 @@ def first_token(hidden: Tensor, tp: GroupHandle, sequence_parallel: bool) -> Ten
     return from_first_rank(hidden[:, 0], tp) if sequence_parallel else hidden[:, 0]
 
 
-def labeled_rows(
+def labeled_positions(labels: Tensor, *, ignore_index: int = -100, multiple: int = 8) -> Tensor:
+    """[b, P]: each sequence's labeled positions, ascending, then unlabeled ones as padding (their
+    labels are ignored), P the batch's largest count rounded up to `multiple` (fewer distinct
+    shapes), at most s. Computed on the host when the batch is prepared (it reads the count), so
+    the head gathers its rows without a device sync (Google's masked_lm_positions)."""
+    labeled = labels != ignore_index
+    most = int(labeled.sum(dim=1).max()) if labels.numel() else 0
+    width = min(labels.shape[1], max(multiple, -(-most // multiple) * multiple))
+    unlabeled_last = torch.argsort((~labeled).to(torch.int8), dim=1, stable=True)
+    return unlabeled_last[:, :width]
+
+
+def rows_at(
     hidden: Tensor,
-    labels: Tensor,
+    positions: Tensor,
+    seq_len: int,
     tp: GroupHandle,
     sequence_parallel: bool,
-    *,
-    ignore_index: int = -100,
+    cp: GroupHandle,
 ) -> tuple[Tensor, Tensor]:
-    """(rows [N, h], their labels [N]) of every position whose label is not ignored, in the
-    order of the flat [b * s] sequence, replicated. hidden is [b, s, h] or this rank's chunk
-    [b, s/tp, h]; labels [b, s] are whole on every rank, so each rank knows every rank's count
-    and one all-gather of the selected rows suffices."""
-    b, s = labels.shape
-    if not sequence_parallel or tp.size == 1:
-        flat = labels.reshape(-1)
-        picked = (flat != ignore_index).nonzero().squeeze(-1)
-        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, picked)
-        return rows, flat.index_select(0, picked)
-    local = s // tp.size
-    by_rank = labels.reshape(b, tp.size, local).transpose(0, 1)  # [tp, b, s/tp]
-    keep = by_rank != ignore_index
-    counts = keep.flatten(1).sum(dim=1).tolist()
-    mine = keep[tp.rank].reshape(-1).nonzero().squeeze(-1)
-    rows = gather_rows(hidden.reshape(-1, hidden.shape[-1]).index_select(0, mine), counts, tp)
-    # global flat index of every gathered row (rank-major), then back to the flat order
-    positions = torch.arange(b * s, device=labels.device).reshape(b, tp.size, local).transpose(0, 1)
-    global_index = positions[keep]
-    order = global_index.argsort()
-    flat = labels.reshape(-1)
-    return rows.index_select(0, order), flat.index_select(0, global_index.index_select(0, order))
+    """(rows [b, P, h] of the encoder output at the global `positions` [b, P], replicated over
+    the TP group; held [b, P] bool, whether this CP rank holds each position). hidden is this
+    rank's rows (local_positions); a position this rank does not hold gives a zero row. Under
+    sequence parallelism each position is held by one TP rank: the rows are summed over the
+    group (one all-reduce of [b, P, h], identity backward: each rank's rows get their gradient).
+    Only device indexing: no count is read on the host."""
+    device = hidden.device
+    mine = local_positions(seq_len, tp, sequence_parallel, device, cp)
+    row_of = torch.full((seq_len,), -1, dtype=torch.long, device=device)
+    row_of[mine] = torch.arange(mine.numel(), device=device)
+    local = row_of[positions]  # [b, P], -1 where another rank holds it
+    present = local >= 0
+    index = local.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    rows = torch.where(present.unsqueeze(-1), hidden.gather(1, index), 0.0)
+    if sequence_parallel and tp.size > 1:
+        rows = reduce_from_tp(rows, tp)
+    if cp.size == 1:
+        return rows, torch.ones_like(present)
+    held = torch.zeros(seq_len, dtype=torch.bool, device=device)
+    held[local_positions(seq_len, tp, False, device, cp)] = True
+    return rows, held[positions]

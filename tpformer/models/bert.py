@@ -19,7 +19,7 @@ from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
-from tpformer.layers.sequence import context_part, first_token, labeled_rows, local_positions
+from tpformer.layers.sequence import context_part, first_token, local_positions, rows_at
 from tpformer.models.base import TPModel
 from tpformer.parallel.comm import copy_to_tp, from_first_rank
 from tpformer.parallel.context import ParallelContext
@@ -208,6 +208,9 @@ class BertForPreTraining(_PipelinedBert):
     pipeline_head = ("bert.pooler", "mlm_transform", "mlm_norm", "mlm_bias", "nsp")
     pipeline_tied = ("bert.embeddings.word_embeddings.weight",)
 
+    def _rows_at(self, sequence: Tensor, positions: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
+        return rows_at(sequence, positions, seq_len, self.tp, self.sequence_parallel, self.cp)
+
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> this rank's logits [..., padded_vocab / tp]."""
         hidden = self.mlm_norm(self.mlm_act(self.mlm_transform(hidden)))
@@ -221,6 +224,7 @@ class BertForPreTraining(_PipelinedBert):
         attention_mask: Tensor | None = None,
         mlm_labels: Tensor | None = None,
         nsp_labels: Tensor | None = None,
+        mlm_positions: Tensor | None = None,
     ) -> PretrainingOutput:
         return self._forward_all(
             input_ids=input_ids,
@@ -228,6 +232,7 @@ class BertForPreTraining(_PipelinedBert):
             attention_mask=attention_mask,
             mlm_labels=mlm_labels,
             nsp_labels=nsp_labels,
+            mlm_positions=mlm_positions,
         )
 
     def head(
@@ -236,34 +241,34 @@ class BertForPreTraining(_PipelinedBert):
         input_ids: Tensor,
         mlm_labels: Tensor | None = None,
         nsp_labels: Tensor | None = None,
+        mlm_positions: Tensor | None = None,
         **_: Tensor | None,
     ) -> PretrainingOutput:
+        """`mlm_positions` [b, P]: the labeled positions (layers/sequence.labeled_positions,
+        prepared with the batch on the host); without them the head runs on every position."""
         sequence, pooled = self.bert.finish(hidden)
         out = PretrainingOutput(nsp_logits=self.nsp(pooled))
-        if mlm_labels is None:
-            every = torch.zeros_like(context_part(input_ids, self.cp))  # every position held
-            out.mlm_logits = self.mlm_logits(
-                labeled_rows(sequence, every, self.tp, self.sequence_parallel)[0].view(
-                    *every.shape, -1
-                )
-            )
+        b, s = input_ids.shape
+        if mlm_labels is None:  # every position this CP rank holds
+            held = local_positions(s, self.tp, False, input_ids.device, self.cp)
+            rows, _ = self._rows_at(sequence, held.expand(b, -1), s)
+            out.mlm_logits = self.mlm_logits(rows)
             return out
-        # the masked rows only (fetched from their ranks under sequence parallelism); with
+        if mlm_positions is None:
+            mlm_positions = torch.arange(s, device=input_ids.device).expand(b, -1)
+        # the labeled rows only (fetched from their ranks under sequence parallelism); with
         # context parallelism, this CP rank's: its loss is its share of the micro-batch's
-        masked = (mlm_labels != -100).sum() if self.cp.size > 1 else None
-        rows, labels = labeled_rows(
-            sequence, context_part(mlm_labels, self.cp), self.tp, self.sequence_parallel
-        )
+        rows, held = self._rows_at(sequence, mlm_positions, s)
+        labels = torch.where(held, mlm_labels.gather(1, mlm_positions), -100)
         losses, hits = vocab_parallel_cross_entropy_and_hits(
-            self.mlm_logits(rows), labels, self.tp, vocab_size=self.config.vocab_size
+            self.mlm_logits(rows.flatten(0, 1)),
+            labels.flatten(),
+            self.tp,
+            vocab_size=self.config.vocab_size,
         )
         out.mlm_loss_sum, out.mlm_correct = losses.sum(), hits.sum()
-        if masked is None:
-            out.mlm_count = torch.tensor(labels.numel())
-            out.mlm_loss = out.mlm_loss_sum / max(labels.numel(), 1)
-        else:  # the micro-batch's count, of every CP rank's rows
-            out.mlm_count = masked
-            out.mlm_loss = out.mlm_loss_sum / masked.clamp(min=1)
+        out.mlm_count = (mlm_labels != -100).sum()  # the micro-batch's, of every CP rank's rows
+        out.mlm_loss = out.mlm_loss_sum / out.mlm_count.clamp(min=1)
         out.loss = out.mlm_loss
         if nsp_labels is not None and out.nsp_logits is not None:
             weight = self.bert.head_weight()

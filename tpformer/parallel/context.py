@@ -132,7 +132,7 @@ class ParallelContext:
             rank=0,
             tp=GroupHandle.single(),
             dp=GroupHandle.single(),
-            rng=RNGTracker(seed, resolve_rng_mode(rng, device)),
+            rng=RNGTracker(seed, resolve_rng_mode(rng, device), device=device),
             device=device,
         )
 
@@ -171,7 +171,7 @@ class ParallelContext:
             )
             init_distributed(env, timeout_s=timeout_s)
             device = device if device is not None else default_device(env)
-            tracker = RNGTracker(seed, resolve_rng_mode(rng, device))
+            tracker = RNGTracker(seed, resolve_rng_mode(rng, device), device=device)
             return cls._replicated(layout, tracker, device, gloo_shortcuts)
         layout = resolve_layout(tensor, data, world, pipeline, context)
         if sequence_parallel and layout.tp == 1:
@@ -206,7 +206,9 @@ class ParallelContext:
             dp=dp,
             cp=cp,
             dp_cp=_dp_cp_group(layout, rank, dp, cp, shortcuts),
-            rng=RNGTracker(seed, rng_mode, stream_rank=tp_rank, context_rank=cp_rank),
+            rng=RNGTracker(
+                seed, rng_mode, stream_rank=tp_rank, context_rank=cp_rank, device=device
+            ),
             device=device,
             mesh=mesh,
             sequence_parallel=sequence_parallel,

@@ -7,12 +7,23 @@ exact  a mask is a function of (seed, step, site, global sample index, position 
        never of which rank computes it. Each rank seeds a generator per sample it owns (a DP
        rank its own samples) and keeps its slice of each (a TP rank its heads). So TP=2 or DP=2
        with dropout on reproduces the TP=1 losses: the validation mode.
-fast   Megatron's streams: per dropout call, the device's default generator is seeded by (seed,
-       step, first sample of the micro-batch, site) for replicated regions (the same on every TP
-       rank, so replicated activations stay identical) and additionally by the TP rank for
-       sharded ones (attention heads, sequence-parallel chunks); the mask is then drawn in one
-       call (`F.dropout`, or inside `scaled_dot_product_attention`'s fused kernel). Seeding is
-       host-side (no device sync); the generator's state is restored after the call.
+fast   two parts, both without a host read and both replayed by recomputation:
+       - the dropout of the attention probabilities is drawn inside `scaled_dot_product_attention`
+         (the fused kernel's own Philox) from the device's default generator, seeded by (seed,
+         step, first sample of the micro-batch, site, TP rank, CP rank) just before (Megatron's
+         model-parallel stream: each TP rank's heads their own). Seeding is host-side; the
+         generator's state is restored after. Under trainer.compile the compiled block is seeded
+         with the same key before it runs (engine/compiled.py): the kernel is the block's only
+         draw from the generator, so compiled and eager blocks draw the same masks.
+       - every other dropout (residual branches, embeddings, heads) is a counter-based hash of
+         (seed, step, site, global sample index, global position of the element in the sample)
+         computed with integer tensor ops (`keep_mask`): no generator, so it traces into a
+         compiled block's graph (one graph per block, fused with the residual add), its bits are
+         the same compiled or eager, and it does not depend on the layout at all: TP ranks of a
+         replicated region agree, a sequence-parallel chunk keeps its rows of the whole
+         sequence's mask, and micro-batching does not matter. The position enters the graph as
+         two int64 device tensors (`RNGTracker.step_key`, `.first_sample`), made anew by
+         `set_position` (two fill kernels; no host-to-device copy, nothing read back).
 """
 
 from __future__ import annotations
@@ -20,13 +31,16 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
+from torch import Size, Tensor
 
 RNG_MODES = ("exact", "fast")
 
 _MASK64 = (1 << 64) - 1
+_NO_POSITION = torch.zeros((), dtype=torch.int64)
+"""exact mode keeps its position on the host only."""
 Fn = TypeVar("Fn", bound=Callable)
 EAGER_ISLAND = "__tpformer_eager_island__"
 
@@ -39,6 +53,15 @@ def eager_island(fn: Fn) -> Fn:
     imports dynamo (1.5 s per process here)."""
     setattr(fn, EAGER_ISLAND, True)
     return fn
+
+
+@runtime_checkable
+class DeviceStreamUser(Protocol):
+    """A layer that draws from the device's default generator under fast mode (SDPA's fused
+    dropout): `device_stream_site()` is the key its draw is seeded with, None when it draws
+    nothing. A compiled block seeds that stream before it runs (engine/compiled.py)."""
+
+    def device_stream_site(self) -> int | None: ...
 
 
 def _splitmix64(x: int) -> int:
@@ -62,6 +85,47 @@ def derive_seed(*keys: int) -> int:
 def name_key(name: str) -> int:
     """A stable integer for a module or parameter name (same in every process and layout)."""
     return zlib.crc32(name.encode("utf-8"))
+
+
+_M32 = 0xFFFFFFFF
+
+
+def hash32(x: Tensor) -> Tensor:
+    """A 32-bit integer mix of int64 values in [0, 2^32) (Wellons' hash-prospector function,
+    multipliers 0x21f0aaad and 0x735a2d97). The multipliers are below 2^31, so every product
+    stays below 2^63: no signed overflow, the same bits on every device, compiled or eager."""
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def keep_mask(
+    step_key: Tensor,
+    first_sample: Tensor,
+    site_key: Tensor,
+    positions: Tensor,
+    shape: Size | tuple[int, ...],
+    p: float,
+) -> Tensor:
+    """bool `shape` = [b, n, *inner]: keep (True) with probability 1 - p, a pure function of
+    (step_key, site_key, global sample first_sample + i, global element index positions[j] *
+    prod(inner) + k). step_key, first_sample, site_key: int64 0-d device tensors; positions:
+    int64 [n], the global index along dim 1 (a sequence position or a head) of each local row.
+    Two hash rounds per element: the second adds the sample's key after the first has mixed
+    the element index with it, so two samples' masks are not permutations of each other."""
+    b, n = shape[0], shape[1]
+    inner = 1
+    for d in shape[2:]:
+        inner *= d
+    site = hash32((step_key ^ site_key) & _M32)
+    samples = first_sample + torch.arange(b, device=positions.device)
+    sample_keys = hash32((samples & _M32) ^ site).view(b, 1, 1)
+    index = positions.view(1, n, 1) * inner + torch.arange(inner, device=positions.device)
+    mixed = hash32((index & _M32) ^ sample_keys)
+    mixed = hash32((mixed + sample_keys) & _M32)
+    return (mixed >= int(p * 2**32)).view(shape)
 
 
 def resolve_rng_mode(mode: str, device: torch.device) -> str:
@@ -105,7 +169,12 @@ class RNGTracker:
     """
 
     def __init__(
-        self, seed: int, mode: str = "exact", stream_rank: int = 0, context_rank: int = 0
+        self,
+        seed: int,
+        mode: str = "exact",
+        stream_rank: int = 0,
+        context_rank: int = 0,
+        device: torch.device | str = "cpu",
     ) -> None:
         if mode not in RNG_MODES:
             raise ValueError(f"RNGTracker mode {mode!r}: expected one of {RNG_MODES}")
@@ -122,11 +191,26 @@ class RNGTracker:
         attention masks are drawn at this width, so they do not depend on a micro-batch's own
         padding (see ParallelDropout)."""
         self._generators: dict[torch.device, torch.Generator] = {}
+        self.device = torch.device(device)
+        self.step_key, self.first_sample = self._position_tensors()
 
     def set_position(self, step: int, sample_offset: int = 0) -> None:
         """Key the masks of the next forward by the step and the global index of its first
         sample."""
         self.step, self.sample_offset = step, sample_offset
+        self.step_key, self.first_sample = self._position_tensors()
+
+    def _position_tensors(self) -> tuple[Tensor, Tensor]:
+        """fast mode's position as graph inputs (see keep_mask): new tensors rather than
+        written in place, so a backward that recomputes a mask from the old ones (a compiled
+        graph may) still finds them. torch.full passes the value as a kernel argument."""
+        if not self.fast:
+            return _NO_POSITION, _NO_POSITION
+        step_key = derive_seed(self.seed, self.step) & _M32
+        return (
+            torch.full((), step_key, dtype=torch.int64, device=self.device),
+            torch.full((), self.sample_offset, dtype=torch.int64, device=self.device),
+        )
 
     def sample_generators(
         self, device: torch.device, site: int, count: int
@@ -186,9 +270,6 @@ class RNGTracker:
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.seed, self.step, self.sample_offset = (
-            state["seed"],
-            state["step"],
-            state["sample_offset"],
-        )
+        self.seed = state["seed"]
+        self.set_position(state["step"], state["sample_offset"])
         self.mask_width = state.get("mask_width", 0)

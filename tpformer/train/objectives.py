@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from tpformer.layers.sequence import labeled_positions
+
 
 def _mean(value: Tensor, count: Tensor) -> Tensor:
     """value / count with the count in the dtype the division computes in (value's, or the
@@ -40,6 +42,11 @@ class Objective(Protocol):
         global batch by the step)."""
         ...
 
+    def host_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The batch with what the step needs computed on the host when the step is prepared
+        (data/steps.py), so the step reads nothing back from the device."""
+        ...
+
     def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The model's keyword arguments for this batch (they include input_ids)."""
         ...
@@ -55,6 +62,9 @@ class Objective(Protocol):
 
 
 class _Objective:
+    def host_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return batch
+
     def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return batch
 
@@ -77,6 +87,10 @@ class MaskedLMObjective(_Objective):
 
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
         return [float(int((batch["mlm_labels"] != -100).sum())), float(batch["input_ids"].shape[0])]
+
+    def host_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Adds the labeled positions the MLM head gathers (no nonzero on the device)."""
+        return {**batch, "mlm_positions": labeled_positions(batch["mlm_labels"])}
 
     def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
         masked, samples = counts[0], counts[1]
