@@ -148,8 +148,9 @@ def test_model_matches_single_process(task: str, dropout: float, tp: int) -> Non
 def test_pretraining_communication_has_no_all_reduce_outside_the_heads() -> None:
     """BERT pretraining with SP, 2 layers: forward 2+2 per layer, the embedding's
     reduce-scatter, one broadcast of the first token to the pooler, one all-reduce of the
-    labeled rows (each rank contributes those it holds), the loss's 3 all-reduces; backward the layers' mirror and re-gathers, the
-    embedding's all-gather, and the MLM head's copy_to_tp (its projection is vocab-parallel)."""
+    labeled rows (each rank contributes those it holds), the loss's 3 all-reduces; backward the
+    layers' mirror and re-gathers, the embedding's all-gather, and the MLM head's copy_to_tp
+    (its projection is vocab-parallel)."""
     result = run_distributed(_model_step, 2, "pretraining", 0.1, tensor=2, sequence_parallel=True)[
         0
     ]
