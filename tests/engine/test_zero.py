@@ -7,11 +7,12 @@ import torch
 
 from tests.dist import run_distributed
 from tests.models.common import tiny_bert
-from tests.tolerances import assert_rel_close, seeded
+from tests.tolerances import FP32_LAYER_REL, assert_rel_close, seeded
 from tpformer.config.schema import OptimConfig, ParallelConfig
 from tpformer.config.validate import validate_engine
 from tpformer.engine import build_engine
 from tpformer.engine.memory import zero_memory_bytes
+from tpformer.engine.optimizer import DeviceAdamW
 from tpformer.engine.units import bucket_elements
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
@@ -182,6 +183,52 @@ def test_nonfinite_loss_stops_with_the_step_count(precision: str) -> None:
     engine.backward(model(**batch).loss * float("inf"))
     with pytest.raises(FloatingPointError, match="non-finite gradients for 3 consecutive steps"):
         engine.step()
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb", "lars", "novograd"])
+def test_a_nonfinite_step_is_skipped_on_the_device(name: str) -> None:
+    """After a clean step (slots non-zero), a NaN gradient leaves weights, moments and step
+    counts exactly as they were: the optimizer's own device-side skip (found_inf), no host
+    read of the norm in queue_step."""
+    ctx = ParallelContext.single(device="cpu")
+    model = _model(ctx)
+    engine = build_engine(model, replace(OPTIM, name=name), ParallelConfig(zero_stage=1), ctx)
+    engine.backward(model(**_batch(0)).loss)
+    assert engine.step()["skipped"] == 0.0
+    before = {k: v.clone() for k, v in engine.state_dict().items() if k != "nonfinite_steps"}
+    engine.backward(model(**_batch(1)).loss * float("nan"))
+    assert engine.step()["skipped"] == 1.0
+    after = engine.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert not changed, changed
+
+
+def test_device_adamw_follows_torch_adamw_and_skips_on_found_inf() -> None:
+    """DeviceAdamW (devices without a fused AdamW, e.g. a dry run's meta device) against
+    torch's AdamW over 4 steps with weight decay, a skipped first step included (its state is
+    created as zeros and the step count stays 0)."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3, 2))]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ours = DeviceAdamW(
+        [{"params": params, "weight_decay": 0.1}], lr=0.1, betas=(0.9, 0.99), eps=1e-8
+    )
+    torch_adamw = torch.optim.AdamW(twins, lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    for p in params:
+        p.grad = torch.full_like(p, float("nan"))
+    ours.found_inf = torch.tensor(1.0)
+    ours.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, twins, strict=True))
+    assert all(not bool(v.ne(0).any()) for st in ours.state.values() for v in st.values())
+    ours.found_inf = torch.tensor(0.0)
+    for step in range(4):
+        for p, q in zip(params, twins, strict=True):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step))
+            q.grad = p.grad.clone()
+        ours.step()
+        torch_adamw.step()
+    for p, q in zip(params, twins, strict=True):
+        assert_rel_close(p, q, FP32_LAYER_REL, "DeviceAdamW vs torch AdamW")
 
 
 def _losses(precision: str) -> list[float]:

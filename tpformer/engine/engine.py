@@ -95,6 +95,7 @@ class ZeroEngine:
             enabled=precision == "fp16",
             initial=optim.initial_loss_scale,
             window=optim.loss_scale_window,
+            device=device,
         )
         self.lr = optim.lr
         self._nonfinite_run = torch.zeros((), dtype=torch.long, device=device)
@@ -176,12 +177,6 @@ class ZeroEngine:
             dp=ctx.replicas,
             comm_device=device,
         )
-        self.decides_on_device = (
-            not self.scaler.enabled
-            and isinstance(self.optimizer, torch.optim.AdamW)
-            and bool(self.optimizer.defaults.get("fused"))
-        )
-        """Skipping a non-finite step needs no host read (fused AdamW's found_inf)."""
         self._ready = [0] * len(self.buckets)
         for module in model.modules():
             if isinstance(module, RowSparseLookup) and isinstance(module.sparse, bool):
@@ -259,12 +254,11 @@ class ZeroEngine:
     def queue_step(self) -> dict[str, Tensor]:
         """Reduce, unscale, clip, update and redistribute; returns grad_norm and skipped as
         device scalars. A step with a non-finite gradient leaves the weights and optimizer
-        state unchanged. Fused AdamW without a loss scaler decides that on the device (its
-        found_inf), so nothing here waits for the device; the fp16 loss scaler and the
-        layer-wise optimizers read the norm on the host. `check_finite` raises after
+        state unchanged, decided on the device (the optimizer's found_inf, the loss scaler's
+        device update): nothing here waits for the device. `check_finite` raises after
         optim.max_nonfinite_steps consecutive skipped steps."""
         self.settle()  # a step without a forward in between
-        scale = 1.0 / self.scaler.scale  # unscaling, folded into the clipping
+        scale = 1.0 / self.scaler.scale if self.scaler.enabled else 1.0  # folded into clipping
         grads = [self.grads.reduced(i) for i in range(len(self.buckets))]
         self.sequence_grads.sum_over_tp(grads)
         self.tied_grads.sum_over_ends(grads)
@@ -275,13 +269,7 @@ class ZeroEngine:
             self.buckets, shard_grads, self.ctx.tp, self.ctx.replicas, self.norm_group_pp
         )
         finite = torch.isfinite(norm)
-        if not self.decides_on_device:
-            if not bool(finite):
-                self.scaler.update(True)
-                self.grads.zero()
-                self._count_finite(finite)
-                return {"grad_norm": norm, "skipped": torch.ones_like(norm)}
-            self.scaler.update(False)
+        self.scaler.update(~finite)
         clip = self.clip_grad
         coef = scale * torch.where(norm > clip, clip / (norm + 1e-6), 1.0) if clip > 0 else scale
         if not isinstance(coef, float) or coef != 1.0:
@@ -292,9 +280,9 @@ class ZeroEngine:
                 view.param.grad = grad[view.start : view.stop]
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
-        if self.decides_on_device:  # fused AdamW skips the whole update when found_inf is 1
-            state_device = self.masters[0].values.device
-            self.optimizer.found_inf = (~finite).float().to(state_device)  # type: ignore[attr-defined]
+        # every optimizer the engine builds skips its whole update when found_inf is 1
+        state_device = self.masters[0].values.device
+        self.optimizer.found_inf = (~finite).float().to(state_device)  # type: ignore[attr-defined]
         self.optimizer.step()
         for master in self.masters:
             for view in master.views:
@@ -316,7 +304,7 @@ class ZeroEngine:
         longest = int(self._longest_nonfinite)
         self._longest_nonfinite = self._nonfinite_run.clone()
         if longest >= self.max_nonfinite_steps:
-            now = f", loss scale now {self.scaler.scale:g}" if self.scaler.enabled else ""
+            now = f", loss scale now {float(self.scaler.scale):g}" if self.scaler.enabled else ""
             raise FloatingPointError(
                 f"non-finite gradients for {longest} consecutive steps "
                 f"(optim.max_nonfinite_steps={self.max_nonfinite_steps}{now}); the loss "
@@ -359,8 +347,8 @@ class ZeroEngine:
         )
         state.update(
             {
-                "loss_scale": torch.tensor(self.scaler.scale, dtype=torch.float64),
-                "clean_steps": torch.tensor(self.scaler.clean_steps),
+                "loss_scale": self.scaler.scale.double().cpu(),
+                "clean_steps": self.scaler.clean_steps.cpu(),
                 "nonfinite_steps": self._nonfinite_run.cpu(),
             }
         )
@@ -388,8 +376,9 @@ class ZeroEngine:
         )
         for i, values in enumerate(params):
             self.params.load_whole(i, values)
-        self.scaler.scale = float(state["loss_scale"])
-        self.scaler.clean_steps = int(state["clean_steps"])
+        self.scaler.load_state_dict(
+            {"scale": float(state["loss_scale"]), "clean_steps": int(state["clean_steps"])}
+        )
         self._nonfinite_run.fill_(int(state["nonfinite_steps"]))
         self._longest_nonfinite.fill_(int(state["nonfinite_steps"]))
 

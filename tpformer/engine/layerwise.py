@@ -8,6 +8,12 @@ over DP and one over TP per step -- and the step equals the per-parameter single
 optimizer at any layout. Per-element state lives under names the engine's logical state saves
 and reshards (`SLOTS`); NovoGrad's per-layer second moment is kept expanded to its elements so
 it reshards like the rest.
+
+Nothing is read on the host: the norms, trust ratios and bias corrections stay device tensors,
+and a step the engine marks non-finite (`found_inf`, as fused AdamW takes it) leaves weights,
+slots and the step count unchanged by device selects. (With the state offloaded to the CPU,
+the norms computed on the accelerator are copied to it: the CPU step waits for them, as it
+waits for the gradients.)
 """
 
 from __future__ import annotations
@@ -45,6 +51,14 @@ class FlatLayerwise(torch.optim.Optimizer):
         super().__init__(groups, defaults)
         self.pieces, self.num_segments, self.tp, self.dp = pieces, num_segments, tp, dp
         self.comm_device = comm_device
+        self.found_inf: Tensor | None = None
+        """Set by the engine before `step`: 1.0 skips the step (on the device)."""
+
+    def taken(self, device: torch.device) -> Tensor:
+        """bool device scalar: whether this step updates anything (not `found_inf`)."""
+        if self.found_inf is None:
+            return torch.ones((), dtype=torch.bool, device=device)
+        return self.found_inf.to(device) == 0
 
     def slots(self, p: Tensor) -> dict[str, Tensor]:
         """This view's state, created at step 0 with zero slots."""
@@ -56,8 +70,9 @@ class FlatLayerwise(torch.optim.Optimizer):
         return state
 
     def segment_norms(self, tensors: dict[Tensor, tuple[Tensor, ...]]) -> Tensor:
-        """[num_segments, k] float64 CPU: the L2 norm of each logical parameter's part of each of
-        the k tensors given per view (a TP-replicated parameter counted once)."""
+        """[num_segments, k] float64 on the state's device: the L2 norm of each logical
+        parameter's part of each of the k tensors given per view (a TP-replicated parameter
+        counted once)."""
         k = len(next(iter(tensors.values())))
         device = next(iter(tensors)).device
         sums = torch.zeros(self.num_segments, k, dtype=torch.float64, device=device)
@@ -70,7 +85,7 @@ class FlatLayerwise(torch.optim.Optimizer):
         if self.dp is not None:
             all_reduce(sums, self.dp)
         all_reduce(sums, self.tp)
-        return sums.cpu().sqrt()
+        return sums.sqrt().to(device)
 
     def per_segment(self, p: Tensor) -> list[tuple[int, int, int]]:
         """(segment id, start, stop) of the logical parameters inside view p."""
@@ -83,12 +98,20 @@ class FlatLayerwise(torch.optim.Optimizer):
         ]
 
 
-def trust_ratios(numerator: Tensor, denominator: Tensor) -> list[float]:
+def trust_ratios(numerator: Tensor, denominator: Tensor) -> Tensor:
     """numerator / denominator per segment, 1 where either is 0 (a zero weight or update)."""
     ok = (numerator > 0) & (denominator > 0)
-    return torch.where(
-        ok, numerator / denominator.clamp(min=1e-300), torch.ones_like(numerator)
-    ).tolist()
+    return torch.where(ok, numerator / denominator.clamp(min=1e-300), torch.ones_like(numerator))
+
+
+def bias_correction(beta: float, step: Tensor) -> Tensor:
+    """1 - beta^step, computed in float64 and rounded once, as from a host number."""
+    return (1 - beta ** step.double()).float()
+
+
+def kept(old: Tensor, new: Tensor, taken: Tensor) -> None:
+    """old <- new where the step is taken (a device select)."""
+    old.copy_(torch.where(taken, new, old))
 
 
 class FlatLamb(FlatLayerwise):
@@ -114,25 +137,28 @@ class FlatLamb(FlatLayerwise):
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
         updates: dict[Tensor, tuple[Tensor, ...]] = {}
+        taken = None
         for group, p, grad in self.stepped():
             beta1, beta2 = group["betas"]
+            taken = self.taken(p.device) if taken is None else taken
             state = self.slots(p)
-            state["step"] += 1
-            t = float(state["step"])
-            state["exp_avg"].lerp_(grad, 1 - beta1)
-            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
-            update = state["exp_avg"] / (1 - beta1**t) / denom
+            state["step"] += taken
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            kept(m, m.lerp(grad, 1 - beta1), taken)
+            kept(v, v.mul(beta2).addcmul_(grad, grad, value=1 - beta2), taken)
+            denom = (v / bias_correction(beta2, state["step"])).sqrt_().add_(group["eps"])
+            update = m / bias_correction(beta1, state["step"]) / denom
             if group["weight_decay"]:
                 update.add_(p, alpha=group["weight_decay"])
             updates[p] = (p, update)
-        if not updates:
+        if not updates or taken is None:
             return
         norms = self.segment_norms(updates)
         ratio = trust_ratios(norms[:, 0], norms[:, 1])
+        step_size = torch.where(taken, ratio, 0.0)
         for group, p, _ in self.stepped():
             for sid, a, b in self.per_segment(p):
-                p[a:b].add_(updates[p][1][a:b], alpha=-group["lr"] * ratio[sid])
+                p[a:b].addcmul_(updates[p][1][a:b], step_size[sid].to(p.dtype), value=-group["lr"])
 
 
 class FlatLars(FlatLayerwise):
@@ -158,20 +184,22 @@ class FlatLars(FlatLayerwise):
         if not stepped:
             return
         norms = self.segment_norms({p: (p, grad) for _, p, grad in stepped})
+        taken = self.taken(stepped[0][1].device)
         for group, p, grad in stepped:
             state = self.slots(p)
-            state["step"] += 1
+            state["step"] += taken
             wd, lr = group["weight_decay"], group["lr"]
             direction = grad.add(p, alpha=wd) if wd else grad.clone()
             if group["decayed"]:
                 w_norm, g_norm = norms[:, 0], norms[:, 1]
                 ratio = trust_ratios(group["eta"] * w_norm, g_norm + wd * w_norm)
                 for sid, a, b in self.per_segment(p):
-                    direction[a:b].mul_(lr * ratio[sid])
+                    direction[a:b].mul_((lr * ratio[sid]).to(p.dtype))
             else:
                 direction.mul_(lr)
-            state["momentum_buffer"].mul_(group["momentum"]).add_(direction)
-            p.sub_(state["momentum_buffer"])
+            buffer = state["momentum_buffer"]
+            kept(buffer, buffer.mul(group["momentum"]).add_(direction), taken)
+            p.sub_(torch.where(taken, buffer, 0.0))
 
 
 class FlatNovoGrad(FlatLayerwise):
@@ -201,22 +229,22 @@ class FlatNovoGrad(FlatLayerwise):
         if not stepped:
             return
         g_norm = self.segment_norms({p: (grad,) for _, p, grad in stepped})[:, 0]
+        taken = self.taken(stepped[0][1].device)
         for group, p, grad in stepped:
             beta1, beta2 = group["betas"]
             state = self.slots(p)
-            first = int(state["step"]) == 0
-            state["step"] += 1
+            first = state["step"] == 0
+            state["step"] += taken
             scaled = grad.clone()
+            v_all = state["exp_avg_sq"]
             for sid, a, b in self.per_segment(p):
-                square = float(g_norm[sid]) ** 2
-                v = (
-                    square
-                    if first
-                    else beta2 * float(state["exp_avg_sq"][a]) + (1 - beta2) * square
-                )
-                state["exp_avg_sq"][a:b].fill_(v)
-                scaled[a:b].div_(v**0.5 + group["eps"])
+                square = g_norm[sid] ** 2
+                old = v_all[a].double()
+                v = torch.where(first, square, beta2 * old + (1 - beta2) * square)
+                v_all[a:b].fill_(torch.where(taken, v, old).to(v_all.dtype))
+                scaled[a:b].div_((v.sqrt() + group["eps"]).to(scaled.dtype))
             if group["weight_decay"]:
                 scaled.add_(p, alpha=group["weight_decay"])
-            state["exp_avg"].mul_(beta1).add_(scaled)
-            p.add_(state["exp_avg"], alpha=-group["lr"])
+            m = state["exp_avg"]
+            kept(m, m.mul(beta1).add_(scaled), taken)
+            p.sub_(torch.where(taken, m, 0.0), alpha=group["lr"])

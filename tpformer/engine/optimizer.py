@@ -127,9 +127,44 @@ def build_optimizer(
         kind = FlatLamb if optim.name == "lamb" else FlatNovoGrad
         return kind(groups, lr=optim.lr, betas=betas, eps=optim.eps, **layout)
     state_device = masters[0].values.device
-    return torch.optim.AdamW(
-        groups, lr=optim.lr, betas=betas, eps=optim.eps, fused=state_device.type in ("cpu", "cuda")
-    )
+    if state_device.type in ("cpu", "cuda"):
+        return torch.optim.AdamW(groups, lr=optim.lr, betas=betas, eps=optim.eps, fused=True)
+    return DeviceAdamW(groups, lr=optim.lr, betas=betas, eps=optim.eps)
+
+
+class DeviceAdamW(torch.optim.Optimizer):
+    """AdamW (decoupled decay, bias corrections, as torch's) in plain tensor ops with its step
+    count on the device and `found_inf` taken as the fused kernel takes it (1.0 skips the step,
+    by device selects): for devices without PyTorch's fused AdamW, such as the meta device of
+    a dry run, where torch's other AdamW kernels read the step count on the host."""
+
+    def __init__(
+        self, groups: list[dict], *, lr: float, betas: tuple[float, float], eps: float
+    ) -> None:
+        super().__init__(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+        self.found_inf: Tensor | None = None
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                taken = torch.ones((), dtype=torch.bool, device=p.device)
+                if self.found_inf is not None:
+                    taken = self.found_inf.to(p.device) == 0
+                state = optimizer_slots(self, p)
+                state["step"] += taken
+                step = state["step"].double()
+                m = state["exp_avg"].lerp(p.grad, 1 - beta1)
+                v = state["exp_avg_sq"].mul(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                denom = (v.sqrt() / (1 - beta2**step).sqrt().float()).add_(eps)
+                step_size = (lr / (1 - beta1**step)).float()
+                new = p.mul(1 - lr * wd).sub_(m / denom * step_size)
+                for old, value in ((p, new), (state["exp_avg"], m), (state["exp_avg_sq"], v)):
+                    old.copy_(torch.where(taken, value, old))
 
 
 def moments(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -15,28 +16,38 @@ def compute_dtype(precision: str) -> torch.dtype:
 class LossScaler:
     """Dynamic loss scale: halve and skip on inf/nan, double after `window` clean steps.
 
-    With enabled=False (fp32/bf16) the scale stays 1 and only non-finite steps are counted.
+    The scale and the count of clean steps are device tensors updated with device ops, so a
+    step that overflows is decided without reading anything on the host. With enabled=False
+    (fp32/bf16) the scale stays 1 and the engine counts only non-finite steps.
     """
 
-    def __init__(self, *, enabled: bool, initial: float = 65536.0, window: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        initial: float = 65536.0,
+        window: int = 1000,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.enabled, self.window = enabled, window
-        self.scale = initial if enabled else 1.0
-        self.clean_steps = 0
+        self.scale = torch.tensor(initial if enabled else 1.0, device=device)
+        self.clean_steps = torch.zeros((), dtype=torch.long, device=device)
 
-    def update(self, found_nonfinite: bool) -> None:
+    def update(self, found_nonfinite: Tensor | bool) -> None:
+        """After a step: `found_nonfinite` a bool device scalar (or a host bool, in tests)."""
         if not self.enabled:
             return
-        if found_nonfinite:
-            self.scale = max(self.scale / 2.0, 1.0)
-            self.clean_steps = 0
-            return
-        self.clean_steps += 1
-        if self.clean_steps >= self.window:
-            self.scale *= 2.0
-            self.clean_steps = 0
+        bad = torch.as_tensor(found_nonfinite, device=self.scale.device)
+        clean = self.clean_steps + 1
+        full = clean >= self.window
+        grown = torch.where(full, self.scale * 2.0, self.scale)
+        self.scale = torch.where(bad, (self.scale / 2.0).clamp(min=1.0), grown)
+        self.clean_steps = torch.where(bad | full, 0, clean)
 
     def state_dict(self) -> dict[str, float]:
-        return {"scale": self.scale, "clean_steps": self.clean_steps}
+        """Host numbers (read at a checkpoint, never inside a step)."""
+        return {"scale": float(self.scale), "clean_steps": int(self.clean_steps)}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self.scale, self.clean_steps = state["scale"], int(state["clean_steps"])
+        self.scale = torch.full_like(self.scale, float(state["scale"]))
+        self.clean_steps = torch.full_like(self.clean_steps, int(state["clean_steps"]))
