@@ -61,8 +61,8 @@ class CheckpointWriter:
     def __init__(self, ctx: ParallelContext, *, background: bool) -> None:
         self.ctx, self.background = ctx, background
         self.group: dist.ProcessGroup | None = None
-        if background and ctx.layout.world_size > 1:  # every rank creates it, in the same order
-            self.group = dist.new_group(backend="gloo")
+        if background:  # every rank creates it, in the same order
+            self.group = ctx.host_group()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self.pending: Future[Path] | None = None
 

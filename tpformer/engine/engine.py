@@ -49,8 +49,10 @@ from tpformer.parallel.context import ParallelContext
 @runtime_checkable
 class RowSparseLookup(Protocol):
     """A lookup table that can give row-sparse weight gradients (nn.Embedding's and
-    VocabParallelEmbedding's `sparse`): the engine's hooks add them into its buffers, so it
-    turns them on instead of a dense table allocated, zeroed and added every backward."""
+    VocabParallelEmbedding's `sparse`): the engine's hooks add them into its buffers, so on
+    the CPU it turns them on instead of a dense table allocated, zeroed and added every
+    backward. Not on accelerators: adding a sparse gradient coalesces it, which reads its count
+    of distinct rows on the host (a device sync; the dry run's meta device refuses it)."""
 
     sparse: bool
 
@@ -179,7 +181,12 @@ class ZeroEngine:
         )
         self._ready = [0] * len(self.buckets)
         for module in model.modules():
-            if isinstance(module, RowSparseLookup) and isinstance(module.sparse, bool):
+            sparse_ok = device.type == "cpu"
+            if (
+                sparse_ok
+                and isinstance(module, RowSparseLookup)
+                and isinstance(module.sparse, bool)
+            ):
                 module.sparse = True
         self._segments: dict[int, tuple[int, Segment]] = {}
         for i, bucket in enumerate(self.buckets):

@@ -11,6 +11,7 @@ from tpformer.models.bert import BertForPreTraining, BertForSequenceClassificati
 from tpformer.models.gpt import GPTForCausalLM, GPTModel
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import initialize_parameters
+from tpformer.parallel.param_info import copy_param_info
 
 TASKS = {
     ("bert", "base"): BertModel,
@@ -38,7 +39,11 @@ def build_model(
     if cls is None:
         valid = [t for a, t in TASKS if a == config.arch]
         raise ValueError(f"task={task!r} is not available for arch={config.arch!r}; valid: {valid}")
-    model = cls(config, ctx, **kwargs).to(ctx.device)
+    model = cls(config, ctx, **kwargs)
+    built = dict(model.named_parameters())
+    model.to(ctx.device)
+    for name, param in model.named_parameters():  # a move to another kind of device (meta)
+        copy_param_info(built[name], param)  # makes new Parameters: keep their records
     assign_dropout_sites(model)
     if initialize:
         initialize_parameters(model, ctx.rng, ctx.tp, std=config.init_std)

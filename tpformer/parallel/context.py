@@ -278,6 +278,17 @@ class ParallelContext:
         """True on global rank 0: the rank that logs and writes shared files."""
         return self.rank == 0
 
+    def host_group(self) -> dist.ProcessGroup | None:
+        """A new gloo group of every rank, for collectives a background thread issues (the
+        checkpoint writer's): its own, so they never interleave with another thread's on the
+        control group. Every rank must call it, in the same order; None on one rank. (Under the
+        fake backend of a dry run, the world group: its collectives complete at once.)"""
+        if self.layout.world_size == 1:
+            return None
+        if dist.get_backend() == "fake":
+            return dist.group.WORLD
+        return dist.new_group(backend="gloo")
+
     def destroy(self) -> None:
         """Destroy every process group so another context can be created in this process."""
         if self.mesh is not None and dist.is_initialized():
@@ -341,10 +352,12 @@ def _own_group(
 
 
 def _control_group(rank: int, world: int) -> GroupHandle:
-    """The world on gloo: the default group when it is gloo, else a gloo twin of it."""
+    """The world on gloo: the default group when it is gloo (or the fake backend of a dry run,
+    whose collectives complete at once), else a gloo twin of it."""
     if world == 1:
         return GroupHandle.single()
-    group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    on_host = dist.get_backend() in ("gloo", "fake")
+    group = dist.group.WORLD if on_host else dist.new_group(backend="gloo")
     assert group is not None
     RECORDER.name_group(group, "control")
     return GroupHandle(group=group, rank=rank, size=world)

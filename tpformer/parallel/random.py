@@ -232,7 +232,11 @@ class RNGTracker:
     @contextmanager
     def forked(self, device: torch.device, site: int, *, sharded: bool) -> Iterator[None]:
         """fast mode: inside, `device`'s default generator (what F.dropout and the fused SDPA
-        kernels draw from) is seeded by this call's key; its previous state is back after."""
+        kernels draw from) is seeded by this call's key; its previous state is back after.
+        The meta device (a dry run) draws nothing and has no generator."""
+        if device.type == "meta":
+            yield
+            return
         gen = _default_generator(device)
         saved = gen.get_state()  # host-side: CUDA keeps (seed, offset) on the CPU
         rank = self.stream_rank if sharded else -1
