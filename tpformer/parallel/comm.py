@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import Tensor
 
 from tpformer.parallel.context import GroupHandle
@@ -90,11 +91,23 @@ def count_collectives() -> Iterator[CollectiveCounts]:
 _RING_PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
 
 
+def traced() -> bool:
+    """Inside a graph torch.compile is capturing (trainer.compile's blocks): the collectives
+    below then issue PyTorch's functional collectives, which the graph holds and inductor
+    schedules, and are neither counted nor timed (host code a graph would break on)."""
+    return torch.compiler.is_compiling()
+
+
+_FUNCTIONAL_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max"}
+
+
 def _record(
     op: str, handle: GroupHandle | None, x: Tensor | None = None, full_bytes: int = 0
 ) -> None:
     """One call of `op` on the handle's group (None: the world) over a full tensor of
     `full_bytes`: counted for `count_collectives` and kept in the hang report's recorder."""
+    if traced():
+        return
     size = handle.size if handle is not None else 1
     RECORDER.record(
         op, handle.group if handle is not None else None, tuple(x.shape) if x is not None else ()
@@ -111,6 +124,8 @@ def all_reduce(
     """In-place all-reduce without autograd (for statistics such as a max or a norm)."""
     if handle.size == 1:
         return x
+    if traced():
+        return x.copy_(funcol.all_reduce(x, _FUNCTIONAL_OPS[op], process_group(handle)))
     _record("all_reduce", handle, x, x.nbytes)
     if op == dist.ReduceOp.SUM and _swaps(x, handle):
         _swap_sum(x, handle).wait()
@@ -122,6 +137,8 @@ def all_reduce(
 
 def summed(x: Tensor, handle: GroupHandle) -> Tensor:
     """The SUM of a contiguous x over the group, as a new tensor (x is left as it is)."""
+    if handle.size > 1 and traced():
+        return funcol.all_reduce(x, "sum", process_group(handle))
     if handle.size > 1 and _swaps(x, handle):
         _record("all_reduce", handle, x, x.nbytes)
         theirs = torch.empty_like(x)
@@ -145,6 +162,8 @@ def all_gather_dim(x: Tensor, handle: GroupHandle, dim: int = -1) -> Tensor:
     """Concatenate every rank's x along `dim` (no autograd)."""
     if handle.size == 1:
         return x
+    if traced():
+        return funcol.all_gather_tensor(x.contiguous(), dim % x.dim(), process_group(handle))
     _record("all_gather", handle, x, x.nbytes * handle.size)
     parts = [torch.empty_like(x) for _ in range(handle.size)]
     with WAIT_CLOCK.waiting(x.device):
@@ -388,6 +407,10 @@ class SequenceGather:
         self.single, self.x = handle.size == 1, x
         if self.single:
             return
+        if traced():  # the graph's own collective: `result` returns it
+            self.single = True
+            self.x = funcol.all_gather_tensor(x.contiguous(), SEQUENCE_DIM, process_group(handle))
+            return
         self.out = torch.empty((handle.size, *x.shape), dtype=x.dtype, device=x.device)
         self.work = all_gather_async(self.out.view(-1), x.contiguous().view(-1), handle)
 
@@ -405,6 +428,11 @@ class SequenceReduceScatter:
     def __init__(self, x: Tensor, handle: GroupHandle) -> None:
         self.single, self.x = handle.size == 1, x
         if self.single:
+            return
+        if traced():  # the graph's own collective: `result` returns it
+            self.single = True
+            group = process_group(handle)
+            self.x = funcol.reduce_scatter_tensor(x.contiguous(), "sum", SEQUENCE_DIM, group)
             return
         chunks = _sequence_major(x, handle.size)
         self.out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
