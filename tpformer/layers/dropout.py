@@ -79,6 +79,8 @@ class ParallelDropout(nn.Module):
     `site` is a stable key of this module, set by `assign_dropout_sites` from its name.
     """
 
+    site_key: Tensor
+
     def __init__(
         self,
         p: float,
@@ -151,6 +153,7 @@ class ParallelDropout(nn.Module):
         whole, slices = self._sample_layout(x.shape[1:], head_offset, x.device)
         direct = whole == list(x.shape[1:])
         noise = torch.empty(x.shape, device=x.device, dtype=torch.float32)
+        assert self.site is not None  # forward checked it
         for i, gen in enumerate(self.rng.sample_generators(x.device, self.site, x.shape[0])):
             if direct:
                 noise[i].uniform_(generator=gen)

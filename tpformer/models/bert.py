@@ -251,8 +251,7 @@ class BertForPreTraining(_PipelinedBert):
         b, s = input_ids.shape
         if mlm_labels is None:  # every position this CP rank holds
             held = local_positions(s, self.tp, False, input_ids.device, self.cp)
-            rows, _ = self._rows_at(sequence, held.expand(b, -1), s)
-            out.mlm_logits = self.mlm_logits(rows)
+            out.mlm_logits = self.mlm_logits(self._rows_at(sequence, held.expand(b, -1), s)[0])
             return out
         if mlm_positions is None:
             mlm_positions = torch.arange(s, device=input_ids.device).expand(b, -1)
