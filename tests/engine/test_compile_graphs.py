@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from tests.dist import run_distributed
-from tests.models.common import tiny_bert, tiny_gpt
+from tests.models.common import bert_batch, tiny_bert, tiny_gpt
 from tests.train.test_fast_invariance import _config, _losses, _stop_then_resume
 from tpformer.engine.compiled import apply_compile
 from tpformer.engine.units import model_blocks
@@ -54,6 +55,22 @@ def test_a_fast_mode_block_is_one_graph_without_breaks(arch: str, tp: int, sp: b
         ranks = run_distributed(_graphs, tp, arch, tensor=tp, sequence_parallel=sp, rng="fast")
     for graphs, breaks in ranks:
         assert (graphs, breaks) == (1, 0)
+
+
+@pytest.mark.slow
+def test_every_block_and_step_reuses_the_one_graph() -> None:
+    """6 blocks x 2 steps (new positions): one graph compiled in all. The step and the site
+    enter as tensors, so no block or step recompiles (past torch's recompile limit a block
+    would silently run eagerly)."""
+    ctx = ParallelContext.single(device="cpu", rng="fast")
+    model = build_model(tiny_bert(P, num_layers=6), ctx, task="pretraining").train()
+    apply_compile(model, ctx.rng)
+    torch._dynamo.reset()
+    counters.clear()
+    for step in range(2):
+        ctx.rng.set_position(step, sample_offset=4 * step)
+        model(**bert_batch()).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 @pytest.mark.slow

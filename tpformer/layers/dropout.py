@@ -113,7 +113,9 @@ class ParallelDropout(nn.Module):
     def forward(self, x: Tensor, head_offset: int = 0) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if self.site is None:
+        # (not read while compiling: a Python int read in a graph is a guard on its value, and
+        # every block would recompile)
+        if not torch.compiler.is_compiling() and self._site is None:
             raise RuntimeError("ParallelDropout has no site; call assign_dropout_sites(model)")
         if self.rng.fast:
             return self._drop_fast(x, head_offset)
