@@ -1,4 +1,4 @@
-"""The planner at scale, next to published results (tpformer/planner/published.py):
+"""The planner at scale, next to published results (tools/published_runs.py):
 Narayanan et al. 2021, Table 1 (GPT 1.7B-1T on 32-3,072 A100s) and Table 2 (ZeRO-3 without
 model parallelism vs PTD-P for the 175B and 530B models), Korthikanti et al. 2022, Table 4 (one
 22B layer under five options) and Table 5 (22B-1T iteration times with full recomputation and
@@ -22,11 +22,7 @@ import math
 import time
 from dataclasses import replace
 
-from tpformer.config.presets import preset
-from tpformer.engine.memory import zero_memory_bytes
-from tpformer.planner.candidate import Workload
-from tpformer.planner.cluster import load_preset, resolve_cluster
-from tpformer.planner.published import (
+from published_runs import (
     KORTHIKANTI_TABLE_4,
     KORTHIKANTI_TABLE_5,
     MEGATRON_TABLE_1,
@@ -39,6 +35,11 @@ from tpformer.planner.published import (
     table_4_layer,
     tflops,
 )
+
+from tpformer.config.presets import preset
+from tpformer.engine.memory import zero_memory_bytes
+from tpformer.planner.candidate import Workload
+from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.search import Evaluated, search
 from tpformer.planner.step_time import model_flops
 

@@ -5,16 +5,16 @@ GEMMs priced by shape, engine profiles, offload on the host."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 import pytest
 
-from tests.models.common import tiny_gpt
-from tpformer.engine.memory import zero_memory_bytes
-from tpformer.planner.candidate import Candidate, Workload
-from tpformer.planner.cluster import load_preset, resolve_cluster
-from tpformer.planner.memory import predict_stage_memory
-from tpformer.planner.published import (
+from tests.train.test_trainer import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+
+from published_runs import (  # tools/published_runs.py: a reference, not the package
     KORTHIKANTI_TABLE_4,
     KORTHIKANTI_TABLE_5,
     MEGATRON_TABLE_1,
@@ -28,6 +28,12 @@ from tpformer.planner.published import (
     table_4_layer,
     workload,
 )
+
+from tests.models.common import tiny_gpt
+from tpformer.engine.memory import zero_memory_bytes
+from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.cluster import load_preset, resolve_cluster
+from tpformer.planner.memory import predict_stage_memory
 from tpformer.planner.search import MODEL_ERROR, PlanResult, evaluate, why_not
 from tpformer.planner.step_time import predict_time
 

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from tpformer.config.schema import ModelConfig, ParallelConfig
-from tpformer.parallel.comm import broadcast_object
+from tpformer.parallel.comm import ProcessGroup, broadcast_object
+from tpformer.parallel.comm.objects import barrier, distributed, objects_of, world_rank
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
 
@@ -76,11 +76,6 @@ def step_dir_name(step: int) -> str:
     return f"step{step:08d}"
 
 
-def _barrier(group: dist.ProcessGroup | None = None) -> None:
-    if dist.is_initialized():
-        dist.barrier(group=group)
-
-
 TOKENIZER_DIR = "tokenizer"
 """Subdirectory of a checkpoint holding a copy of the run's tokenizer files."""
 
@@ -102,14 +97,6 @@ def _checksums(directory: Path, names: Sequence[str]) -> dict[str, list]:
     return {n: [(directory / n).stat().st_size, _sha256(directory / n)] for n in names}
 
 
-def _all_ranks(value: object, group: dist.ProcessGroup | None = None) -> list[object]:
-    if not dist.is_initialized():
-        return [value]
-    values: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    return values
-
-
 def _one_line(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
@@ -124,7 +111,7 @@ def save(
     meta: dict[str, Any],
     keep_last: int,
     tokenizer_files: Sequence[Path] = (),
-    group: dist.ProcessGroup | None = None,
+    group: ProcessGroup | None = None,
 ) -> Path:
     """Every rank writes its own part of `state` (keys must be unique per rank) and hashes the
     shard files it wrote; rank 0 adds the tokenizer files and meta.json (with every file's
@@ -137,21 +124,21 @@ def save(
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier(group)
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    barrier(group)
+    rank = world_rank()
     try:  # DCP reports a failed write as CheckpointException, a BaseException
         dcp.save(
             state,
             checkpoint_id=str(tmp),
             process_group=group,
-            no_dist=not dist.is_initialized(),
+            no_dist=not distributed(),
         )
         outcome: dict[str, list] | str = _checksums(
             tmp, sorted(p.name for p in tmp.glob(f"__{rank}_*"))
         )
     except (OSError, CheckpointException) as err:
         outcome = _one_line(err)
-    outcomes = _all_ranks(outcome, group)
+    outcomes = objects_of(outcome, group)
     failures = [f"rank {r}: {o}" for r, o in enumerate(outcomes) if isinstance(o, str)]
     if failures:
         if ctx.is_main:
@@ -181,7 +168,7 @@ def save(
         for old in complete[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         log.info("saved checkpoint %s", final)
-    _barrier(group)
+    barrier(group)
     return final
 
 
@@ -287,7 +274,7 @@ def load(directory: Path, template: dict[str, Any]) -> dict[str, Any]:
 
     NOTE: DCP's .metadata is a pickle: load only checkpoints you trust."""
     try:
-        dcp.load(template, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+        dcp.load(template, checkpoint_id=str(directory), no_dist=not distributed())
     except (CheckpointException, Exception) as err:  # DCP's errors, named once
         raise CheckpointError(
             f"reading the checkpoint {directory} failed ({_one_line(err)}); "

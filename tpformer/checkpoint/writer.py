@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from tpformer.checkpoint import store
+from tpformer.parallel.comm import ProcessGroup
 from tpformer.parallel.context import ParallelContext
 
 
@@ -60,7 +60,7 @@ class CheckpointWriter:
 
     def __init__(self, ctx: ParallelContext, *, background: bool) -> None:
         self.ctx, self.background = ctx, background
-        self.group: dist.ProcessGroup | None = None
+        self.group: ProcessGroup | None = None
         if background:  # every rank creates it, in the same order
             self.group = ctx.host_group()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")

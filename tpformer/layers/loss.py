@@ -8,10 +8,9 @@ backward is local.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from tpformer.parallel.comm import all_reduce
+from tpformer.parallel.comm import ReduceOp, all_reduce
 from tpformer.parallel.context import GroupHandle
 
 
@@ -35,7 +34,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             logits[:, valid:] = float("-inf")
 
         row_max = logits.max(dim=-1).values
-        all_reduce(row_max, tp, dist.ReduceOp.MAX)  # 1
+        all_reduce(row_max, tp, ReduceOp.MAX)  # 1
         shifted = logits - row_max.unsqueeze(-1)
 
         ignored = target == ignore_index

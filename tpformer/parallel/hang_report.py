@@ -1,7 +1,7 @@
 """Where each rank was when a run hung: the last collectives it issued, its Python stacks, and
 one summary line naming the ranks that did not reach the collective the others wait in.
 
-`parallel/comm.py` records every collective it issues here (kind, group, shape, the group's
+`parallel/comm/` records every collective it issues here (kind, group, shape, the group's
 sequence number, the call site outside comm.py) in a small ring buffer: a few dict and frame
 lookups per call, no device work. When a collective times out, `write_report` puts that buffer
 and `faulthandler`'s stacks into `<run dir>/hang/rank<N>.txt`; global rank 0 then waits briefly
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 HANG_DIR = "hang"
 RING_SIZE = 64
-_PLUMBING = ("parallel/comm.py", "parallel/control.py", "parallel/hang_report.py")
+_PLUMBING = ("parallel/comm/", "parallel/control.py", "parallel/hang_report.py")
 """Where collectives are issued on a caller's behalf: the call site is the caller's line."""
 
 
@@ -90,7 +90,7 @@ def _call_site() -> str:
     """file:line (function) of the nearest caller outside the plumbing modules."""
     frame: FrameType | None = sys._getframe(2)
     last = frame
-    while frame is not None and frame.f_code.co_filename.endswith(_PLUMBING):
+    while frame is not None and any(p in frame.f_code.co_filename for p in _PLUMBING):
         last, frame = frame, frame.f_back
     frame = frame or last
     if frame is None:

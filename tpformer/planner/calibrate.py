@@ -12,20 +12,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import Tensor
 
 from tpformer.config.presets import preset
 from tpformer.engine.memory import measure_saved_activations
 from tpformer.layers.dropout import dropout_mask_bytes
 from tpformer.models import build_model
-from tpformer.parallel.comm import all_gather_async, reduce_scatter_async, wait
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.link_timing import time_collectives
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import GB, Cluster
 from tpformer.planner.memory import layer_activation_bytes
@@ -83,56 +80,6 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 1 / slope, max(0.0, my - slope * mx)
 
 
-def _collective_rank(rank: int, store: str, out: str) -> None:
-    """Time, between two ranks, the collectives the run uses: the TP all-reduce, the engine's
-    all-gather and reduce-scatter (tpformer.parallel.comm; pairwise exchanges on 2 gloo
-    ranks) and the pipeline's send/receive."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=300),
-    )
-    handle = GroupHandle(dist.group.WORLD, rank, 2)
-
-    def run(op: str, x: Tensor) -> None:
-        if op == "all_reduce":
-            dist.all_reduce(x)
-        elif op == "all_gather":
-            half = x.numel() // 2
-            wait(all_gather_async(x, x[rank * half : (rank + 1) * half].clone(), handle))
-        elif op == "reduce_scatter":
-            wait(reduce_scatter_async(torch.empty(x.numel() // 2), x, handle))
-        elif rank == 0:
-            dist.send(x, 1)
-        else:
-            dist.recv(x, 0)
-
-    times: dict[str, list[list[float]]] = {}
-    for op in COLLECTIVES:
-        for nbytes in COLLECTIVE_BYTES:  # a fixed number of repeats: every rank issues as many
-            x = torch.ones(nbytes // 4)
-            run(op, x)
-            samples = []
-            for _ in range(max(5, 2**22 // nbytes)):
-                dist.barrier()
-                start = time.perf_counter()
-                run(op, x)
-                samples.append(time.perf_counter() - start)
-            times.setdefault(op, []).append([nbytes, statistics.median(samples)])
-    # the slower rank's medians
-    flat = torch.tensor([t for op in COLLECTIVES for _, t in times[op]], dtype=torch.float64)
-    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
-    agreed = iter(flat.tolist())
-    if rank == 0:
-        Path(out).write_text(
-            json.dumps({op: [[n, next(agreed)] for n, _ in times[op]] for op in COLLECTIVES})
-        )
-    dist.destroy_process_group()
-
-
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send")
 RING_SHARE = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "send": 1.0}
 """At n = 2 the ring model is t = share x bytes / bandwidth + k x latency (k = 2 for the
@@ -145,7 +92,10 @@ def collective_constants() -> dict[str, tuple[float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/times.json"
         mp.start_processes(
-            _collective_rank, args=(f"{tmp}/store", out), nprocs=2, start_method="spawn"
+            time_collectives,
+            args=(f"{tmp}/store", out, COLLECTIVES, COLLECTIVE_BYTES),
+            nprocs=2,
+            start_method="spawn",
         )
         points = json.loads(Path(out).read_text())
     constants = {}

@@ -5,7 +5,7 @@ Hydra overrides of a run that computes the same losses as every other."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from tpformer.config.schema import (
@@ -20,6 +20,31 @@ from tpformer.engine.units import bucket_elements
 from tpformer.parallel.layout import divisors
 from tpformer.parallel.pipeline.partition import best_split, equal_split
 from tpformer.parallel.pipeline.split import flop_costs
+
+
+@dataclass(frozen=True)
+class StackProfile:
+    """Where another framework's published run (Megatron-LM and DeepSpeed, 2021-22) ran
+    differently from tpformer's engine; the defaults are tpformer. Only the published-run
+    checks (tools/published_runs.py) set them."""
+
+    explicit_attention: bool = False
+    """Price an explicit attention core (scores materialized, softmax and dropout on them) even
+    where tpformer would run the fused kernel: how Megatron-LM ran before FlashAttention (2021,
+    2022), with its per-rank dropout streams under rng=fast."""
+    scatter_gather_hops: bool = False
+    """Price Megatron-LM's scatter/gather stage hops (Narayanan et al. 2021, 4.1): without
+    sequence parallelism each TP rank sends 1/t of the activation to the next stage, which
+    all-gathers it; tpformer's pipeline sends the whole activation from every TP rank."""
+    grad_bytes: int = 4
+    """Bytes per gradient element the engine keeps: 4, tpformer's fp32 buffers (also under
+    grad_compression=bf16, which only sends 16-bit); 2 prices an engine that keeps 16-bit
+    gradients (the ZeRO paper's 16 bytes per parameter, DeepSpeed, 2021 Megatron-LM)."""
+    gather_per_bucket: bool = False
+    """ZeRO-3 gathers parameters bucket by bucket too (DeepSpeed); tpformer gathers blocks."""
+
+
+TPFORMER = StackProfile()
 
 
 @dataclass(frozen=True)
@@ -41,24 +66,13 @@ class Workload:
     rng: str = "auto"
     """parallel.rng: exact-mode attention dropout keeps the [b, h, s, s] tensors and draws
     per-sample streams; fast (auto on accelerators) runs the fused attention kernel."""
-    explicit_attention: bool = False
-    """Price an explicit attention core (scores materialized, softmax and dropout on them) even
-    where tpformer would run the fused kernel: how Megatron-LM ran before FlashAttention (2021,
-    2022), with its per-rank dropout streams under rng=fast."""
-    scatter_gather_hops: bool = False
-    """Price Megatron-LM's scatter/gather stage hops (Narayanan et al. 2021, 4.1): without
-    sequence parallelism each TP rank sends 1/t of the activation to the next stage, which
-    all-gathers it; tpformer's pipeline sends the whole activation from every TP rank."""
-    grad_bytes: int = 4
-    """Bytes per gradient element the engine keeps: 4, tpformer's fp32 buffers (also under
-    grad_compression=bf16, which only sends 16-bit); 2 prices an engine that keeps 16-bit
-    gradients (the ZeRO paper's 16 bytes per parameter, DeepSpeed, 2021 Megatron-LM)."""
     bucket_elements: int = 0
     """0: gradients and ZeRO-3's gathered parameters are whole blocks, as tpformer's engine
     buckets them by default; > 0: gradient buckets of at most this many elements
     (parallel.bucket_mb; DeepSpeed's reduce_bucket_size is 5e8)."""
-    gather_per_bucket: bool = False
-    """ZeRO-3 gathers parameters bucket by bucket too (DeepSpeed); tpformer gathers blocks."""
+    stack: StackProfile = field(default_factory=lambda: TPFORMER)
+    """How the priced stack differs from tpformer's engine: tpformer itself unless a published
+    run of another stack is priced (tools/published_runs.py)."""
 
     @classmethod
     def of(cls, config: Config, global_batch: int, name: str = "") -> Workload:

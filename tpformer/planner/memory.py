@@ -71,10 +71,10 @@ def rng_mode(work: Workload, cluster: Cluster) -> str:
 def fused_attention(work: Workload, cluster: Cluster) -> bool:
     """Whether the attention core is one fused SDPA kernel that keeps no [b, h, s, s] tensor:
     on an accelerator, unless exact-mode attention dropout makes the core explicit (or the
-    workload prices an explicit core: Workload.explicit_attention)."""
+    workload prices an explicit core: StackProfile.explicit_attention)."""
     return (
         cluster.device_type != "cpu"
-        and not work.explicit_attention
+        and not work.stack.explicit_attention
         and not exact_attention_dropout(work, cluster)
     )
 
@@ -226,7 +226,7 @@ def working_params(
     order, and backward starts one before it completes the other, e.g. a weight's bucket before
     its bias's), each at most the cap or one parameter larger than it (a layer's largest matrix,
     or for one of the three the word embedding); an engine that also gathers per bucket
-    (`work.gather_per_bucket`, DeepSpeed's ZeRO-3) holds two buckets of gradients and of
+    (`work.stack.gather_per_bucket`, DeepSpeed's ZeRO-3) holds two buckets of gradients and of
     parameters, none smaller than a layer's largest matrix."""
     per_layer = params.layers / max(1, layers)
     blocks = params.embedding + params.head + 2 * per_layer
@@ -234,7 +234,7 @@ def working_params(
         return blocks, blocks
     h, f = work.model.hidden_size, work.model.intermediate_size
     largest = max(h * f, 3 * h * h) / c.tp
-    if work.gather_per_bucket:
+    if work.stack.gather_per_bucket:
         bucket = 2 * min(per_layer, max(work.bucket_elements, largest))
         return bucket, bucket
     bucket = max(work.bucket_elements, largest)
@@ -268,7 +268,7 @@ def predict_stage_memory(
             c.replicas,
             param_bytes=work.itemsize,
             mixed=mixed,
-            grad_bytes=work.grad_bytes,
+            grad_bytes=work.stack.grad_bytes,
         )
         alive = in_flight(c, r)
         layers = sum(split[r :: c.pp])
@@ -286,7 +286,7 @@ def predict_stage_memory(
         if c.cpu_offload == "optimizer+params":
             host, params_bytes = host + params_bytes, 0.0
         whole_grads, gathered = working_params(work, c, params, layers)
-        buffers = (work.grad_bytes * whole_grads if c.zero_stage >= 2 else 0) + (
+        buffers = (work.stack.grad_bytes * whole_grads if c.zero_stage >= 2 else 0) + (
             work.itemsize * gathered if c.zero_stage == 3 else 0
         )
         stages.append(

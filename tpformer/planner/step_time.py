@@ -285,13 +285,13 @@ def _stage_hop(work: Workload, c: Candidate, cl: Cluster) -> float:
     """One activation (or its gradient) across a stage boundary, over the link it crosses (a
     boundary crosses nodes once a stage fills one). Under sequence parallelism each TP rank
     sends its 1/t of the sequence; otherwise each sends the whole (replicated) activation, or,
-    with `work.scatter_gather_hops` (Megatron-LM's), 1/t of it, which the next stage
+    with `work.stack.scatter_gather_hops` (Megatron-LM's), 1/t of it, which the next stage
     all-gathers over its TP link."""
     nbytes = work.seq / c.cp * c.micro_batch * work.model.hidden_size * work.itemsize
     link = cl.link(c.replicas * c.tp + 1)
     if c.sequence_parallel:
         return link.send(nbytes / c.tp)
-    if work.scatter_gather_hops and c.tp > 1:
+    if work.stack.scatter_gather_hops and c.tp > 1:
         return link.send(nbytes / c.tp) + cl.link(c.tp).all_gather(nbytes, c.tp)
     return link.send(nbytes)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from tpformer.config.schema import Activation, Arch, ModelConfig
-from tpformer.planner.candidate import Candidate, Workload, enumerate_candidates
+from tpformer.planner.candidate import Candidate, StackProfile, Workload, enumerate_candidates
 from tpformer.planner.cluster import Cluster, load_preset, resolve_cluster
 from tpformer.planner.search import Evaluated, evaluate, tie_ranked
 from tpformer.planner.step_time import layer_time, tensor_comm_time
@@ -214,11 +214,13 @@ def workload(run: PublishedRun) -> Workload:
         1.0,
         nsp=False,
         rng="fast",
-        explicit_attention=True,
-        scatter_gather_hops=True,
-        grad_bytes=2 if zero3 else 4,
         bucket_elements=DEEPSPEED_BUCKET if zero3 else 0,
-        gather_per_bucket=zero3,
+        stack=StackProfile(
+            explicit_attention=True,
+            scatter_gather_hops=True,
+            grad_bytes=2 if zero3 else 4,
+            gather_per_bucket=zero3,
+        ),
     )
 
 
