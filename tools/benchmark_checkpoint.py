@@ -62,7 +62,7 @@ def measure(model: str, background: bool, steps: int) -> dict[str, float]:
         for s in range(2 + steps, 2 + 2 * steps):
             _step(trainer, s)
         stretch = time.perf_counter() - start
-        trainer.writer.close()
+        trainer.checkpoints.writer.close()
         written = time.perf_counter() - start
         size = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file())
     return {

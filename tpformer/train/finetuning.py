@@ -266,7 +266,10 @@ def write_results(trainer: Trainer, config: FinetuneConfig, wall_time_s: float) 
         "steps": trainer.task.max_steps,
         "evaluations": evaluations,
         "wall_time_s": wall_time_s,
-        "output_seconds": {k: round(v, 3) for k, v in trainer.seconds.items()},
+        "output_seconds": {
+            k: round(v, 3)
+            for k, v in {"checkpoints": trainer.checkpoints.seconds, **trainer.seconds}.items()
+        },
     }
     if evaluations:  # a NaN metric counts as the worst value, as in the loop
         results["best"] = max(
