@@ -22,39 +22,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import OptimConfig
-from tpformer.engine.compression import PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
 from tpformer.engine.grad_clip import global_grad_norm
 from tpformer.engine.grads import (
     PipelineTiedGrads,
-    ReplicatedGrads,
     SequenceParallelGrads,
-    ShardedGrads,
+    build_grads,
+    use_sparse_lookups,
 )
-from tpformer.engine.memory import MemoryBytes
+from tpformer.engine.memory import MemoryBytes, optimizer_state_bytes
 from tpformer.engine.optimizer import build_masters, build_optimizer
 from tpformer.engine.params import PartitionedParams, ReplicatedParams
 from tpformer.engine.precision import LossScaler, compute_dtype
 from tpformer.engine.state import load_logical_state, logical_state
 from tpformer.engine.units import bucket_elements, split_units
 from tpformer.parallel.context import ParallelContext
-
-
-@runtime_checkable
-class RowSparseLookup(Protocol):
-    """A lookup table that can give row-sparse weight gradients (nn.Embedding's and
-    VocabParallelEmbedding's `sparse`): the engine's hooks add them into its buffers, so on
-    the CPU it turns them on instead of a dense table allocated, zeroed and added every
-    backward. Not on accelerators: adding a sparse gradient coalesces it, which reads its count
-    of distinct rows on the host (a device sync; the dry run's meta device refuses it)."""
-
-    sparse: bool
 
 
 class ZeroEngine:
@@ -91,17 +78,15 @@ class ZeroEngine:
         (pipedream: a pipeline-wide norm would make the stages wait for each other)."""
         self.clip_grad = optim.clip_grad
         self.dtype = compute_dtype(precision)
-        device = ctx.device
-        state_device = torch.device("cpu") if cpu_offload != "none" else device
         self.scaler = LossScaler(
             enabled=precision == "fp16",
             initial=optim.initial_loss_scale,
             window=optim.loss_scale_window,
-            device=device,
+            device=ctx.device,
         )
         self.lr = optim.lr
-        self._nonfinite_run = torch.zeros((), dtype=torch.long, device=device)
-        self._longest_nonfinite = torch.zeros((), dtype=torch.long, device=device)
+        self._nonfinite_run = torch.zeros((), dtype=torch.long, device=ctx.device)
+        self._longest_nonfinite = torch.zeros((), dtype=torch.long, device=ctx.device)
         self.max_nonfinite_steps = optim.max_nonfinite_steps
         self.sync = True
         self._callback_queued = False
@@ -111,56 +96,55 @@ class ZeroEngine:
             for u in split_units(model, max_elements=bucket_elements(bucket_mb))
         ]
         self.whole_master = zero_stage == 0
-        if zero_stage == 3:
-            self.params: ReplicatedParams | PartitionedParams = PartitionedParams(
-                model,
-                self.buckets,
-                ctx.replicas,
-                dtype=self.dtype,
-                device=device,
-                offload=cpu_offload == "optimizer+params",
-            )
-        else:
-            self.params = ReplicatedParams(
-                model,
-                self.buckets,
-                ctx.replicas,
-                dtype=self.dtype,
-                device=device,
-                sharded_master=zero_stage >= 1,
-            )
-        compress = grad_compression if ctx.replicas.size > 1 else "none"  # it acts on DP x CP only
-        bf16 = compress == "bf16"
-        powersgd = (
-            PowerSGD(
-                self.buckets,
-                ctx.replicas,
-                ctx.tp,
-                rank=powersgd_rank,
-                start_step=powersgd_start_step,
-                seed=ctx.rng.seed,
-                device=device,
-            )
-            if compress == "powersgd"
-            else None
-        )
-        self.grads = (
-            ShardedGrads(self.buckets, ctx.replicas, device, self.pool, bf16=bf16)
-            if zero_stage >= 2
-            else ReplicatedGrads(
-                self.buckets,
-                ctx.replicas,
-                device,
-                self.pool,
-                sharded=zero_stage == 1,
-                bf16=bf16,
-                powersgd=powersgd,
-            )
+        self.params = self._place_parameters(cpu_offload)
+        self.grads = build_grads(
+            self.buckets,
+            ctx,
+            self.pool,
+            stage=zero_stage,
+            compression=grad_compression,
+            powersgd_rank=powersgd_rank,
+            powersgd_start_step=powersgd_start_step,
         )
         self.sequence_grads = SequenceParallelGrads(self.buckets, ctx.tp, whole=self.whole_master)
         self.tied_grads = PipelineTiedGrads(self.buckets, ctx.pipeline_ends)
+        state_device = torch.device("cpu") if cpu_offload != "none" else ctx.device
+        self._build_optimizer(optim, state_device)
+        self._ready = [0] * len(self.buckets)
+        if ctx.device.type == "cpu":  # see RowSparseLookup
+            use_sparse_lookups(model)
+        self._segments: dict[int, tuple[int, Segment]] = {}
+        self._hook_gradients()
+
+    def _place_parameters(self, cpu_offload: str) -> ReplicatedParams | PartitionedParams:
+        """Where the parameters live between uses: partitioned over DP at stage 3 (gathered per
+        block, optionally offloaded), replicated otherwise."""
+        ctx = self.ctx
+        if self.stage == 3:
+            return PartitionedParams(
+                self.model,
+                self.buckets,
+                ctx.replicas,
+                dtype=self.dtype,
+                device=ctx.device,
+                offload=cpu_offload == "optimizer+params",
+            )
+        return ReplicatedParams(
+            self.model,
+            self.buckets,
+            ctx.replicas,
+            dtype=self.dtype,
+            device=ctx.device,
+            sharded_master=self.stage >= 1,
+        )
+
+    def _build_optimizer(self, optim: OptimConfig, state_device: torch.device) -> None:
+        """The fp32 masters (aliasing the parameters when they are fp32 on the same device)
+        and the optimizer over their views."""
         self.master_aliased = (
-            self.dtype == torch.float32 and state_device == device and self.params.aliasable
+            self.dtype == torch.float32
+            and state_device == self.ctx.device
+            and self.params.aliasable
         )
         owned = [self.params.owned(i) for i in range(len(self.buckets))]
         self.masters = build_masters(
@@ -175,20 +159,13 @@ class ZeroEngine:
             self.buckets,
             self.masters,
             whole=self.whole_master,
-            tp=ctx.tp,
-            dp=ctx.replicas,
-            comm_device=device,
+            tp=self.ctx.tp,
+            dp=self.ctx.replicas,
+            comm_device=self.ctx.device,
         )
-        self._ready = [0] * len(self.buckets)
-        for module in model.modules():
-            sparse_ok = device.type == "cpu"
-            if (
-                sparse_ok
-                and isinstance(module, RowSparseLookup)
-                and isinstance(module.sparse, bool)
-            ):
-                module.sparse = True
-        self._segments: dict[int, tuple[int, Segment]] = {}
+
+    def _hook_gradients(self) -> None:
+        """Each parameter's accumulated gradient goes into its bucket as backward produces it."""
         for i, bucket in enumerate(self.buckets):
             for seg in bucket.segments:
                 seg.param.register_post_accumulate_grad_hook(self._grad_hook(i, seg))
@@ -392,16 +369,9 @@ class ZeroEngine:
     def memory_report(self) -> MemoryBytes:
         """Bytes this rank holds between steps in parameters, gradients and optimizer state,
         measured from the engine's own tensors (compare with memory.zero_memory_bytes)."""
-        optimizer = (
-            0
-            if self.master_aliased
-            else sum(m.values.numel() * m.values.element_size() for m in self.masters)
-        )
-        for master in self.masters:
-            for view in master.views:
-                for value in self.optimizer.state.get(view.param, {}).values():
-                    if isinstance(value, Tensor) and value.numel() > 1:
-                        optimizer += value.numel() * value.element_size()
+        masters = 0 if self.master_aliased else sum(m.values.nbytes for m in self.masters)
+        views = [view.param for master in self.masters for view in master.views]
+        optimizer = masters + optimizer_state_bytes(self.optimizer, views)
         return MemoryBytes(self.params.nbytes(), self.grads.nbytes(), optimizer)
 
     def __repr__(self) -> str:

@@ -16,9 +16,10 @@ ShardedGrads     stages 2-3: the whole buffer is transient (taken from the pool 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from tpformer.engine.compression import Bf16Reduction, PowerSGD
 from tpformer.engine.flat_buffer import BufferPool, FlatBucket, Segment
@@ -29,7 +30,7 @@ from tpformer.parallel.comm import (
     reduce_scatter_async,
     wait,
 )
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.parallel.param_info import param_info
 
 
@@ -295,3 +296,56 @@ class PipelineTiedGrads:
     def sum_over_ends(self, grads: list[Tensor]) -> None:
         if self.indices:
             all_reduce_coalesced([grads[i] for i in self.indices], self.ends)
+
+
+@runtime_checkable
+class RowSparseLookup(Protocol):
+    """A lookup table that can give row-sparse weight gradients (nn.Embedding's and
+    VocabParallelEmbedding's `sparse`): the engine's hooks add them into its buffers, so on
+    the CPU it turns them on instead of a dense table allocated, zeroed and added every
+    backward. Not on accelerators: adding a sparse gradient coalesces it, which reads its count
+    of distinct rows on the host (a device sync; the dry run's meta device refuses it)."""
+
+    sparse: bool
+
+
+def use_sparse_lookups(model: nn.Module) -> None:
+    """Turn on row-sparse weight gradients of every RowSparseLookup of the model (the CPU)."""
+    for module in model.modules():
+        if isinstance(module, RowSparseLookup) and isinstance(module.sparse, bool):
+            module.sparse = True
+
+
+def build_grads(
+    buckets: list[FlatBucket],
+    ctx: ParallelContext,
+    pool: BufferPool,
+    *,
+    stage: int,
+    compression: str,
+    powersgd_rank: int,
+    powersgd_start_step: int,
+) -> ShardedGrads | ReplicatedGrads:
+    """The engine's gradient buffers: stages 2-3 reduce-scatter into shards every micro-batch;
+    0-1 keep whole buffers, reduced (optionally compressed) after the last micro-batch.
+    Compression acts on the DP x CP reduction only."""
+    compress = compression if ctx.replicas.size > 1 else "none"
+    bf16 = compress == "bf16"
+    if stage >= 2:
+        return ShardedGrads(buckets, ctx.replicas, ctx.device, pool, bf16=bf16)
+    powersgd = (
+        PowerSGD(
+            buckets,
+            ctx.replicas,
+            ctx.tp,
+            rank=powersgd_rank,
+            start_step=powersgd_start_step,
+            seed=ctx.rng.seed,
+            device=ctx.device,
+        )
+        if compress == "powersgd"
+        else None
+    )
+    return ReplicatedGrads(
+        buckets, ctx.replicas, ctx.device, pool, sharded=stage == 1, bf16=bf16, powersgd=powersgd
+    )

@@ -3,7 +3,7 @@ memory_report is tested) and the activations autograd saves for backward."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -89,3 +89,14 @@ def measure_saved_activations(
         for handle in handles:
             handle.remove()
     return SavedActivations(sum(seen.values()), per_layer)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> int:
+    """Bytes of the optimizer's per-element state of `params` (scalars such as a step count
+    are not counted)."""
+    return sum(
+        value.nbytes
+        for p in params
+        for value in optimizer.state.get(p, {}).values()
+        if isinstance(value, torch.Tensor) and value.numel() > 1
+    )
