@@ -198,7 +198,7 @@ def run_entry_point(
             rng=config.parallel.rng,
             gloo_shortcuts=config.parallel.gloo_shortcuts,
             context=layout.cp,
-            replicas=layout.replicas,
+            replicas=layout.stage_workers,
         )
     else:
         ctx = ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)

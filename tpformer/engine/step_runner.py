@@ -133,7 +133,7 @@ class PipelineStepRunner(_StepUpdate):
             train=train,
         )
         totals = all_reduce(totals, self.ctx.pp)  # the values live on the last stage
-        if self.ctx.layout.replicas:  # ctx.pp is the world: the sum over every replica already
+        if self.ctx.layout.stage_workers:  # ctx.pp is the world: the sum over every replica already
             totals /= self.ctx.replicas.size  # this replica's share (the loop sums them)
         return totals
 

@@ -97,7 +97,7 @@ class ParallelContext:
     holding the same parameters, whose gradients the engine sums (the dp handle itself when
     cp == 1). `pp` links the stages of this rank's pipeline;
     `pipeline_ends` links its first and last stage (they both hold the tied word embedding).
-    With replicated stages (`layout.replicas`), `pp` is the world, and `layout.peer` names the
+    With replicated stages (`layout.stage_workers`), `pp` is the world, and `layout.peer` names the
     rank of a stage that runs a given micro-batch.
     `sequence_parallel`: the TP group also splits the sequence outside its tensor-parallel
     regions (Megatron-SP); layers read it when they are built.
@@ -228,7 +228,7 @@ class ParallelContext:
         rank = dist.get_rank()
         if dist.get_world_size() != layout.world_size:
             raise ValueError(
-                f"parallel.pipeline_replicas={list(layout.replicas)} uses "
+                f"parallel.pipeline_replicas={list(layout.stage_workers)} uses "
                 f"{layout.world_size} workers but the process group has "
                 f"{dist.get_world_size()} ranks"
             )

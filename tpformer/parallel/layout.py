@@ -47,31 +47,31 @@ class Layout:
     one); pipeline stages, which exchange only one activation per micro-batch, are the ones
     that cross nodes.
 
-    `replicas` (PipeDream's stage replication, e.g. (2, 1)): stage r runs on replicas[r]
-    workers, consecutive ranks, each taking every replicas[r]-th micro-batch; dp = tp = cp = 1
-    and the world is sum(replicas). Empty: the regular grid above.
+    `stage_workers` (PipeDream's stage replication, e.g. (2, 1)): stage r runs on stage_workers[r]
+    workers, consecutive ranks, each taking every stage_workers[r]-th micro-batch; dp = tp = cp = 1
+    and the world is sum(stage_workers). Empty: the regular grid above.
     """
 
     dp: int
     tp: int
     pp: int = 1
     cp: int = 1
-    replicas: tuple[int, ...] = ()
+    stage_workers: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
-        if self.replicas:
-            return sum(self.replicas)
+        if self.stage_workers:
+            return sum(self.stage_workers)
         return self.pp * self.dp * self.cp * self.tp
 
     def _stage_start(self, stage: int) -> int:
         """The first global rank of `stage` in a replicated layout."""
-        return sum(self.replicas[:stage])
+        return sum(self.stage_workers[:stage])
 
     def replica_of(self, rank: int) -> int:
         """Which of its stage's replicas a global rank is (0 in a regular layout: its DP rank
         is a coordinate of its own)."""
-        if not self.replicas:
+        if not self.stage_workers:
             return 0
         return rank - self._stage_start(self.stage_of(rank))
 
@@ -79,9 +79,9 @@ class Layout:
         """The rank, in the group the pipeline's messages travel on (ctx.pp), that runs
         micro-batch `micro` on `stage`: the stage itself in a regular layout (ctx.pp is this
         rank's pipeline), replica micro % replicas[stage] of it (ctx.pp is the world)."""
-        if not self.replicas:
+        if not self.stage_workers:
             return stage
-        return self._stage_start(stage) + micro % self.replicas[stage]
+        return self._stage_start(stage) + micro % self.stage_workers[stage]
 
     def rank_of(self, pp: int, dp: int, tp: int, cp: int = 0) -> int:
         return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
@@ -89,8 +89,8 @@ class Layout:
     def _ranks(self) -> list[tuple[int, int, int, int]]:
         """Every (pp, dp, cp, tp) coordinate, in global rank order (a stage's replicas are its
         DP ranks)."""
-        if self.replicas:
-            return [(p, d, 0, 0) for p, n in enumerate(self.replicas) for d in range(n)]
+        if self.stage_workers:
+            return [(p, d, 0, 0) for p, n in enumerate(self.stage_workers) for d in range(n)]
         return [
             (p, d, c, t)
             for p in range(self.pp)
@@ -128,7 +128,7 @@ class Layout:
     def pp_groups(self) -> list[list[int]]:
         """Global ranks of each pipeline, stage by stage (one per DP replica, CP and TP rank);
         with replicated stages, one group: the world (a micro-batch's path depends on it)."""
-        if self.replicas:
+        if self.stage_workers:
             return [list(range(self.world_size))]
         return self._groups("p")
 
@@ -142,15 +142,15 @@ class Layout:
 
     def stage_of(self, rank: int) -> int:
         """The pipeline stage (pp rank) of a global rank."""
-        if self.replicas:
+        if self.stage_workers:
             return self._ranks()[rank][0]
         return rank // (self.dp * self.cp * self.tp)
 
     def describe(self) -> str:
         """ "pp1 dp2 cp2 tp2"-style name (cp only when > 1); "pp2 replicas 2-1 tp1" with
         replicated stages."""
-        if self.replicas:
-            return f"pp{self.pp} replicas {'-'.join(map(str, self.replicas))} tp{self.tp}"
+        if self.stage_workers:
+            return f"pp{self.pp} replicas {'-'.join(map(str, self.stage_workers))} tp{self.tp}"
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         return f"pp{self.pp} dp{self.dp}{cp} tp{self.tp}"
 
@@ -228,7 +228,7 @@ def replicated_layout(
             f"parallel.pipeline_replicas={list(counts)} uses {sum(counts)} workers but "
             f"world_size={world_size}; the worker counts must sum to the world size"
         )
-    return Layout(dp=1, tp=1, pp=len(counts), replicas=counts)
+    return Layout(dp=1, tp=1, pp=len(counts), stage_workers=counts)
 
 
 def provisional_replicas(world_size: int, stages: int) -> list[int]:

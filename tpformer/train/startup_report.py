@@ -39,7 +39,7 @@ def pipeline_lines(
         t.grad_accum,
         chunks,
         forward_time=fwd,
-        replicas=layout.replicas,
+        replicas=layout.stage_workers,
         every_step=p.pipedream_update == "step",
     )
     first_worker = [layout.peer(r, 0) for r in range(layout.pp)]
@@ -55,11 +55,11 @@ def pipeline_lines(
         ]
         + (
             [
-                f"  replicated stages {'-'.join(map(str, layout.replicas))}: stage r runs on "
+                f"  replicated stages {'-'.join(map(str, layout.stage_workers))}: stage r runs on "
                 "replicas[r] workers that take its micro-batches in turn and update together "
                 "(gradients summed over the DP groups above)"
             ]
-            if layout.replicas
+            if layout.stage_workers
             else []
         )
         if p.pipeline_schedule == "pipedream"
@@ -97,7 +97,7 @@ def _steady_bubble(layout: Layout, micro: int, forward_time: list[float]) -> flo
         micro,
         steps=6,
         forward_time=forward_time,
-        replicas=layout.replicas,
+        replicas=layout.stage_workers,
     )
     idle = span = 0.0
     for worker, timeline in enumerate(sim.timeline):
@@ -198,12 +198,16 @@ def format_plan(
     cluster = run_cluster(config, layout)
     stage_memory = predict_memory_of(config, layout, cluster)
     warnings: list[str] = []
-    if layout.replicas:  # the planner prices regular grids only: its numbers would mislead
+    if layout.stage_workers:  # the planner prices regular grids only: its numbers would mislead
         predicted = ["step time: the planner does not model replicated stages"]
     else:
         predicted, warnings = prediction_lines(config, layout, cluster, device_type, stage_memory)
     cp = f" x cp {layout.cp}" if layout.cp > 1 else ""
-    dp = f"replicas {'-'.join(map(str, layout.replicas))}" if layout.replicas else f"dp {layout.dp}"
+    dp = (
+        f"replicas {'-'.join(map(str, layout.stage_workers))}"
+        if layout.stage_workers
+        else f"dp {layout.dp}"
+    )
     lines = [
         f"layout: world {layout.world_size} = {pp}{dp}{cp} x tp {layout.tp}",
         f"  TP groups: {layout.tp_groups()}",

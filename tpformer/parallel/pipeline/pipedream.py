@@ -125,7 +125,7 @@ class PipeDreamRunner(PipelineRunner):
     backward of each micro-batch is scaled by (micro-batches per step / per update), so an
     update's gradient is the mean over its micro-batches as a whole step's would be.
 
-    Replicated stages (ctx.layout.replicas): replica j of a stage of n runs the stream's
+    Replicated stages (ctx.layout.stage_workers): replica j of a stage of n runs the stream's
     micro-batches j, j + n, ... (PipeDream's round robin) as a 1F1B stream of its own, and the
     replicas update together, their gradients summed (the engine's reduction over
     ctx.replicas): an update is n x `every` consecutive micro-batches of the stream. A
@@ -147,7 +147,7 @@ class PipeDreamRunner(PipelineRunner):
         self.optimizer = optimizer
         self.vertical_sync, self.every_step = vertical_sync, every_step
         self.stash = WeightStash(cast(nn.Module, stage.model))
-        self.replicas = ctx.layout.replicas
+        self.replicas = ctx.layout.stage_workers
         self.replica = ctx.layout.replica_of(ctx.rank)
         self.workers = self.replicas[stage.rank] if self.replicas else 1
         """Replicas of this stage: it runs every `workers`-th micro-batch."""
