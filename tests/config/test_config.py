@@ -268,8 +268,8 @@ CHOICES = {
 
 @pytest.mark.parametrize("key", sorted(CHOICES))
 def test_every_choice_key_names_its_allowed_values(key: str) -> None:
-    """Declared beside the field (an Enum in config/schema/choices.py): Hydra rejects the value while composing;
-    the one validator says the same for configs built in code."""
+    """Declared beside the field (an Enum in config/schema/choices.py): Hydra rejects the value
+    while composing; the one validator says the same for configs built in code."""
     with pytest.raises(ConfigCompositionException) as info:
         compose_config(f"{key}=bogus")
     message = str(info.value.__cause__ or info.value)

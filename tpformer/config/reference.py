@@ -1,6 +1,7 @@
 """The configuration reference, generated from the schema: every key of every group with its
-type, allowed values, default and the attribute docstring written under the field in the schema (config/schema/).
-The docs build (docs/hooks.py) renders it, so the reference cannot drift from the code."""
+type, allowed values, default and the attribute docstring written under the field in
+config/schema/. The docs build (docs/hooks.py) renders it, so the reference cannot drift from
+the code."""
 
 from __future__ import annotations
 
