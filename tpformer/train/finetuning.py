@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from tpformer.checkpoint import store
-from tpformer.config.schema import FinetuneConfig
+from tpformer.config.schema import FinetuneConfig, ModelConfig
 from tpformer.config.validate import (
     context_multiple,
     validate_pipeline,
@@ -31,6 +33,7 @@ from tpformer.data.glue.features import dev_splits, load_examples, test_splits
 from tpformer.data.glue.submission import submission_name, write_submission
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine import parallelize
+from tpformer.engine.parallelize import Parallelized
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
@@ -144,19 +147,100 @@ def batch_width_multiple(
     return multiple
 
 
+def _checkpoint_meta(
+    config: FinetuneConfig, model: ModelConfig, ctx: ParallelContext
+) -> dict[str, Any]:
+    """What a fine-tuning checkpoint records: the model, the layout, the task and its labels."""
+    task = get_task(config.task)
+    return store.checkpoint_meta(
+        model,
+        config.parallel,
+        ctx.layout,
+        task="classification",
+        run_config={"finetune": asdict(config)},
+        num_labels=task.num_labels,
+        glue_task=config.task,
+        id2label=dict(enumerate(task.labels)) if task.labels else {0: "score"},
+    )
+
+
+def _train_steps(
+    config: FinetuneConfig,
+    ctx: ParallelContext,
+    examples: Any,
+    pad_id: int,
+    micro: int,
+    pad_multiple: int,
+) -> GlueTrainSteps:
+    """This DP rank's micro-batches of each step of the training split."""
+    return GlueTrainSteps(
+        examples,
+        batch_size=config.trainer.batch_size,
+        micro_batch_size=micro,
+        dp_size=ctx.dp.size,
+        dp_rank=ctx.dp.rank,
+        seed=config.parallel.seed,
+        group_by_length=config.data.group_by_length,
+        pad_id=pad_id,
+        regression=get_task(config.task).labels is None,
+        pad_multiple=pad_multiple,
+    )
+
+
+def _evaluation(
+    config: FinetuneConfig,
+    ctx: ParallelContext,
+    model: nn.Module,
+    splits: dict[str, Any],
+    pad_id: int,
+    micro: int,
+    pad_multiple: int,
+    wrapped: Parallelized,
+    run_dir: Path,
+) -> tuple[GlueDev, Callable[[int], None]]:
+    """The dev evaluator and what the best evaluation writes (the test splits' predictions)."""
+    task, data = get_task(config.task), config.data
+    predictor = GluePredictor(
+        model,
+        splits,
+        task_name=config.task,
+        # prediction keeps no activations for backward, so twice the training micro-batch's
+        # worst case fits; measured on CPU (MiniLM, 2 cores, TP=1 and TP=2) faster than 1x or 4x
+        token_budget=2 * micro * data.max_length,
+        pad_id=pad_id,
+        ctx=ctx,
+        pad_multiple=pad_multiple,
+        pipeline=wrapped.pipeline,
+    )
+    evaluator = GlueDev(predictor, dev_splits(task, data))
+
+    def write_predictions(step: int) -> None:
+        for split in test_splits(task, data):
+            pred, index = predictor.predict(split)
+            if ctx.is_main:
+                name = submission_name(config.task, split)
+                write_submission(run_dir / "predictions" / f"{name}.tsv", config.task, pred, index)
+
+    return evaluator, write_predictions
+
+
+def _micro_batch(config: FinetuneConfig, ctx: ParallelContext, num_layers: int) -> int:
+    """trainer.micro_batch_size (default: this DP rank's whole batch), checked with the
+    recomputation and pipeline settings against the loaded model's depth."""
+    t = config.trainer
+    validate_recompute_granularity(config.parallel, num_layers)
+    micro = t.micro_batch_size or t.batch_size // ctx.dp.size
+    accumulation = t.batch_size // (micro * ctx.dp.size)
+    validate_pipeline(config.parallel, ctx.layout.pp, num_layers, accumulation)
+    return micro
+
+
 def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Trainer:
     """Load the model and the task's splits, parallelize; the loop runs it."""
     t, data = config.trainer, config.data
     task = get_task(config.task)
     model, tokenizer_path = load_classifier(Path(config.init), ctx, num_labels=task.num_labels)
-    validate_recompute_granularity(config.parallel, model.config.num_layers)
-    micro = t.micro_batch_size or t.batch_size // ctx.dp.size
-    validate_pipeline(
-        config.parallel,
-        ctx.layout.pp,
-        model.config.num_layers,
-        t.batch_size // (micro * ctx.dp.size),
-    )
+    micro = _micro_batch(config, ctx, model.config.num_layers)
     tokenizer = Tokenizer(tokenizer_path)
     tokenizer.check_vocab(model.config.vocab_size)
     splits = {
@@ -166,18 +250,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     pad_multiple = batch_width_multiple(
         data.pad_to_multiple_of, data.max_length, ctx, model.config.max_position_embeddings
     )
-    train = GlueTrainSteps(
-        splits["train"],
-        batch_size=t.batch_size,
-        micro_batch_size=micro,
-        dp_size=ctx.dp.size,
-        dp_rank=ctx.dp.rank,
-        seed=config.parallel.seed,
-        group_by_length=data.group_by_length,
-        pad_id=tokenizer.pad_id,
-        regression=task.labels is None,
-        pad_multiple=pad_multiple,
-    )
+    train = _train_steps(config, ctx, splits["train"], tokenizer.pad_id, micro, pad_multiple)
     sample = (
         {k: v.to(ctx.device) for k, v in train(0)[0][1].items()}  # what profile times
         if config.parallel.pipeline_split == "profile" and ctx.layout.pp > 1
@@ -192,33 +265,9 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
         sample=sample,
         compile_blocks=config.trainer.compile,
     )
-    # prediction keeps no activations for backward, so twice the training micro-batch's worst
-    # case fits; measured on CPU (MiniLM, 2 cores, TP=1 and TP=2) faster than 1x or 4x
-    predictor = GluePredictor(
-        model,
-        splits,
-        task_name=config.task,
-        token_budget=2 * micro * data.max_length,
-        pad_id=tokenizer.pad_id,
-        ctx=ctx,
-        pad_multiple=pad_multiple,
-        pipeline=wrapped.pipeline,
+    evaluator, write_predictions = _evaluation(
+        config, ctx, model, splits, tokenizer.pad_id, micro, pad_multiple, wrapped, run_dir
     )
-    evaluator = GlueDev(predictor, dev_splits(task, data))
-
-    def write_predictions(step: int) -> None:
-        for split in test_splits(task, data):
-            pred, index = predictor.predict(split)
-            if ctx.is_main:
-                name = submission_name(config.task, split)
-                write_submission(run_dir / "predictions" / f"{name}.tsv", config.task, pred, index)
-
-    extra = {
-        "num_labels": task.num_labels,
-        "glue_task": config.task,
-        "id2label": dict(enumerate(task.labels)) if task.labels else {0: "score"},
-    }
-    run_config = {"finetune": asdict(config)}
     steps = math.ceil(t.epochs * train.steps_per_epoch)
     return Trainer(
         TrainingTask(
@@ -232,14 +281,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
             global_batch=t.batch_size,
             peak_lr=scaled_lr(config.optim, t.batch_size),
             model_config=model.config,
-            meta=store.checkpoint_meta(
-                model.config,
-                config.parallel,
-                ctx.layout,
-                task="classification",
-                run_config=run_config,
-                **extra,
-            ),
+            meta=_checkpoint_meta(config, model.config, ctx),
             eval_every=train.steps_per_epoch,
             steps_per_epoch=train.steps_per_epoch,
             best=BestCheckpoint(evaluator.main_metric, write_predictions),

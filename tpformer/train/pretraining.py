@@ -8,9 +8,10 @@ trains on global samples [s x G, (s+1) x G), which DP rank r slices and cuts int
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import Tensor, nn
 
@@ -21,6 +22,7 @@ from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.steps import StepSource
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine import parallelize
+from tpformer.engine.parallelize import Parallelized
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_gather_object, broadcast_object
 from tpformer.parallel.context import ParallelContext
@@ -118,16 +120,11 @@ def replicate_stages(
     return ctx.regroup(choice.replicas)
 
 
-def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> Trainer:
-    """Prepare the data, build and parallelize the model, log the plan; the loop runs it."""
-    m, t = config.model, config.trainer
-    task = "pretraining" if m.arch == "bert" else "causal_lm"
-    prepared = prepare_data_on_rank0(config, ctx)
-    data = load_pretraining_data(config.data, m, seed=config.parallel.seed, prepared=prepared)
-    model = build_model(m, ctx, task=task)
-    total_params = sum(logical_shape(p).numel() for p in model.parameters())
-    global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
-    objective = objective_for(task, mask_prob=config.data.mask_prob)
+def _step_batches(
+    config: Config, ctx: ParallelContext, data: Any
+) -> Callable[[str], PretrainingSteps]:
+    """split -> this DP rank's micro-batches of each step of that split."""
+    t = config.trainer
 
     def batches(split: str) -> PretrainingSteps:
         return PretrainingSteps(
@@ -140,24 +137,30 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
             dp_rank=ctx.dp.rank,
         )
 
-    sample = (
-        objective.model_inputs({k: v.to(ctx.device) for k, v in batches("train")(0)[0][1].items()})
-        if config.parallel.pipeline_split in ("profile", "pipedream") and ctx.layout.pp > 1
-        else None
-    )
-    if config.parallel.pipeline_split == "pipedream" and sample is not None:
-        ctx = replicate_stages(config, model, sample, ctx)
-    wrapped = parallelize(
-        model,
-        config.parallel,
-        config.optim,
-        ctx,
-        head_fraction=objective.head_fraction,
-        seq=config.data.seq_length,
-        sample=sample,
-        compile_blocks=t.compile,
-    )
+    return batches
 
+
+def _split_sample(
+    config: Config,
+    ctx: ParallelContext,
+    model: nn.Module,
+    first_batch: Callable[[], dict[str, Tensor]],
+) -> tuple[dict[str, Tensor] | None, ParallelContext]:
+    """The batch a profiled or PipeDream pipeline split times on the device (None for the
+    other splits), and the context, regrouped when PipeDream replicates stages."""
+    if config.parallel.pipeline_split not in ("profile", "pipedream") or ctx.layout.pp == 1:
+        return None, ctx
+    sample = {k: v.to(ctx.device) for k, v in first_batch().items()}
+    if config.parallel.pipeline_split == "pipedream":
+        ctx = replicate_stages(config, model, sample, ctx)
+    return sample, ctx
+
+
+def log_plan(
+    config: Config, ctx: ParallelContext, wrapped: Parallelized, total_params: int
+) -> None:
+    """The startup plan (layout, parameters per stage, memory and time predicted) and its
+    warnings, in the log."""
     per_rank = all_gather_object(
         sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp
     )
@@ -174,6 +177,37 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
     log.info("plan:\n%s", plan)
     for warning in warnings:
         log.warning("%s", warning)
+
+
+def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> Trainer:
+    """Prepare the data, build and parallelize the model, log the plan; the loop runs it."""
+    m, t = config.model, config.trainer
+    task = "pretraining" if m.arch == "bert" else "causal_lm"
+    prepared = prepare_data_on_rank0(config, ctx)
+    data = load_pretraining_data(config.data, m, seed=config.parallel.seed, prepared=prepared)
+    model = build_model(m, ctx, task=task)
+    total_params = sum(logical_shape(p).numel() for p in model.parameters())
+    global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
+    objective = objective_for(task, mask_prob=config.data.mask_prob)
+
+    batches = _step_batches(config, ctx, data)
+
+    def first_batch() -> dict[str, Tensor]:
+        return objective.model_inputs(batches("train")(0)[0][1])
+
+    sample, ctx = _split_sample(config, ctx, model, first_batch)
+    wrapped = parallelize(
+        model,
+        config.parallel,
+        config.optim,
+        ctx,
+        head_fraction=objective.head_fraction,
+        seq=config.data.seq_length,
+        sample=sample,
+        compile_blocks=t.compile,
+    )
+
+    log_plan(config, ctx, wrapped, total_params)
     run_config = {k: v for k, v in asdict(config).items() if k != "model"}
     return Trainer(
         TrainingTask(
