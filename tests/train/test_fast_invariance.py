@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.dist import run_distributed
 from tests.pipeline.test_pipeline_training import pipeline_config
 from tests.tolerances import FP32_MODEL_REL
+from tests.train.test_finetune import _predictions, _rte_config
 from tpformer.config.schema import Config
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
@@ -188,3 +190,32 @@ def test_fast_mode_resume_on_a_smaller_world_gives_the_uninterrupted_losses(
     first = _launch(_losses, "bert", 2, {"data": 2, "zero_stage": 2}, {"exit_at_step": EXIT}, run)
     rest = _launch(_losses, "bert", 1, {}, {"resume": "auto"}, run)[0]
     _assert_same(first[0] + rest, references["bert"], "DP=2 then one process")
+
+
+@pytest.mark.parametrize(
+    "parallel", [{"data": 2}, pytest.param({"pipeline": 2}, marks=pytest.mark.slow)]
+)
+def test_fast_mode_finetuning_layout_gives_the_one_process_run(
+    tmp_path: Path, parallel: dict
+) -> None:
+    """Fine-tuning (RTE-style pairs, dropout 0.1, 2 epochs, micro-batch 4 of the batch of 8):
+    DP=2 and pipeline=2 under fast give the one-process run's losses and dev predictions."""
+    config = _rte_config(tmp_path, rng="fast")
+    config = replace(config, trainer=replace(config.trainer, micro_batch_size=4))
+    one = ParallelContext.single(device="cpu", rng="fast")
+    want_pred, want_losses = _predictions(one, config, str(tmp_path / "one"))
+    config = replace(config, parallel=replace(config.parallel, **parallel))
+    world = 2
+    ranks = run_distributed(
+        _predictions, world, config, str(tmp_path / "many"), rng="fast", **parallel
+    )
+    for rank, (pred, losses) in enumerate(ranks):
+        assert torch.equal(pred, want_pred), rank
+        _assert_close_curve(losses, want_losses, f"fine-tuning {parallel} rank {rank}")
+
+
+def _assert_close_curve(got: list[float], want: list[float], what: str) -> None:
+    assert len(got) == len(want), (what, got, want)
+    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want, strict=True))
+    print(f"fast invariance: {what}: max relative loss difference {worst:.1e}")  # -s shows it
+    assert worst <= FP32_MODEL_REL, (what, got, want)
