@@ -148,28 +148,43 @@ def save(
             f"({'; '.join(failures)}); the previous checkpoints in {root} are intact"
         )
     if ctx.is_main:
-        copy_tokenizer(tokenizer_files, tmp / TOKENIZER_DIR)
-        sums: dict[str, list] = {}
-        for part in outcomes:
-            assert isinstance(part, dict)  # a failure (a str) was raised above
-            sums.update(part)
-        sums.update(
-            _checksums(tmp, [".metadata", *(f"{TOKENIZER_DIR}/{f.name}" for f in tokenizer_files)])
-        )
-        (tmp / META).write_text(
-            json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta, "checksums": sums})
-        )
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        marker = root / ".latest.tmp"
-        marker.write_text(final.name)
-        os.replace(marker, root / "latest")
-        complete = sorted(p for p in root.glob("step*") if (p / META).exists())
-        for old in complete[:-keep_last] if keep_last > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-        log.info("saved checkpoint %s", final)
+        _complete(tmp, final, step, outcomes, meta, tokenizer_files, keep_last)
     barrier(group)
     return final
+
+
+def _complete(
+    tmp: Path,
+    final: Path,
+    step: int,
+    outcomes: list[object],
+    meta: dict[str, Any],
+    tokenizer_files: Sequence[Path],
+    keep_last: int,
+) -> None:
+    """Rank 0, every shard written: the tokenizer and meta.json (every file's checksum) added,
+    the directory renamed into place, the latest marker moved, old checkpoints removed."""
+    root = final.parent
+    copy_tokenizer(tokenizer_files, tmp / TOKENIZER_DIR)
+    sums: dict[str, list] = {}
+    for part in outcomes:
+        assert isinstance(part, dict)  # a failure (a str) was raised above
+        sums.update(part)
+    sums.update(
+        _checksums(tmp, [".metadata", *(f"{TOKENIZER_DIR}/{f.name}" for f in tokenizer_files)])
+    )
+    (tmp / META).write_text(
+        json.dumps({"format_version": FORMAT_VERSION, "step": step, **meta, "checksums": sums})
+    )
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    marker = root / ".latest.tmp"
+    marker.write_text(final.name)
+    os.replace(marker, root / "latest")
+    complete = sorted(p for p in root.glob("step*") if (p / META).exists())
+    for old in complete[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("saved checkpoint %s", final)
 
 
 def copy_tokenizer(files: Sequence[Path], target: Path) -> None:

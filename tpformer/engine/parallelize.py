@@ -35,7 +35,7 @@ from tpformer.engine.step_runner import (
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.parallel.pipeline.split import SplitChoice, choose_split
-from tpformer.parallel.pipeline.stage import build_stage, pipelined
+from tpformer.parallel.pipeline.stage import PipelineStage, build_stage, pipelined
 
 
 @dataclass
@@ -69,6 +69,34 @@ def build_engine(
         independent_stages=parallel.pipeline_schedule == "pipedream",
         bucket_mb=parallel.bucket_mb,
     )
+
+
+def _step_runner(
+    model: nn.Module,
+    stage: PipelineStage | None,
+    engine: ZeroEngine,
+    parallel: ParallelConfig,
+    ctx: ParallelContext,
+) -> tuple[PipelineRunner | None, StepRunner]:
+    """The step's micro-batch loop at this layout: local, a flushed pipeline schedule, or
+    PipeDream's asynchronous one (with the pipeline runner, when there is one)."""
+    if stage is None:
+        return None, LocalStepRunner(model, engine, ctx)
+    hidden = cast(Any, model).config.hidden_size  # pipelined models name their ModelConfig
+    if parallel.pipeline_schedule == "pipedream":
+        pipedream = PipeDreamStepRunner(
+            stage,
+            engine,
+            ctx,
+            hidden=hidden,
+            vertical_sync=parallel.pipedream_vertical_sync,
+            every_step=parallel.pipedream_update == "step",
+        )
+        return pipedream.pipedream, pipedream
+    flushed = PipelineRunner(
+        stage, ctx, schedule=parallel.pipeline_schedule, hidden=hidden, dtype=engine.dtype
+    )
+    return flushed, PipelineStepRunner(flushed, engine, ctx)
 
 
 def parallelize(
@@ -113,25 +141,5 @@ def parallelize(
     if compile_blocks:
         isolate_eager_islands(model)
     engine = build_engine(model, optim, parallel, ctx)
-    runner: PipelineRunner | None = None
-    steps: StepRunner = LocalStepRunner(model, engine, ctx)
-    vertical_sync = parallel.pipedream_vertical_sync  # read here: the pipedream runner's keys
-    every_step = parallel.pipedream_update == "step"
-    if stage is not None:  # pipelined models name their ModelConfig (engine/ imports no model)
-        hidden = cast(Any, model).config.hidden_size
-        if parallel.pipeline_schedule == "pipedream":
-            pipedream = PipeDreamStepRunner(
-                stage,
-                engine,
-                ctx,
-                hidden=hidden,
-                vertical_sync=vertical_sync,
-                every_step=every_step,
-            )
-            runner, steps = pipedream.pipedream, pipedream
-        else:
-            flushed = PipelineRunner(
-                stage, ctx, schedule=parallel.pipeline_schedule, hidden=hidden, dtype=engine.dtype
-            )
-            runner, steps = flushed, PipelineStepRunner(flushed, engine, ctx)
+    runner, steps = _step_runner(model, stage, engine, parallel, ctx)
     return Parallelized(engine, steps, recomputed, runner, split)
