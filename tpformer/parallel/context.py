@@ -180,13 +180,27 @@ class ParallelContext:
                 f"needs tensor > 1 (got tensor={tensor})"
             )
         init_distributed(env, timeout_s=timeout_s)
-        rank = dist.get_rank()
         if dist.get_world_size() != layout.world_size:
             raise RuntimeError(
                 f"WORLD_SIZE={world} but the process group has {dist.get_world_size()} ranks"
             )
         _check_same_layout(layout)
         device = device if device is not None else default_device(env)
+        tracker = RNGTracker(seed, resolve_rng_mode(rng, device), device=device)
+        return cls._on_mesh(layout, tracker, device, sequence_parallel, gloo_shortcuts)
+
+    @classmethod
+    def _on_mesh(
+        cls,
+        layout: Layout,
+        rng: RNGTracker,
+        device: torch.device,
+        sequence_parallel: bool,
+        shortcuts: bool,
+    ) -> ParallelContext:
+        """The regular grid: the ("pp", "dp", "cp", "tp") DeviceMesh and this rank's handles;
+        the RNG's fast-mode streams keyed by this rank's TP and CP ranks."""
+        rank = dist.get_rank()
         mesh = init_device_mesh(
             device.type,
             (layout.pp, layout.dp, layout.cp, layout.tp),
@@ -194,11 +208,9 @@ class ParallelContext:
         )
         dp_rank, tp_rank = layout.coords(rank)
         cp_rank = layout.cp_rank_of(rank)
-        pp_rank = layout.stage_of(rank)
-        shortcuts = gloo_shortcuts
+        rng.stream_rank, rng.context_rank = tp_rank, cp_rank
         dp = _handle(mesh, "dp", dp_rank, layout.dp, shortcuts)
         cp = _handle(mesh, "cp", cp_rank, layout.cp, shortcuts)
-        rng_mode = resolve_rng_mode(rng, device)
         return cls(
             layout=layout,
             rank=rank,
@@ -206,13 +218,11 @@ class ParallelContext:
             dp=dp,
             cp=cp,
             dp_cp=_dp_cp_group(layout, rank, dp, cp, shortcuts),
-            rng=RNGTracker(
-                seed, rng_mode, stream_rank=tp_rank, context_rank=cp_rank, device=device
-            ),
+            rng=rng,
             device=device,
             mesh=mesh,
             sequence_parallel=sequence_parallel,
-            pp=_handle(mesh, "pp", pp_rank, layout.pp, shortcuts),
+            pp=_handle(mesh, "pp", layout.stage_of(rank), layout.pp, shortcuts),
             pipeline_ends=_pipeline_ends(layout, rank, shortcuts),
             control=_control_group(rank, layout.world_size),
         )
