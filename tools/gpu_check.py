@@ -28,6 +28,7 @@ import torch
 from tpformer.config.presets import preset
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig, Precision, Recompute
 from tpformer.engine.parallelize import parallelize
+from tpformer.layers.sequence import labeled_positions
 from tpformer.models import build_model
 from tpformer.models.hf_keys import hf_config_from_model
 from tpformer.parallel.context import ParallelContext
@@ -81,6 +82,7 @@ def synthetic_batches(config: ModelConfig, batch: int, seq: int, n: int, device:
             "attention_mask": mask,
             "mlm_labels": labels,
             "nsp_labels": nsp,
+            "mlm_positions": labeled_positions(labels),  # made on the host, as the loader does
         }
         out.append({k: v.to(device, non_blocking=True) for k, v in parts.items()})
     return out
