@@ -19,7 +19,13 @@ from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
-from tpformer.layers.sequence import context_part, first_token, local_positions, rows_at
+from tpformer.layers.sequence import (
+    context_part,
+    first_token,
+    labeled_positions,
+    local_positions,
+    rows_at,
+)
 from tpformer.models.base import TPModel
 from tpformer.parallel.comm import copy_to_tp, from_first_rank
 from tpformer.parallel.context import ParallelContext
@@ -245,7 +251,7 @@ class BertForPreTraining(_PipelinedBert):
         **_: Tensor | None,
     ) -> PretrainingOutput:
         """`mlm_positions` [b, P]: the labeled positions (layers/sequence.labeled_positions,
-        prepared with the batch on the host); without them the head runs on every position."""
+        prepared with the batch on the host by the loader)."""
         sequence, pooled = self.bert.finish(hidden)
         out = PretrainingOutput(nsp_logits=self.nsp(pooled))
         b, s = input_ids.shape
@@ -253,8 +259,14 @@ class BertForPreTraining(_PipelinedBert):
             held = local_positions(s, self.tp, False, input_ids.device, self.cp)
             out.mlm_logits = self.mlm_logits(self._rows_at(sequence, held.expand(b, -1), s)[0])
             return out
-        if mlm_positions is None:
-            mlm_positions = torch.arange(s, device=input_ids.device).expand(b, -1)
+        if mlm_positions is None:  # a caller other than the loader: found here, where that
+            # reads nothing from a device (on the CPU), else the head runs on every position
+            on_host = mlm_labels.device.type == "cpu"
+            mlm_positions = (
+                labeled_positions(mlm_labels)
+                if on_host
+                else torch.arange(s, device=input_ids.device).expand(b, -1)
+            )
         # the labeled rows only (fetched from their ranks under sequence parallelism); with
         # context parallelism, this CP rank's: its loss is its share of the micro-batch's
         rows, held = self._rows_at(sequence, mlm_positions, s)
