@@ -64,4 +64,4 @@ def _pending_types(ctx: ParallelContext) -> list[str]:
 def test_the_switch_chooses_the_path(shortcuts: bool) -> None:
     """Two gloo ranks: the swaps with the shortcuts, the library's collectives without."""
     types = run_distributed(_pending_types, 2, gloo_shortcuts=shortcuts)[0]
-    assert types == (["_PairExchange"] * 3 if shortcuts else ["_Timed"] * 3)
+    assert types == (["PairExchange"] * 3 if shortcuts else ["Timed"] * 3)
