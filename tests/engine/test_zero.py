@@ -203,6 +203,35 @@ def test_a_nonfinite_step_is_skipped_on_the_device(name: str) -> None:
     assert not changed, changed
 
 
+def test_fp16_loss_scaler_decides_on_the_device_inside_the_engine() -> None:
+    """fp16 through the engine (it runs on the CPU too; the CLI validator keeps fp16 for GPUs):
+    the scale multiplies the loss and is divided out of the reported norm (fp32's first norm to
+    fp16 precision), a NaN step is skipped with every state tensor unchanged and halves the
+    scale, and `loss_scale_window` clean steps double it, all as device tensors."""
+    optim = replace(OPTIM, initial_loss_scale=1024.0, loss_scale_window=2)
+    norms = {}
+    for precision in ("fp32", "fp16"):
+        ctx = ParallelContext.single(device="cpu")
+        model = _model(ctx)
+        engine = build_engine(model, optim, ParallelConfig(precision=precision), ctx)
+        engine.backward(model(**_batch(0)).loss)
+        norms[precision] = engine.step()["grad_norm"]
+    assert norms["fp16"] == pytest.approx(norms["fp32"], rel=1e-2)  # fp16 activations
+    assert isinstance(engine.scaler.scale, torch.Tensor)
+    assert (float(engine.scaler.scale), int(engine.scaler.clean_steps)) == (1024.0, 1)
+    before = {k: v.clone() for k, v in engine.state_dict().items() if k != "nonfinite_steps"}
+    engine.backward(model(**_batch(1)).loss * float("nan"))
+    assert engine.step()["skipped"] == 1.0
+    after = engine.state_dict()
+    changed = [k for k in before if k not in ("loss_scale", "clean_steps")]
+    assert all(torch.equal(before[k], after[k]) for k in changed)
+    assert float(engine.scaler.scale) == 512.0
+    for step in (2, 3):
+        engine.backward(model(**_batch(step)).loss)
+        assert engine.step()["skipped"] == 0.0
+    assert float(engine.scaler.scale) == 1024.0
+
+
 def test_device_adamw_follows_torch_adamw_and_skips_on_found_inf() -> None:
     """DeviceAdamW (devices without a fused AdamW, e.g. a dry run's meta device) against
     torch's AdamW over 4 steps with weight decay, a skipped first step included (its state is

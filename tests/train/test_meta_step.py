@@ -44,17 +44,13 @@ LAYOUTS = {  # name: (world size, ParallelContext.create keys, parallel config k
 }
 
 
+SIZES = ("vocab_size", "hidden_size", "num_heads", "num_layers", "intermediate_size")
+
+
 def _gpt(config: Config) -> Config:
-    model = preset(
-        "gpt2_small",
-        vocab_size=256,
-        hidden_size=64,
-        num_heads=4,
-        num_layers=4,
-        intermediate_size=256,
-        max_position_embeddings=64,
-    )
-    return replace(config, model=model)
+    """The same run with a GPT of the BERT test model's sizes."""
+    sizes = {k: getattr(config.model, k) for k in (*SIZES, "max_position_embeddings")}
+    return replace(config, model=preset("gpt2_small", **sizes))
 
 
 def _meta_steps(world: int, layout: dict, build: Callable[[ParallelContext], Trainer]) -> dict:

@@ -54,7 +54,7 @@ def _seeded(block: nn.Module, forward: Callable[..., Any], rng: RNGTracker) -> C
 
     def run(*args: Any, **kwargs: Any) -> Any:
         site = users[0].device_stream_site() if users and block.training else None
-        stream = nullcontext() if site is None else rng.forked(rng.device, site, sharded=True)
+        stream = nullcontext() if site is None else rng.forked(rng.device, site)
         with stream:
             return forward(*args, **kwargs)
 

@@ -239,7 +239,8 @@ class ZeroEngine:
         """Reduce, unscale, clip, update and redistribute; returns grad_norm and skipped as
         device scalars. A step with a non-finite gradient leaves the weights and optimizer
         state unchanged, decided on the device (the optimizer's found_inf, the loss scaler's
-        device update): nothing here waits for the device. `check_finite` raises after
+        device update): nothing here waits for the device (with the optimizer offloaded to
+        the CPU, its step waits for the gradients' copy as it must). `check_finite` raises after
         optim.max_nonfinite_steps consecutive skipped steps."""
         self.settle()  # a step without a forward in between
         scale = 1.0 / self.scaler.scale if self.scaler.enabled else 1.0  # folded into clipping

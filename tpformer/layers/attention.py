@@ -96,7 +96,7 @@ class ParallelSelfAttention(nn.Module):
         if torch.compiler.is_compiling():
             return self._fused_core(q, k, v, mask, causal, self.dropout.p)
         assert self.dropout.site is not None, "call assign_dropout_sites(model)"
-        with self.dropout.rng.forked(q.device, self.dropout.site, sharded=True):
+        with self.dropout.rng.forked(q.device, self.dropout.site):
             return self._fused_core(q, k, v, mask, causal, self.dropout.p)
 
     def device_stream_site(self) -> int | None:

@@ -201,7 +201,7 @@ class ParallelDropout(nn.Module):
             def drawn(src: int) -> Tensor:
                 shape = (b, heads, n, positions[src].numel())
                 key = name_key(f"{site}/{src}")
-                with rng.restored(forward_position), rng.forked(q.device, key, sharded=True):
+                with rng.restored(forward_position), rng.forked(q.device, key):
                     keep = torch.empty(shape, device=q.device).bernoulli_(1.0 - self.p)
                 return keep.mul_(scale)
 

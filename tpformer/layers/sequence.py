@@ -75,7 +75,10 @@ def rows_at(
     rank's rows (local_positions); a position this rank does not hold gives a zero row. Under
     sequence parallelism each position is held by one TP rank: the rows are summed over the
     group (one all-reduce of [b, P, h], identity backward: each rank's rows get their gradient).
-    Only device indexing: no count is read on the host."""
+    Only device indexing: no count is read on the host. NOTE: under context parallelism every
+    CP rank gets all P rows (those it does not hold as zeros, their labels ignored), so the MLM
+    head does cp times the work of the labeled rows; keeping only its own would need each CP
+    rank's count on the host (a loader that knows the layout)."""
     device = hidden.device
     mine = local_positions(seq_len, tp, sequence_parallel, device, cp)
     row_of = torch.full((seq_len,), -1, dtype=torch.long, device=device)

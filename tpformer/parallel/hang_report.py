@@ -2,7 +2,7 @@
 one summary line naming the ranks that did not reach the collective the others wait in.
 
 `parallel/comm/` records every collective it issues here (kind, group, shape, the group's
-sequence number, the call site outside comm.py) in a small ring buffer: a few dict and frame
+sequence number, the call site outside parallel/comm/) in a small ring buffer: a few dict and frame
 lookups per call, no device work. When a collective times out, `write_report` puts that buffer
 and `faulthandler`'s stacks into `<run dir>/hang/rank<N>.txt`; global rank 0 then waits briefly
 for the others' reports and logs `summary` (a stopped rank writes none, and that is its

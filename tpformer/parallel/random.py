@@ -160,9 +160,10 @@ def _default_generator(device: torch.device) -> torch.Generator:
 class RNGTracker:
     """Holds the seed, the mode and the current (step, first global sample) of the micro-batch.
 
-    `stream_rank` (fast mode) is this rank's position in the TP group: it keys the masks of
-    sharded regions, so each rank's heads or sequence chunk get their own; `context_rank`, its
-    CP rank, keys every mask (each CP rank holds other positions).
+    `stream_rank` (fast mode) is this rank's position in the TP group and `context_rank` its CP
+    rank: they key the attention dropout's generator stream (`forked`), so each rank's heads
+    and positions get their own; the hash masks need neither (they are keyed by global
+    position).
 
     NOTE: the training loop calls `set_position(step, sample_offset)` before every micro-batch;
     without it every forward redraws the masks of position (0, 0).
@@ -230,17 +231,17 @@ class RNGTracker:
         return self.mode == "fast"
 
     @contextmanager
-    def forked(self, device: torch.device, site: int, *, sharded: bool) -> Iterator[None]:
-        """fast mode: inside, `device`'s default generator (what F.dropout and the fused SDPA
-        kernels draw from) is seeded by this call's key; its previous state is back after.
-        The meta device (a dry run) draws nothing and has no generator."""
+    def forked(self, device: torch.device, site: int) -> Iterator[None]:
+        """fast mode: inside, `device`'s default generator (what the fused SDPA kernels draw
+        from) is seeded by this call's key, which includes this rank's TP rank (each rank draws
+        for its own heads) and CP rank; its previous state is back after. The meta device (a
+        dry run) draws nothing and has no generator."""
         if device.type == "meta":
             yield
             return
         gen = _default_generator(device)
         saved = gen.get_state()  # host-side: CUDA keeps (seed, offset) on the CPU
-        rank = self.stream_rank if sharded else -1
-        keys: tuple[int, ...] = (self.seed, self.step, self.sample_offset, site, rank)
+        keys: tuple[int, ...] = (self.seed, self.step, self.sample_offset, site, self.stream_rank)
         if self.context_rank:  # CP rank 0 keeps the keys of a run without CP
             keys = (*keys, self.context_rank)
         gen.manual_seed(derive_seed(*keys))
