@@ -32,6 +32,7 @@ FORBIDDEN = {
         "tpformer.train",
         "tpformer.checkpoint",
     ],
+    "interop": ["tpformer.engine", "tpformer.train", "tpformer.checkpoint", "tpformer.data"],
     "inference": ["tpformer.engine", "tpformer.train", "tpformer.checkpoint", "tpformer.data"],
     "train": [],
     "config": [],

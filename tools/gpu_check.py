@@ -28,9 +28,9 @@ import torch
 from tpformer.config.presets import preset
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig, Precision, Recompute
 from tpformer.engine.parallelize import parallelize
+from tpformer.interop.hf_keys import hf_config_from_model
 from tpformer.layers.sequence import labeled_positions
 from tpformer.models import build_model
-from tpformer.models.hf_keys import hf_config_from_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.planner.step_time import flops_per_step
 from tpformer.train.metrics import peak_tflops

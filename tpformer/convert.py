@@ -17,8 +17,8 @@ from tpformer.checkpoint import store
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from tpformer.engine import parallelize
 from tpformer.engine.state import parameter_template
+from tpformer.interop.hf import load_hf_model, read_hf_config, save_hf_checkpoint, task_of
 from tpformer.models import BertForSequenceClassification, GPTForCausalLM, TPModel, build_model
-from tpformer.models.hf import load_hf_model, read_hf_config, save_hf_checkpoint, task_of
 from tpformer.parallel.context import ParallelContext
 
 DEFAULT_TASK = {"bert": "pretraining", "gpt": "causal_lm"}

@@ -13,7 +13,13 @@ import torch
 from tests.dist import run_distributed
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 from tpformer.convert import load_causal_lm
-from tpformer.inference.generation import Batch, GenerationSettings, generate, new_caches
+from tpformer.inference.generation import (
+    Batch,
+    GenerationSettings,
+    decode,
+    generate,
+    new_caches,
+)
 from tpformer.inference.sampling import Sampling, filtered_logits
 from tpformer.layers.kv_cache import kv_cache_bytes
 from tpformer.parallel.comm import gather_from_tp
@@ -104,7 +110,7 @@ def _cached_against_full(ctx: ParallelContext, directory: str) -> float:
     worst = 0.0
     ids = list(prompt)
     with torch.no_grad():
-        logits = model.decode(batch.ids, batch.positions[:, :width], batch.slots(0, width), caches)
+        logits = decode(model, batch.ids, batch.positions[:, :width], batch.slots(0, width), caches)
         for t in range(NEW):
             full = gather_from_tp(model(torch.tensor([ids])).logits, ctx.tp)
             expected = full[0, -1, : model.config.vocab_size]
@@ -112,7 +118,8 @@ def _cached_against_full(ctx: ParallelContext, directory: str) -> float:
             token = int(logits[0].argmax())
             ids.append(token)
             at = width + t
-            logits = model.decode(
+            logits = decode(
+                model,
                 torch.tensor([[token]]),
                 batch.positions[:, at : at + 1],
                 batch.slots(at, at + 1),

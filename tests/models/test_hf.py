@@ -9,7 +9,7 @@ import transformers
 from tests.dist import run_distributed
 from tests.models.common import bert_batch
 from tests.tolerances import assert_rel_close
-from tpformer.models.hf import load_hf_model, save_hf_checkpoint
+from tpformer.interop.hf import load_hf_model, save_hf_checkpoint
 from tpformer.parallel.comm import gather_from_tp
 from tpformer.parallel.context import ParallelContext
 

@@ -129,6 +129,37 @@ class _Stream:
             self.shown = text
 
 
+def _write_completions(
+    config: GenerateConfig,
+    prompts: list[tuple[str, list[int]]],
+    done: dict[int, list[int]],
+    stop_ids: frozenset[int],
+    codec: TextCodec | None,
+    stream: _Stream | None,
+    run_dir: Path,
+    start: float,
+) -> None:
+    """One JSON line per prompt (in prompt order) to generate.output, and the throughput."""
+    output = Path(config.output) if config.output else run_dir / "completions.jsonl"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w") as out_file:
+        for i, prompt in enumerate(prompts):
+            record = _record(i, prompt, done[i], stop_ids, codec, list(config.stop))
+            out_file.write(json.dumps(record) + "\n")
+            if stream is not None:
+                stream.finish(record["text"])
+    tokens = sum(len(ids) for ids in done.values())
+    seconds = time.perf_counter() - start
+    log.info(
+        "done: %d completions, %d new tokens in %.1f s (%.0f tokens/s with loading); %s",
+        len(prompts),
+        tokens,
+        seconds,
+        tokens / seconds,
+        output,
+    )
+
+
 def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) -> None:
     from tpformer.convert import load_causal_lm  # the model stack: after validation
 
@@ -180,24 +211,7 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
         done.update(part)
     if not ctx.is_main:
         return
-    output = Path(config.output) if config.output else run_dir / "completions.jsonl"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w") as out_file:
-        for i, prompt in enumerate(prompts):
-            record = _record(i, prompt, done[i], stop_ids, codec, list(config.stop))
-            out_file.write(json.dumps(record) + "\n")
-            if stream is not None:
-                stream.finish(record["text"])
-    tokens = sum(len(ids) for ids in done.values())
-    seconds = time.perf_counter() - start
-    log.info(
-        "done: %d completions, %d new tokens in %.1f s (%.0f tokens/s with loading); %s",
-        len(prompts),
-        tokens,
-        seconds,
-        tokens / seconds,
-        output,
-    )
+    _write_completions(config, prompts, done, stop_ids, codec, stream, run_dir, start)
 
 
 @console_script

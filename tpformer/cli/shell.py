@@ -184,24 +184,7 @@ def run_entry_point(
             sys.exit(code)
         return
     layout, notes = _checked_layout(config, env.world_size, env.local_world_size, check)
-    if env.under_launcher:
-        die_with_parent()
-        enable_nccl_flight_recorder(run_dir)
-        ctx = ParallelContext.create(
-            layout.tp,
-            layout.dp,
-            seed=config.parallel.seed,
-            env=env,
-            timeout_s=config.launcher.timeout_s,
-            sequence_parallel=config.parallel.sequence_parallel,
-            pipeline=layout.pp,
-            rng=config.parallel.rng,
-            gloo_shortcuts=config.parallel.gloo_shortcuts,
-            context=layout.cp,
-            replicas=layout.stage_workers,
-        )
-    else:
-        ctx = ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)
+    ctx = _context(config, layout, env, run_dir)
     shared = run_dir
     try:
         shared = _shared_run_dir(cfg, run_dir, ctx)
@@ -218,6 +201,27 @@ def run_entry_point(
         sys.exit(1)
     finally:
         ctx.destroy()
+
+
+def _context(config: Any, layout: Layout, env: LaunchEnv, run_dir: Path) -> ParallelContext:
+    """This rank's context: the process groups of `layout` under a launcher, else one process."""
+    if not env.under_launcher:
+        return ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)
+    die_with_parent()
+    enable_nccl_flight_recorder(run_dir)
+    return ParallelContext.create(
+        layout.tp,
+        layout.dp,
+        seed=config.parallel.seed,
+        env=env,
+        timeout_s=config.launcher.timeout_s,
+        sequence_parallel=config.parallel.sequence_parallel,
+        pipeline=layout.pp,
+        rng=config.parallel.rng,
+        gloo_shortcuts=config.parallel.gloo_shortcuts,
+        context=layout.cp,
+        replicas=layout.stage_workers,
+    )
 
 
 def report_collective_timeout(

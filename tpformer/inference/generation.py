@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from tpformer.inference.sampling import Sampling, next_tokens
 from tpformer.layers.block import TransformerLayer
 from tpformer.layers.kv_cache import KVCache
 from tpformer.models.gpt import GPTForCausalLM
+from tpformer.parallel.comm import gather_from_tp
 
 DONE_CHECK_EVERY = 8
 """Without streaming or stop strings, the host reads whether every sequence has stopped once
@@ -68,6 +70,26 @@ class Batch:
     def slots(self, start: int, stop: int) -> Tensor | None:
         """The mask of query slots start..stop over every key slot before stop."""
         return None if self.mask is None else self.mask[:, :, start:stop, :stop]
+
+
+def decode(
+    model: GPTForCausalLM,
+    input_ids: Tensor,
+    positions: Tensor,
+    mask: Tensor | None,
+    caches: list[KVCache],
+) -> Tensor:
+    """Run new tokens [b, s] at `positions` through the stack, appending their keys and values
+    to `caches` (one per layer; `mask` [b, 1, s, cached + s] says which cached positions each
+    attends to; None: causal over an empty cache, else all of it); -> the full-vocabulary logits
+    of the last position [b, vocab], the same on every TP rank. Decoding holds whole sequences:
+    no sequence or context parallelism."""
+    gpt = model.transformer
+    x = gpt.embed_at(input_ids, positions)
+    for block, cache in zip(model.blocks(), caches, strict=True):
+        x = block(x, mask, cache)
+    local = F.linear(gpt.norm(x[:, -1]), gpt.wte.weight)  # this rank's vocab rows
+    return gather_from_tp(local, model.tp)[:, : model.config.vocab_size]
 
 
 def new_caches(model: GPTForCausalLM, batch: int, length: int) -> list[KVCache]:
@@ -121,7 +143,7 @@ def generate(
     out = torch.zeros(b, settings.max_new_tokens, dtype=torch.long, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     host_done = [False] * b
-    logits = model.decode(batch.ids, batch.positions[:, :width], batch.slots(0, width), caches)
+    logits = decode(model, batch.ids, batch.positions[:, :width], batch.slots(0, width), caches)
     steps = 0
     for t in range(settings.max_new_tokens):
         token = next_tokens(logits, settings.sampling, generator)
@@ -140,8 +162,8 @@ def generate(
         if steps == settings.max_new_tokens:
             break
         at = width + t
-        logits = model.decode(
-            token[:, None], batch.positions[:, at : at + 1], batch.slots(at, at + 1), caches
+        logits = decode(
+            model, token[:, None], batch.positions[:, at : at + 1], batch.slots(at, at + 1), caches
         )
     rows = out[:, :steps].tolist()
     return [_trimmed(ids, settings.stop_tokens, stop, r) for r, ids in enumerate(rows)]

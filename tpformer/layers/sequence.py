@@ -10,10 +10,13 @@ replicated, as the heads expect. Without sequence parallelism they are plain ind
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from tpformer.parallel.comm import from_first_rank, reduce_from_tp, sequence_range
-from tpformer.parallel.context import GroupHandle
+from tpformer.layers.linear import sequence_gathered_linear
+from tpformer.parallel.comm import copy_to_tp, from_first_rank, reduce_from_tp, sequence_range
+from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.init import mark_sequence_parallel
 from tpformer.parallel.sequence_chunks import context_positions
 
 
@@ -94,3 +97,93 @@ def rows_at(
     held = torch.zeros(seq_len, dtype=torch.bool, device=device)
     held[local_positions(seq_len, tp, False, device, cp)] = True
     return rows, held[positions]
+
+
+class SequenceRows:
+    """Which rows of each sequence this rank holds, and how a model moves between them and the
+    whole sequence: the one place a BERT or GPT model meets sequence and context parallelism.
+
+    Rows held: all of them; under context parallelism this CP rank's two mirrored chunks; under
+    sequence parallelism, of those, this TP rank's chunk. Every method is the plain operation
+    when neither is on, so a model calls them unconditionally and knows no layout.
+    """
+
+    def __init__(self, tp: GroupHandle, sequence_parallel: bool, cp: GroupHandle) -> None:
+        self.tp, self.sequence_parallel, self.cp = tp, sequence_parallel, cp
+
+    @property
+    def sequence_group(self) -> GroupHandle | None:
+        """The group a replicated region's rows are split over (sequence parallelism), else None."""
+        return self.tp if self.sequence_parallel else None
+
+    @property
+    def split_over_context(self) -> bool:
+        return self.cp.size > 1
+
+    def positions(self, seq_len: int, device: torch.device) -> Tensor:
+        """The global positions of the rows this rank holds between blocks."""
+        return local_positions(seq_len, self.tp, self.sequence_parallel, device, self.cp)
+
+    def context_positions(self, seq_len: int, device: torch.device) -> Tensor:
+        """The global positions this CP rank holds (all of its TP group's rows)."""
+        return local_positions(seq_len, self.tp, False, device, self.cp)
+
+    def context_part(self, x: Tensor) -> Tensor:
+        """x [b, s, ...] of the whole sequence -> this CP rank's positions."""
+        return context_part(x, self.cp)
+
+    def first_token(self, hidden: Tensor) -> Tensor:
+        """hidden[:, 0] of the whole sequence, replicated on every rank (the pooler's input)."""
+        return from_first_rank(first_token(hidden, self.tp, self.sequence_parallel), self.cp)
+
+    def first_token_weight(self) -> float:
+        """1.0, or 0.0 on CP ranks other than 0: how much of a loss on the first token this rank
+        counts (every CP rank runs the same head on the same input; gradients are summed over
+        CP, so only one may count it)."""
+        return 1.0 if self.cp.rank == 0 else 0.0
+
+    def rows_at(self, hidden: Tensor, positions: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
+        """rows_at for this rank's rows."""
+        return rows_at(hidden, positions, seq_len, self.tp, self.sequence_parallel, self.cp)
+
+    def vocab_logits(self, hidden: Tensor, weight: Tensor) -> Tensor:
+        """This rank's vocab shard of the logits [b, s, V/tp] of every held position of the
+        whole CP chunk: under sequence parallelism the rows are all-gathered first (their
+        gradient reduce-scattered back)."""
+        if self.sequence_parallel:
+            return sequence_gathered_linear(hidden, weight, None, self.tp)
+        return F.linear(copy_to_tp(hidden, self.tp), weight)
+
+    def key_mask(self, attention_mask: Tensor | None, *, causal: bool) -> Tensor | None:
+        """The blocks' attention mask from a [b, s] padding mask (1 = token): bool [b, 1, 1, s],
+        and for a causal model [b, 1, s, s] with the causal part (None: no padding, attention
+        applies causality itself). Under context parallelism the key padding alone: ring
+        attention builds the causal part from positions."""
+        if attention_mask is None:
+            return None
+        padding = attention_mask.bool()[:, None, None, :]
+        if not causal or self.split_over_context:
+            return padding
+        s = attention_mask.shape[1]
+        lower = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).tril()
+        return lower[None, None] & padding
+
+    def next_token_targets(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits [N, V/tp], targets [N]) for next-token prediction: labels [b, s] of the whole
+        sequence, aligned with the inputs. Each position predicts the next token, the last one
+        nothing. Under context parallelism the targets are shifted over the whole sequence and
+        this CP rank's positions taken (its logits are of those positions)."""
+        if not self.split_over_context:
+            return logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+        targets = self.context_part(F.pad(labels[:, 1:], (0, 1), value=-100)).reshape(-1)
+        return logits.reshape(-1, logits.shape[-1]), targets
+
+    def mark_replicated(self, *modules: nn.Module) -> None:
+        """Mark parameters that act on sequence-split rows (their TP gradients are summed):
+        the modules outside the tensor-parallel regions, under sequence parallelism."""
+        if self.sequence_parallel:
+            mark_sequence_parallel(*modules)
+
+
+def sequence_rows(ctx: ParallelContext) -> SequenceRows:
+    return SequenceRows(ctx.tp, ctx.sequence_parallel, ctx.cp)

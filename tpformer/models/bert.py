@@ -19,17 +19,11 @@ from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
-from tpformer.layers.sequence import (
-    context_part,
-    first_token,
-    labeled_positions,
-    local_positions,
-    rows_at,
-)
+from tpformer.layers.sequence import SequenceRows, labeled_positions, sequence_rows
 from tpformer.models.base import TPModel
-from tpformer.parallel.comm import copy_to_tp, from_first_rank
+from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
+from tpformer.parallel.init import mark_sharded
 
 
 def check_sequence_length(seq_len: int, config: ModelConfig) -> None:
@@ -40,20 +34,13 @@ def check_sequence_length(seq_len: int, config: ModelConfig) -> None:
         )
 
 
-def padding_mask(attention_mask: Tensor | None) -> Tensor | None:
-    """[b, s] with 1 = token, 0 = padding -> bool [b, 1, 1, s] (True = attend), or None."""
-    if attention_mask is None:
-        return None
-    return attention_mask.bool()[:, None, None, :]
-
-
 class BertEmbeddings(nn.Module):
     """word (vocab-parallel) + position + token type, then LayerNorm and dropout; replicated
-    out, or this rank's chunk of the sequence with ctx.sequence_parallel."""
+    out for this rank's rows (SequenceRows)."""
 
-    def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
+    def __init__(self, config: ModelConfig, rows: SequenceRows, ctx: ParallelContext) -> None:
         super().__init__()
-        self.tp, self.sequence_parallel = ctx.tp, ctx.sequence_parallel
+        self.rows = rows
         self.word_embeddings = VocabParallelEmbedding(
             config.vocab_size,
             config.hidden_size,
@@ -67,22 +54,14 @@ class BertEmbeddings(nn.Module):
         )
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = ParallelDropout(
-            config.dropout,
-            ctx.rng,
-            sequence=ctx.tp if ctx.sequence_parallel else None,
-            context=ctx.cp,
+            config.dropout, ctx.rng, sequence=rows.sequence_group, context=ctx.cp
         )
-        self.cp = ctx.cp
-        if ctx.sequence_parallel:
-            mark_sequence_parallel(self.position_embeddings, self.token_type_embeddings, self.norm)
+        rows.mark_replicated(self.position_embeddings, self.token_type_embeddings, self.norm)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """input_ids [b, s] of the whole sequence -> this rank's rows (its CP chunks, and its TP
-        chunk of those under sequence parallelism)."""
-        positions = local_positions(
-            input_ids.shape[1], self.tp, self.sequence_parallel, input_ids.device, self.cp
-        )
-        x = self.word_embeddings(context_part(input_ids, self.cp))
+        """input_ids [b, s] of the whole sequence -> this rank's rows."""
+        positions = self.rows.positions(input_ids.shape[1], input_ids.device)
+        x = self.word_embeddings(self.rows.context_part(input_ids))
         x = x + self.position_embeddings(positions)
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
@@ -96,9 +75,8 @@ class BertModel(TPModel):
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pooler: bool = True) -> None:
         super().__init__()
-        self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
-        self.cp = ctx.cp
-        self.embeddings = BertEmbeddings(config, ctx)
+        self.config, self.tp, self.rows = config, ctx.tp, sequence_rows(ctx)
+        self.embeddings = BertEmbeddings(config, self.rows, ctx)
         self.encoder = TransformerStack(config, ctx, pre_norm=False, causal=False)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
 
@@ -115,17 +93,9 @@ class BertModel(TPModel):
         """The last block's output -> (sequence output, pooled or None)."""
         if self.pooler is None:
             return x, None
-        first = first_token(x, self.tp, self.sequence_parallel)
-        # context parallelism: position 0 is CP rank 0's; every CP rank runs the head on it
-        # and counts its loss on CP rank 0 only (head_weight)
-        first = from_first_rank(first, self.cp)
-        return x, torch.tanh(self.pooler(first))
-
-    def head_weight(self) -> float:
-        """1.0, or 0.0 on CP ranks other than 0: how much of a loss on the pooled output this
-        rank counts (the CP ranks run the same head on the same input; gradients are summed
-        over CP, so only one may count it)."""
-        return 1.0 if self.cp.rank == 0 else 0.0
+        # every rank runs the pooler on the first token; a loss on it counts with
+        # rows.first_token_weight() (on one CP rank)
+        return x, torch.tanh(self.pooler(self.rows.first_token(x)))
 
     def forward(
         self,
@@ -133,10 +103,10 @@ class BertModel(TPModel):
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """-> (sequence output [b, s, hidden], pooled [b, hidden] or None); both replicated,
-        except the sequence output with sequence parallelism: this rank's chunk [b, s/tp, h],
-        and with context parallelism: this CP rank's positions [b, s/cp, h]."""
-        x = self.encoder(self.embed(input_ids, token_type_ids), padding_mask(attention_mask))
+        """-> (sequence output [b, s, hidden] of this rank's rows, pooled [b, hidden] or None,
+        replicated)."""
+        mask = self.rows.key_mask(attention_mask, causal=False)
+        x = self.encoder(self.embed(input_ids, token_type_ids), mask)
         return self.finish(x)
 
 
@@ -157,7 +127,7 @@ class _PipelinedBert(TPModel):
         return self.bert.embed(input_ids, token_type_ids)
 
     def block_mask(self, attention_mask: Tensor | None = None, **_: Tensor | None) -> Tensor | None:
-        return padding_mask(attention_mask)
+        return self.bert.rows.key_mask(attention_mask, causal=False)
 
     head: Callable[..., Any]
     """The task's output from the last block's hidden states and the batch (each subclass's)."""
@@ -198,8 +168,7 @@ class BertForPreTraining(_PipelinedBert):
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
-        self.config, self.tp, self.sequence_parallel = config, ctx.tp, ctx.sequence_parallel
-        self.cp = ctx.cp
+        self.config, self.tp = config, ctx.tp
         self.bert = BertModel(config, ctx)
         h = config.hidden_size
         self.mlm_transform = nn.Linear(h, h)
@@ -213,9 +182,6 @@ class BertForPreTraining(_PipelinedBert):
 
     pipeline_head = ("bert.pooler", "mlm_transform", "mlm_norm", "mlm_bias", "nsp")
     pipeline_tied = ("bert.embeddings.word_embeddings.weight",)
-
-    def _rows_at(self, sequence: Tensor, positions: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
-        return rows_at(sequence, positions, seq_len, self.tp, self.sequence_parallel, self.cp)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """[..., hidden] -> this rank's logits [..., padded_vocab / tp]."""
@@ -255,9 +221,10 @@ class BertForPreTraining(_PipelinedBert):
         sequence, pooled = self.bert.finish(hidden)
         out = PretrainingOutput(nsp_logits=self.nsp(pooled))
         b, s = input_ids.shape
+        rows = self.bert.rows
         if mlm_labels is None:  # every position this CP rank holds
-            held = local_positions(s, self.tp, False, input_ids.device, self.cp)
-            out.mlm_logits = self.mlm_logits(self._rows_at(sequence, held.expand(b, -1), s)[0])
+            held = rows.context_positions(s, input_ids.device)
+            out.mlm_logits = self.mlm_logits(rows.rows_at(sequence, held.expand(b, -1), s)[0])
             return out
         if mlm_positions is None:  # a caller other than the loader: found here, where that
             # reads nothing from a device (on the CPU), else the head runs on every position
@@ -269,10 +236,10 @@ class BertForPreTraining(_PipelinedBert):
             )
         # the labeled rows only (fetched from their ranks under sequence parallelism); with
         # context parallelism, this CP rank's: its loss is its share of the micro-batch's
-        rows, held = self._rows_at(sequence, mlm_positions, s)
+        labeled, held = rows.rows_at(sequence, mlm_positions, s)
         labels = torch.where(held, mlm_labels.gather(1, mlm_positions), -100)
         losses, hits = vocab_parallel_cross_entropy_and_hits(
-            self.mlm_logits(rows.flatten(0, 1)),
+            self.mlm_logits(labeled.flatten(0, 1)),
             labels.flatten(),
             self.tp,
             vocab_size=self.config.vocab_size,
@@ -282,7 +249,7 @@ class BertForPreTraining(_PipelinedBert):
         out.mlm_loss = out.mlm_loss_sum / out.mlm_count.clamp(min=1)
         out.loss = out.mlm_loss
         if nsp_labels is not None and out.nsp_logits is not None:
-            weight = self.bert.head_weight()
+            weight = rows.first_token_weight()
             out.nsp_loss = F.cross_entropy(out.nsp_logits.float(), nsp_labels) * weight
             out.nsp_correct = (out.nsp_logits.argmax(-1) == nsp_labels).sum() * int(weight)
             out.loss = out.loss + out.nsp_loss
@@ -337,6 +304,4 @@ class BertForSequenceClassification(_PipelinedBert):
             loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
         else:
             loss = F.cross_entropy(logits.float(), labels)
-        if self.bert.cp.size > 1:
-            loss = loss * self.bert.head_weight()
-        return ClassificationOutput(logits, loss)
+        return ClassificationOutput(logits, loss * self.bert.rows.first_token_weight())

@@ -256,6 +256,31 @@ def _check(config: ClusterConfig) -> None:
             raise ValueError(f"cluster.{key}={getattr(config, key)} must be a fraction in [0, 1]")
 
 
+def _calibration_file(config: ClusterConfig, cache_dir: str) -> Path | None:
+    """cluster.calibration's file: auto = the stored one for this cluster if any, none = None."""
+    if config.calibration == "auto":
+        path = calibration_path(cache_dir, config.name)
+        return path if path.exists() else None
+    if config.calibration == "none":
+        return None
+    path = Path(config.calibration)
+    if not path.exists():
+        raise ValueError(
+            f"cluster.calibration={config.calibration}: no such file (run "
+            "tpformer-plan --calibrate, or use auto or none)"
+        )
+    return path
+
+
+def _read_calibration(path: Path) -> dict:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(
+            f"cluster.calibration: cannot read {path}: {err}; re-run tpformer-plan --calibrate"
+        ) from err
+
+
 def resolve_cluster(
     config: ClusterConfig,
     precision: str,
@@ -268,33 +293,11 @@ def resolve_cluster(
     stored calibration applied (cluster.calibration), every value checked."""
     if config.name == "auto":
         config = _fill_from_device(config, world_size, local_world_size)
-    calibration: dict = {}
-    path = None
-    if config.calibration == "auto":
-        path = calibration_path(cache_dir, config.name)
-        path = path if path.exists() else None
-    elif config.calibration != "none":
-        path = Path(config.calibration)
-        if not path.exists():
-            raise ValueError(
-                f"cluster.calibration={config.calibration}: no such file (run "
-                "tpformer-plan --calibrate, or use auto or none)"
-            )
-    if path is not None:
-        try:
-            calibration = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(
-                f"cluster.calibration: cannot read {path}: {err}; re-run tpformer-plan --calibrate"
-            ) from err
-        config = replace(
-            config,
-            **{
-                k: v
-                for k, v in calibration.items()
-                if k in {f.name for f in fields(config)} and k != "name"
-            },
-        )
+    path = _calibration_file(config, cache_dir)
+    calibration = _read_calibration(path) if path is not None else {}
+    if calibration:
+        known = {f.name for f in fields(config)} - {"name"}
+        config = replace(config, **{k: v for k, v in calibration.items() if k in known})
     _check(config)
     bits16 = precision != "fp32"
     peak = (config.peak_tflops_16bit if bits16 else config.peak_tflops_fp32) * 1e12

@@ -84,54 +84,65 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
         work.model.num_heads,
         work.model.intermediate_size,
     )
-    touched = layer_activation_bytes(
-        *shape,
-        tp=c.tp,
-        sequence_parallel=c.sequence_parallel,
-        recompute="none",
-        itemsize=work.itemsize,
-        mask_bytes=cl.mask_bytes,
-        fused_attention=fused,
-        context=c.cp,
-        attention_dropout=exact_attention_dropout(work, cl),
-    )
+    touched = _touched_bytes(work, c, cl, shape, fused, "none")
     elementwise = cl.elementwise_passes * touched / cl.memory_bandwidth
-    # dropout noise. exact: one stream per sample, which every rank draws whole (all heads of
-    # the attention probabilities, the whole sequence of the two residual branches) and
-    # slices; fast: each rank draws its own tensor in one call, and a fused attention kernel
-    # draws its own mask inside
-    # (context parallelism: exact draws the whole streams too; fast, this rank's part)
-    m, exact = work.model, rng_mode(work, cl) == "exact"
-    heads = m.num_heads if exact else m.num_heads / c.tp / c.cp
-    attention_noise = (
-        heads * work.seq**2 * c.micro_batch * cl.dropout_time
-        if m.attention_dropout > 0 and not fused
-        else 0.0
-    )
-    split = 1 if exact else (c.tp if c.sequence_parallel else 1) * c.cp
-    residual_noise = (
-        2 * shape[0] * shape[1] * shape[2] / split * cl.dropout_time if m.dropout > 0 else 0.0
-    )
+    attention_noise, residual_noise = _dropout_noise(work, c, cl, fused)
     time = forward + backward + elementwise + cl.layer_overhead + attention_noise + residual_noise
     if c.recompute == "full":
         time += forward + (elementwise + cl.layer_overhead) / 3 + attention_noise + residual_noise
     elif c.recompute == "selective":
-        without = layer_activation_bytes(
-            *shape,
-            tp=c.tp,
-            sequence_parallel=c.sequence_parallel,
-            recompute="selective",
-            itemsize=work.itemsize,
-            mask_bytes=cl.mask_bytes,
-            fused_attention=fused,
-            context=c.cp,
-        )
+        without = _touched_bytes(work, c, cl, shape, fused, "selective")
         time += (
             core_forward  # QK^T and PV again
             + (elementwise / 3) * (touched - without) / touched
             + attention_noise
         )
     return time
+
+
+def _touched_bytes(
+    work: Workload,
+    c: Candidate,
+    cl: Cluster,
+    shape: tuple[int, int, int, int, int],
+    fused: bool,
+    recompute: str,
+) -> float:
+    """Activation bytes one layer writes and reads (layer_activation_bytes at this layout),
+    with attention dropout counted only when nothing is recomputed."""
+    return layer_activation_bytes(
+        *shape,
+        tp=c.tp,
+        sequence_parallel=c.sequence_parallel,
+        recompute=recompute,
+        itemsize=work.itemsize,
+        mask_bytes=cl.mask_bytes,
+        fused_attention=fused,
+        context=c.cp,
+        attention_dropout=recompute == "none" and exact_attention_dropout(work, cl),
+    )
+
+
+def _dropout_noise(work: Workload, c: Candidate, cl: Cluster, fused: bool) -> tuple[float, float]:
+    """Seconds drawing dropout noise in one layer's forward: (attention probabilities, the two
+    residual branches). exact: one stream per sample, which every rank draws whole (all heads,
+    the whole sequence) and slices; fast: each rank draws its own part, and a fused attention
+    kernel draws its own mask inside (context parallelism: exact draws the whole streams too;
+    fast, this rank's part)."""
+    m, exact = work.model, rng_mode(work, cl) == "exact"
+    heads = m.num_heads if exact else m.num_heads / c.tp / c.cp
+    attention = (
+        heads * work.seq**2 * c.micro_batch * cl.dropout_time
+        if m.attention_dropout > 0 and not fused
+        else 0.0
+    )
+    split = 1 if exact else (c.tp if c.sequence_parallel else 1) * c.cp
+    residual = (
+        2 * work.seq * c.micro_batch * m.hidden_size / split * cl.dropout_time
+        if m.dropout > 0
+        else 0.0
+    )
+    return attention, residual
 
 
 def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:

@@ -44,26 +44,8 @@ def pipeline_lines(
     )
     first_worker = [layout.peer(r, 0) for r in range(layout.pp)]
     ideal = t.grad_accum * max(costs)
-    update = "every micro-batch" if p.pipedream_update == "micro_batch" else "every step"
-    stale = "the first stage's version" if p.pipedream_vertical_sync else "its own latest"
     asynchronous = (
-        [
-            f"  pipedream: no flush; each stage updates after {update}'s backwards and runs "
-            f"forwards with {stale}, backwards with the forward's (up to p - r stashed versions "
-            f"on stage r); steady-state bubble {_steady_bubble(layout, t.grad_accum, fwd):.0%} "
-            "(the line above counts one step from empty, drained)"
-        ]
-        + (
-            [
-                f"  replicated stages {'-'.join(map(str, layout.stage_workers))}: stage r runs on "
-                "replicas[r] workers that take its micro-batches in turn and update together "
-                "(gradients summed over the DP groups above)"
-            ]
-            if layout.stage_workers
-            else []
-        )
-        if p.pipeline_schedule == "pipedream"
-        else []
+        _pipedream_lines(config, layout, fwd) if p.pipeline_schedule == "pipedream" else []
     )
     lines = [
         f"pipeline: {layout.pp} stages, schedule {p.pipeline_schedule}"
@@ -83,6 +65,27 @@ def pipeline_lines(
             f"  stage {r}: {layers} layers, {costs[r]:.3g} {choice.unit} per micro-batch, "
             f"{sim.peak_in_flight[first_worker[r]]} micro-batches in flight, memory per rank "
             f"{memory.total / MB:.1f} MB (activations {memory.activations / MB:.1f} MB)"
+        )
+    return lines
+
+
+def _pipedream_lines(config: Config, layout: Layout, fwd: list[float]) -> list[str]:
+    """What PipeDream's asynchronous schedule does at this setting (updates, weight versions,
+    the steady-state bubble, replicated stages)."""
+    p, t = config.parallel, config.trainer
+    update = "every micro-batch" if p.pipedream_update == "micro_batch" else "every step"
+    stale = "the first stage's version" if p.pipedream_vertical_sync else "its own latest"
+    lines = [
+        f"  pipedream: no flush; each stage updates after {update}'s backwards and runs "
+        f"forwards with {stale}, backwards with the forward's (up to p - r stashed versions "
+        f"on stage r); steady-state bubble {_steady_bubble(layout, t.grad_accum, fwd):.0%} "
+        "(the line above counts one step from empty, drained)"
+    ]
+    if layout.stage_workers:
+        lines.append(
+            f"  replicated stages {'-'.join(map(str, layout.stage_workers))}: stage r runs on "
+            "replicas[r] workers that take its micro-batches in turn and update together "
+            "(gradients summed over the DP groups above)"
         )
     return lines
 

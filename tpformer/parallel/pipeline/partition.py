@@ -10,6 +10,7 @@ from FLOPs; `profile` feeds it times measured on this device (profile.py).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +131,52 @@ def replicated_stage_time(
     return max(compute, sync) / replicas
 
 
+_Option = tuple[float, tuple[ReplicatedStage, ...]]
+
+
+def _check_partition_sizes(layers: int, workers: int, stages: int | None) -> None:
+    if workers < 1:
+        raise ValueError(f"pipedream partition needs at least one worker (got {workers})")
+    if stages is not None and not 1 <= stages <= min(layers, workers):
+        raise ValueError(
+            f"cannot place {stages} pipeline stages on {layers} layers and {workers} workers; "
+            f"parallel.pipeline must be between 1 and {min(layers, workers)}"
+        )
+
+
+def _best_pipelines(
+    n: int,
+    workers: int,
+    most_stages: int,
+    stage_time: Callable[[int, int, int], float],
+    allowed: Callable[[int], bool],
+) -> dict[tuple[int, int, int], _Option]:
+    """best[(j, m, s)]: the (slowest stage, stages) of the best pipeline of layers [0, j) on
+    m workers in s stages (ties: fewer stages)."""
+    best: dict[tuple[int, int, int], _Option] = {}
+    counts = range(1, most_stages + 1)
+
+    def keep(key: tuple[int, int, int], option: _Option) -> None:
+        if key not in best or (round(option[0], 12), len(option[1])) < (
+            round(best[key][0], 12),
+            len(best[key][1]),
+        ):
+            best[key] = option
+
+    for j in range(1, n + 1):
+        for m in range(1, workers + 1):
+            if allowed(m):
+                keep((j, m, 1), (stage_time(0, j, m), (ReplicatedStage(j, m),)))
+            for i in range(1, j):
+                for last in filter(allowed, range(1, m)):
+                    for s in counts[1:]:
+                        before = best.get((i, m - last, s - 1))
+                        if before is not None:
+                            slowest = max(before[0], stage_time(i, j, last))
+                            keep((j, m, s), (slowest, (*before[1], ReplicatedStage(j - i, last))))
+    return best
+
+
 def pipedream_partition(
     costs: StageCosts,
     weight_bytes: list[float],
@@ -151,13 +198,7 @@ def pipedream_partition(
     stages (parallel.pipeline); `divides`: only replica counts that divide it (the micro-batches
     of a step, which a stage's replicas take in turn)."""
     n = len(costs.layers)
-    if workers < 1:
-        raise ValueError(f"pipedream partition needs at least one worker (got {workers})")
-    if stages is not None and not 1 <= stages <= min(n, workers):
-        raise ValueError(
-            f"cannot place {stages} pipeline stages on {n} layers and {workers} workers; "
-            f"parallel.pipeline must be between 1 and {min(n, workers)}"
-        )
+    _check_partition_sizes(n, workers, stages)
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(weight_bytes, dtype=np.float64))])
 
     def stage_time(i: int, j: int, m: int) -> float:
@@ -167,29 +208,8 @@ def pipedream_partition(
     def allowed(m: int) -> bool:
         return divides is None or divides % m == 0
 
-    Option = tuple[float, tuple[ReplicatedStage, ...]]
-    # best[(j, m, s)]: layers [0, j) on m workers in s stages (s = 0: any number)
-    best: dict[tuple[int, int, int], Option] = {}
+    best = _best_pipelines(n, workers, stages or n, stage_time, allowed)
     counts = range(1, (stages or n) + 1)
-
-    def keep(key: tuple[int, int, int], option: Option) -> None:
-        if key not in best or (round(option[0], 12), len(option[1])) < (
-            round(best[key][0], 12),
-            len(best[key][1]),
-        ):
-            best[key] = option
-
-    for j in range(1, n + 1):
-        for m in range(1, workers + 1):
-            if allowed(m):
-                keep((j, m, 1), (stage_time(0, j, m), (ReplicatedStage(j, m),)))
-            for i in range(1, j):
-                for last in filter(allowed, range(1, m)):
-                    for s in counts[1:]:
-                        before = best.get((i, m - last, s - 1))
-                        if before is not None:
-                            slowest = max(before[0], stage_time(i, j, last))
-                            keep((j, m, s), (slowest, (*before[1], ReplicatedStage(j - i, last))))
     options = [
         best[(n, workers, s)] for s in ([stages] if stages else counts) if (n, workers, s) in best
     ]

@@ -13,6 +13,7 @@ communicators, so NCCL's in-order matching sees one stream of each.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,19 @@ def _duplicate_groups(ctx: ParallelContext) -> GroupHandle:
         if ctx.rank in ranks:
             mine = GroupHandle(group=group, rank=ranks.index(ctx.rank), size=len(ranks))
     return mine
+
+
+@dataclass
+class _StepState:
+    """What one step's actions share: its micro-batches, the objective totals, the kept inputs
+    and outputs awaiting their backward, and the sends in flight."""
+
+    step: int
+    parts: list[tuple[int, Batch]]
+    totals: Tensor
+    inputs: dict[tuple[int, int], Tensor | None] = field(default_factory=dict)
+    outputs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
+    sends: list[Pending] = field(default_factory=list)
 
 
 class PipelineRunner:
@@ -95,70 +109,86 @@ class PipelineRunner:
     ) -> Tensor:
         """Forward (and backward) every micro-batch of the step through this stage; returns the
         summed objective values on the last stage, zeros elsewhere."""
-        stage, ctx, m = self.stage, self.ctx, len(parts)
-        p, v = stage.stages, len(stage.chunks)
-        last_v = p * v - 1
-        actions = self.actions(m, train=train)
+        actions = self.actions(len(parts), train=train)
         last_backward = max((i for i, a in enumerate(actions) if a.kind == "B"), default=-1)
-        totals = torch.zeros(n_values, dtype=torch.float64, device=ctx.device)
-        inputs: dict[tuple[int, int], Tensor | None] = {}
-        outputs: dict[tuple[int, int], Tensor] = {}
-        sends: list[Pending] = []
+        state = _StepState(
+            step, parts, torch.zeros(n_values, dtype=torch.float64, device=self.ctx.device)
+        )
         for index, action in enumerate(actions):
-            key, batch = parts[action.micro]
-            vs = virtual_stage(action.chunk, stage.rank, p)
-            slot = (action.micro, action.chunk)
             if action.kind == "F":
-                ctx.rng.set_position(step, key)
-                x = None
-                if vs > 0:
-                    x = recv(
-                        torch.empty(self._shape(batch), dtype=self.dtype, device=ctx.device),
-                        self.prev(action.micro),
-                        self.activations,
-                        self._tag(0, action.micro, vs, m),
-                    )
-                    x.requires_grad_(train)
-                with torch.set_grad_enabled(train):
-                    y = stage.forward(action.chunk, x, batch)
-                    if vs == last_v:
-                        vals = values(stage.head(y, batch), batch)
-                        totals += torch.stack([t.detach().double() for t in vals])
-                        y = vals[0]
-                if vs < last_v:
-                    sends.append(
-                        send_async(
-                            y.detach(),
-                            self.next(action.micro),
-                            self.activations,
-                            self._tag(0, action.micro, vs + 1, m),
-                        )
-                    )
-                if train:
-                    inputs[slot], outputs[slot] = x, y
-                continue
-            x, y = inputs.pop(slot), outputs.pop(slot)
-            grad = None
-            if vs < last_v:
-                grad = recv(
-                    torch.empty_like(y),
-                    self.next(action.micro),
-                    self.gradients,
-                    self._tag(1, action.micro, vs, m),
-                )
-            backward(y, grad, index == last_backward)
-            if vs > 0:
-                sends.append(
-                    send_async(
-                        _grad_of(x),
-                        self.prev(action.micro),
-                        self.gradients,
-                        self._tag(1, action.micro, vs - 1, m),
-                    )
-                )
-        for work in sends:
+                self._forward_action(action, state, values, train=train)
+            else:
+                self._backward_action(action, state, backward, last=index == last_backward)
+        for work in state.sends:
             work.wait()
-        return totals
+        return state.totals
+
+    def _forward_action(
+        self, action: Action, state: _StepState, values: Values, *, train: bool
+    ) -> None:
+        """One micro-batch's forward through one chunk: receive its input (unless the first
+        virtual stage), run the chunk (and on the last virtual stage the head and objective),
+        send the output on; kept for the backward when training."""
+        stage, ctx, m = self.stage, self.ctx, len(state.parts)
+        key, batch = state.parts[action.micro]
+        vs = virtual_stage(action.chunk, stage.rank, stage.stages)
+        last_v = stage.stages * len(stage.chunks) - 1
+        ctx.rng.set_position(state.step, key)
+        x = None
+        if vs > 0:
+            x = recv(
+                torch.empty(self._shape(batch), dtype=self.dtype, device=ctx.device),
+                self.prev(action.micro),
+                self.activations,
+                self._tag(0, action.micro, vs, m),
+            )
+            x.requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            y = stage.forward(action.chunk, x, batch)
+            if vs == last_v:
+                vals = values(stage.head(y, batch), batch)
+                state.totals += torch.stack([t.detach().double() for t in vals])
+                y = vals[0]
+        if vs < last_v:
+            state.sends.append(
+                send_async(
+                    y.detach(),
+                    self.next(action.micro),
+                    self.activations,
+                    self._tag(0, action.micro, vs + 1, m),
+                )
+            )
+        if train:
+            state.inputs[(action.micro, action.chunk)] = x
+            state.outputs[(action.micro, action.chunk)] = y
+
+    def _backward_action(
+        self, action: Action, state: _StepState, backward: Backward, *, last: bool
+    ) -> None:
+        """One micro-batch's backward through one chunk: receive the output's gradient (unless
+        the last virtual stage), run backward, send the input's gradient back."""
+        stage, m = self.stage, len(state.parts)
+        vs = virtual_stage(action.chunk, stage.rank, stage.stages)
+        slot = (action.micro, action.chunk)
+        x, y = state.inputs.pop(slot), state.outputs.pop(slot)
+        grad = None
+        if vs < stage.stages * len(stage.chunks) - 1:
+            grad = recv(
+                torch.empty_like(y),
+                self.next(action.micro),
+                self.gradients,
+                self._tag(1, action.micro, vs, m),
+            )
+        backward(y, grad, last)
+        if vs > 0:
+            state.sends.append(
+                send_async(
+                    _grad_of(x),
+                    self.prev(action.micro),
+                    self.gradients,
+                    self._tag(1, action.micro, vs - 1, m),
+                )
+            )
 
     def actions(self, micro: int, *, train: bool) -> list[Action]:
         """This stage's actions for a step of `micro` micro-batches (forwards only if not

@@ -282,48 +282,72 @@ def simulate(
     (pipedream). Raises RuntimeError if the lists deadlock."""
     lists = stage_lists(name, stages, micro, chunks, steps, replicas, every_step)
     stage_of = [r for r in range(stages) for _ in range(replicas[r] if replicas else 1)]
-    workers = len(lists)
-    last = stages * chunks - 1
-    fwd = forward_time or [1.0] * (stages * chunks)
-    done: dict[tuple[str, int, int], float] = {}
-    clock, busy = [0.0] * workers, [0.0] * workers
-    position, alive, peak = [0] * workers, [0] * workers, [0] * workers
-    timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(workers)]
-    while any(position[w] < len(lists[w]) for w in range(workers)):
+    sim = _Workers(lists, stage_of, stages, chunks, forward_time or [1.0] * (stages * chunks))
+    while any(sim.position[w] < len(lists[w]) for w in range(len(lists))):
         progressed = False
-        for w in range(workers):
-            if position[w] == len(lists[w]):
-                continue
-            a = lists[w][position[w]]
-            r = stage_of[w]
-            if a.kind == "U":
-                group = [u for u in range(workers) if stage_of[u] == r]
-                if any(position[u] == len(lists[u]) or lists[u][position[u]] != a for u in group):
-                    continue
-                start = max(clock[u] for u in group)
-                for u in group:
-                    clock[u] = start
-                    position[u] += 1
-                progressed = True
-                continue
-            v = virtual_stage(a.chunk, r, stages)
-            if a.kind == "F":
-                needs = ("F", a.micro, v - 1) if v > 0 else None
-            else:
-                needs = ("B", a.micro, v + 1) if v < last else ("F", a.micro, v)
-            if needs is not None and needs not in done:
-                continue
-            ready = done[needs] + (transfer if needs[2] != v else 0.0) if needs else 0.0
-            cost = fwd[v] * (1.0 if a.kind == "F" else backward_ratio)
-            start = max(clock[w], ready)
-            clock[w] = start + cost
-            timeline[w].append((a, start, clock[w]))
-            busy[w] += cost
-            done[(a.kind, a.micro, v)] = clock[w]
-            alive[w] += 1 if a.kind == "F" else -1
-            peak[w] = max(peak[w], alive[w])
-            position[w] += 1
-            progressed = True
+        for w in range(len(lists)):
+            if sim.position[w] < len(lists[w]):
+                progressed |= sim.advance(w, backward_ratio, transfer)
         if not progressed:
-            raise RuntimeError(f"{name} deadlocks at positions {position}")
-    return Simulation(max(clock), busy, peak, timeline)
+            raise RuntimeError(f"{name} deadlocks at positions {sim.position}")
+    return Simulation(max(sim.clock), sim.busy, sim.peak, sim.timeline)
+
+
+class _Workers:
+    """The simulated workers: each one's clock, busy time, place in its list, live activations
+    (and their peak), timeline; and when each (kind, micro-batch, virtual stage) finished."""
+
+    def __init__(
+        self,
+        lists: list[list[Action]],
+        stage_of: list[int],
+        stages: int,
+        chunks: int,
+        fwd: list[float],
+    ) -> None:
+        workers = len(lists)
+        self.lists, self.stage_of, self.stages, self.fwd = lists, stage_of, stages, fwd
+        self.last = stages * chunks - 1
+        self.done: dict[tuple[str, int, int], float] = {}
+        self.clock, self.busy = [0.0] * workers, [0.0] * workers
+        self.position, self.alive, self.peak = [0] * workers, [0] * workers, [0] * workers
+        self.timeline: list[list[tuple[Action, float, float]]] = [[] for _ in range(workers)]
+
+    def advance(self, w: int, backward_ratio: float, transfer: float) -> bool:
+        """Run worker w's next action if what it waits for is done; whether it ran."""
+        a = self.lists[w][self.position[w]]
+        r = self.stage_of[w]
+        if a.kind == "U":
+            return self._update(a, r)
+        v = virtual_stage(a.chunk, r, self.stages)
+        if a.kind == "F":
+            needs = ("F", a.micro, v - 1) if v > 0 else None
+        else:
+            needs = ("B", a.micro, v + 1) if v < self.last else ("F", a.micro, v)
+        if needs is not None and needs not in self.done:
+            return False
+        ready = self.done[needs] + (transfer if needs[2] != v else 0.0) if needs else 0.0
+        cost = self.fwd[v] * (1.0 if a.kind == "F" else backward_ratio)
+        start = max(self.clock[w], ready)
+        self.clock[w] = start + cost
+        self.timeline[w].append((a, start, self.clock[w]))
+        self.busy[w] += cost
+        self.done[(a.kind, a.micro, v)] = self.clock[w]
+        self.alive[w] += 1 if a.kind == "F" else -1
+        self.peak[w] = max(self.peak[w], self.alive[w])
+        self.position[w] += 1
+        return True
+
+    def _update(self, a: Action, r: int) -> bool:
+        """A replicated stage's update: once every replica of stage r has reached it."""
+        group = [u for u in range(len(self.lists)) if self.stage_of[u] == r]
+        if any(
+            self.position[u] == len(self.lists[u]) or self.lists[u][self.position[u]] != a
+            for u in group
+        ):
+            return False
+        start = max(self.clock[u] for u in group)
+        for u in group:
+            self.clock[u] = start
+            self.position[u] += 1
+        return True

@@ -17,8 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
-from tpformer.models.base import TPModel
-from tpformer.models.hf_keys import (
+from tpformer.interop.hf_keys import (
     HF_TIED,
     KEY_MAPS,
     FusedQKV,
@@ -27,6 +26,7 @@ from tpformer.models.hf_keys import (
     hf_config_from_model,
     model_config_from_hf,
 )
+from tpformer.models.base import TPModel
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict, logical_shape
 from tpformer.parallel.param_info import param_info
