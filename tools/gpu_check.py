@@ -9,7 +9,7 @@ on the device before the timed steps. tpformer runs in one process (TP=1) with
 parallel.rng=fast, bf16 compute with fp32 master weights and fused AdamW, eager and
 torch.compile'd, with no, selective and full recomputation; Hugging Face `BertForPreTraining`
 runs with attn_implementation="sdpa", bf16 autocast and fused AdamW. Model FLOPs (the same
-formula for both, tpformer.planner.step_time.flops_per_step with the MLM head over every token)
+formula for both, tpformer.planner.flops.flops_per_step with the MLM head over every token)
 over the measured step time give TFLOP/s; MFU divides by the device's datasheet peak (bf16 dense;
 --peak-tflops for other devices). Peak memory is torch.cuda.max_memory_allocated per contender.
 """
@@ -32,7 +32,7 @@ from tpformer.interop.hf_keys import hf_config_from_model
 from tpformer.layers.sequence import labeled_positions
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
-from tpformer.planner.step_time import flops_per_step
+from tpformer.planner.flops import flops_per_step
 from tpformer.train.metrics import peak_tflops
 
 Batch = dict[str, torch.Tensor]

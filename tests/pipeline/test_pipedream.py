@@ -38,6 +38,7 @@ from tpformer.parallel.pipeline.schedule import (
     simulate,
 )
 from tpformer.parallel.pipeline.stage import build_stage
+from tpformer.planner.split import choose_split
 from tpformer.train.objectives import CausalLMObjective
 from tpformer.train.pretraining import pretraining_trainer
 
@@ -185,7 +186,16 @@ def _pipeline(
     """Losses per step (last stage), this stage's full weights after the drain, peak stash,
     the gradient norm of the stage's last update in each step."""
     model = build_model(config.model, ctx, task="causal_lm")
-    par = parallelize(model, config.parallel, config.optim, ctx, seq=SEQ)
+    split = choose_split(
+        model,
+        config.parallel.pipeline_split,
+        ctx.layout.pp,
+        1,
+        head_fraction=0.0,
+        seq=SEQ,
+        sample=None,
+    )
+    par = parallelize(model, config.parallel, config.optim, ctx, split=split.split)
     objective, losses, norms = CausalLMObjective(), [], []
     half, d = BATCH // ctx.dp.size, ctx.dp.rank  # this DP rank's samples of each micro-batch
     for step, parts in enumerate(_batches(steps)):

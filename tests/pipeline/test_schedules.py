@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from tpformer.parallel.pipeline.partition import StageCosts, best_split, check_split
 from tpformer.parallel.pipeline.schedule import actions_for, simulate
+from tpformer.planner.partition import StageCosts, best_split, check_split
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 3)]
 
@@ -159,7 +159,7 @@ def _replicated_brute_force(
 def test_pipedream_partition_finds_the_best_split_and_replication() -> None:
     """PipeDream's (split, replicas) dynamic program equals exhaustive search; a stage whose
     weights are cheap to synchronize is replicated, one whose sync dominates is not."""
-    from tpformer.parallel.pipeline.partition import pipedream_partition, replication_string
+    from tpformer.planner.partition import pipedream_partition, replication_string
 
     rng = random.Random(1)
     for _ in range(40):
@@ -183,7 +183,7 @@ def test_pipedream_partition_finds_the_best_split_and_replication() -> None:
 def test_pipedream_partition_keeps_the_stage_count_and_divisible_replicas() -> None:
     """`stages` (parallel.pipeline) fixes the count, `divides` (the step's micro-batches) the
     allowed replica counts; each equals exhaustive search under the same constraint."""
-    from tpformer.parallel.pipeline.partition import pipedream_partition
+    from tpformer.planner.partition import pipedream_partition
 
     rng = random.Random(2)
     for _ in range(40):

@@ -141,7 +141,7 @@ def test_the_pipeline_split_is_optimal_and_even() -> None:
     import itertools
     import random
 
-    from tpformer.parallel.pipeline.partition import StageCosts, best_split
+    from tpformer.planner.partition import StageCosts, best_split
 
     rng = random.Random(0)
     for _ in range(200):

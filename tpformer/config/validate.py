@@ -173,7 +173,7 @@ def validate_pipeline(
                 f"multiple of {p * chunks}"
             )
         return
-    from tpformer.parallel.pipeline.partition import check_split
+    from tpformer.planner.partition import check_split
 
     check_split(
         list(split),

@@ -3,8 +3,9 @@
 Every entry point, tool and benchmark builds its engine through `parallelize`, so a wrapper added
 here reaches all of them at once. Order:
 
-1. pipeline parallelism (parallel.pipeline > 1) keeps this rank's stage of the model: the split
-   is chosen (pipeline/split.py) and every other stage's parameters are dropped;
+1. pipeline parallelism (parallel.pipeline > 1) keeps this rank's stage of the model: the split,
+   chosen before (planner/split.plan_pipeline), says which blocks, and every other stage's
+   parameters are dropped;
 2. trainer.compile: each remaining block's forward is torch.compile'd (engine/compiled.py);
    activation recomputation then wraps the blocks (before the engine, whose stage-3 hooks
    must see the recomputed forward as a forward inside backward, and skip the free); with
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from torch import Tensor, nn
+from torch import nn
 
 from tpformer.config.schema import OptimConfig, ParallelConfig
 from tpformer.engine.compiled import apply_compile, isolate_eager_islands
@@ -34,7 +35,6 @@ from tpformer.engine.step_runner import (
 )
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
-from tpformer.parallel.pipeline.split import SplitChoice, choose_split
 from tpformer.parallel.pipeline.stage import PipelineStage, build_stage, pipelined
 
 
@@ -49,7 +49,6 @@ class Parallelized:
     """Names of the modules (full) or methods (selective) that recompute in backward."""
     pipeline: PipelineRunner | None = None
     """This rank's pipeline stage and schedule (parallel.pipeline > 1)."""
-    split: SplitChoice | None = None
 
 
 def build_engine(
@@ -105,32 +104,25 @@ def parallelize(
     optim: OptimConfig,
     ctx: ParallelContext,
     *,
-    head_fraction: float = 0.0,
-    seq: int = 128,
-    sample: dict[str, Tensor] | None = None,
+    split: list[int] | None = None,
     compile_blocks: bool = False,
 ) -> Parallelized:
-    """Keep this rank's pipeline stage, compile its blocks (`compile_blocks`, trainer.compile),
-    apply recomputation, then the engine, to a model built at ctx's TP degree.
-    `head_fraction` (share of tokens the output head runs on), `seq` and `sample` (a micro-
-    batch, for pipeline_split=profile) inform the pipeline split."""
-    split = stage = None
+    """Keep this rank's pipeline stage (`split`: layers per virtual stage, the planner's
+    choice, needed when ctx has pipeline stages), compile its blocks (`compile_blocks`,
+    trainer.compile), apply recomputation, then the engine, to a model built at ctx's TP
+    degree."""
+    stage = None
     stages = ctx.layout.pp
     if stages > 1:
+        if split is None:
+            raise ValueError(
+                f"a pipeline of {stages} stages needs the layers of each: pass split= "
+                "(planner/split.plan_pipeline chooses it for parallel.pipeline_split)"
+            )
         pipelined(model)  # what the stages call, checked before anything is split
-        chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
-        split = choose_split(
-            model,
-            parallel.pipeline_split,
-            stages,
-            chunks,
-            head_fraction=head_fraction,
-            seq=seq,
-            sample=sample,
-        )
         stage = build_stage(
             model,
-            split.split,
+            split,
             ctx.stage,
             stages,
             tie_ends=parallel.pipeline_schedule != "pipedream",
@@ -142,4 +134,4 @@ def parallelize(
         isolate_eager_islands(model)
     engine = build_engine(model, optim, parallel, ctx)
     runner, steps = _step_runner(model, stage, engine, parallel, ctx)
-    return Parallelized(engine, steps, recomputed, runner, split)
+    return Parallelized(engine, steps, recomputed, runner)

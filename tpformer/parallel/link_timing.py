@@ -1,5 +1,6 @@
-"""Link timing for the planner's calibration (planner/calibrate.py spawns two ranks of it): the
-collectives a run issues, timed between two processes over gloo. Here because it creates a
+"""Link timing for the planner: the collectives a run issues, timed between two processes over
+gloo (calibration: planner/calibrate.py spawns two ranks of it), and the all-reduce bandwidth
+among a run's ranks (PipeDream's partitioner, planner/split.py). Here because it creates a
 process group and calls torch.distributed, which only parallel/ does."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpformer.parallel.comm import all_gather_async, reduce_scatter_async, wait
+from tpformer.parallel.comm import all_gather_async, process_group, reduce_scatter_async, wait
 from tpformer.parallel.context import GroupHandle
 
 
@@ -68,3 +70,31 @@ def time_collectives(
             json.dumps({op: [[n, next(agreed)] for n, _ in times[op]] for op in collectives})
         )
     dist.destroy_process_group()
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
+    """Median wall time of `repeats` calls of fn."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def allreduce_bandwidth(handle: GroupHandle, device: torch.device, numel: int = 1 << 22) -> float:
+    """Bus bandwidth (bytes/s, NCCL's convention: 2 (n - 1) / n x bytes / time) of an all-reduce
+    over `handle` on this device: median of 3 after a warm-up. Every rank of it must call."""
+    if handle.size == 1:
+        return float("inf")
+    x = torch.ones(numel, device=device)
+    group = process_group(handle)
+
+    def reduce() -> None:
+        dist.all_reduce(x, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    reduce()
+    seconds = median_seconds(reduce)
+    return 2 * (handle.size - 1) / handle.size * x.nbytes / seconds

@@ -18,8 +18,8 @@ from tpformer.config.schema import (
 )
 from tpformer.engine.units import bucket_elements
 from tpformer.parallel.layout import divisors
-from tpformer.parallel.pipeline.partition import best_split, equal_split
-from tpformer.parallel.pipeline.split import flop_costs
+from tpformer.planner.partition import best_split, equal_split
+from tpformer.planner.split import layer_unit_costs
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,7 @@ class Candidate:
         return list(
             _balanced_split(
                 work.model.hidden_size,
+                work.model.intermediate_size,
                 work.seq,
                 work.model.vocab_size,
                 work.head_fraction,
@@ -210,9 +211,16 @@ class Candidate:
 
 @lru_cache(maxsize=4096)
 def _balanced_split(
-    hidden: int, seq: int, vocab: int, head_fraction: float, layers: int, stages: int
+    hidden: int,
+    intermediate: int,
+    seq: int,
+    vocab: int,
+    head_fraction: float,
+    layers: int,
+    stages: int,
 ) -> tuple[int, ...]:
-    return tuple(best_split(flop_costs(hidden, seq, vocab, head_fraction, layers), stages))
+    costs = layer_unit_costs(hidden, intermediate, vocab, seq, head_fraction, layers)
+    return tuple(best_split(costs, stages))
 
 
 def candidate_of(config: Config, dp: int) -> Candidate:

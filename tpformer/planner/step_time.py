@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpformer.config.schema import ModelConfig
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
+from tpformer.planner.flops import flops_per_step
 from tpformer.planner.memory import (
     activation_parts,
     exact_attention_dropout,
@@ -265,15 +265,6 @@ def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) ->
     if c.cpu_offload == "optimizer+params":
         time += c.grad_accum * 2 * shard * work.itemsize / cl.host_bandwidth
     return time
-
-
-def flops_per_step(config: ModelConfig, *, samples: int, seq: int, head_tokens: float) -> float:
-    """Model FLOPs of one training step (forward + backward = 3x forward), as executed: the
-    layers' matmuls and attention over every token, the vocabulary head over `head_tokens`
-    (the MFU the loop reports and the planner predicts; recomputation not counted)."""
-    h, layers = config.hidden_size, config.num_layers
-    per_token = layers * (2 * (4 * h * h + 2 * h * config.intermediate_size) + 4 * seq * h)
-    return 3.0 * (samples * seq * per_token + head_tokens * 2 * (h * h + h * config.vocab_size))
 
 
 def model_flops(work: Workload) -> float:

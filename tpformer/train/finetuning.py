@@ -37,6 +37,7 @@ from tpformer.engine.parallelize import Parallelized
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
+from tpformer.planner.split import plan_pipeline
 from tpformer.train.loop import BestCheckpoint, Trainer, TrainingTask
 from tpformer.train.objectives import ClassificationObjective
 from tpformer.train.schedule import scaled_lr
@@ -235,6 +236,30 @@ def _micro_batch(config: FinetuneConfig, ctx: ParallelContext, num_layers: int) 
     return micro
 
 
+def _parallelized(
+    config: FinetuneConfig, ctx: ParallelContext, model: nn.Module, train: Any, micro: int
+) -> Parallelized:
+    """The model parallelized at this layout (its pipeline split chosen first; profile times
+    the first training micro-batch)."""
+    plan = plan_pipeline(
+        model,
+        config.parallel,
+        ctx,
+        head_fraction=0.0,
+        seq=config.data.max_length,
+        micro_batches=config.trainer.batch_size // (micro * ctx.dp.size),
+        first_batch=lambda: train(0)[0][1],
+    )
+    return parallelize(
+        model,
+        config.parallel,
+        config.optim,
+        ctx,
+        split=plan.split.split if plan else None,
+        compile_blocks=config.trainer.compile,
+    )
+
+
 def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Trainer:
     """Load the model and the task's splits, parallelize; the loop runs it."""
     t, data = config.trainer, config.data
@@ -251,20 +276,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
         data.pad_to_multiple_of, data.max_length, ctx, model.config.max_position_embeddings
     )
     train = _train_steps(config, ctx, splits["train"], tokenizer.pad_id, micro, pad_multiple)
-    sample = (
-        {k: v.to(ctx.device) for k, v in train(0)[0][1].items()}  # what profile times
-        if config.parallel.pipeline_split == "profile" and ctx.layout.pp > 1
-        else None
-    )
-    wrapped = parallelize(
-        model,
-        config.parallel,
-        config.optim,
-        ctx,
-        seq=data.max_length,
-        sample=sample,
-        compile_blocks=config.trainer.compile,
-    )
+    wrapped = _parallelized(config, ctx, model, train, micro)
     evaluator, write_predictions = _evaluation(
         config, ctx, model, splits, tokenizer.pad_id, micro, pad_multiple, wrapped, run_dir
     )

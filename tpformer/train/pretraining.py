@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,9 +27,9 @@ from tpformer.models import build_model
 from tpformer.parallel.comm import all_gather_object, broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import logical_shape
-from tpformer.parallel.pipeline.split import choose_replication
+from tpformer.planner.split import SplitChoice, plan_pipeline
 from tpformer.train.loop import Trainer, TrainingTask
-from tpformer.train.objectives import objective_for
+from tpformer.train.objectives import Objective, objective_for
 from tpformer.train.schedule import scaled_lr
 from tpformer.train.startup_report import format_plan
 
@@ -99,27 +99,6 @@ class HeldOutLoss:
         return {k: sum(p[k] for p in parts) / len(parts) for k in parts[0] if k != "tokens"}
 
 
-def replicate_stages(
-    config: Config, model: nn.Module, sample: dict[str, Tensor], ctx: ParallelContext
-) -> ParallelContext:
-    """parallel.pipeline_split=pipedream: PipeDream's partitioner chooses the layers and the
-    workers of each stage on this run's model, batch and ranks; the choice is written into
-    config.parallel (pipeline_split, pipeline_replicas: checkpoints record it) and the ranks
-    are regrouped for it."""
-    choice = choose_replication(
-        model,
-        sample,
-        ctx.pp,
-        ctx.device,
-        stages=ctx.layout.pp,
-        micro_batches=config.trainer.grad_accum,
-    )
-    log.info("%s", choice.describe())
-    config.parallel.pipeline_split = choice.split
-    config.parallel.pipeline_replicas = choice.replicas
-    return ctx.regroup(choice.replicas)
-
-
 def _step_batches(
     config: Config, ctx: ParallelContext, data: Any
 ) -> Callable[[str], PretrainingSteps]:
@@ -140,24 +119,12 @@ def _step_batches(
     return batches
 
 
-def _split_sample(
+def log_plan(
     config: Config,
     ctx: ParallelContext,
-    model: nn.Module,
-    first_batch: Callable[[], dict[str, Tensor]],
-) -> tuple[dict[str, Tensor] | None, ParallelContext]:
-    """The batch a profiled or PipeDream pipeline split times on the device (None for the
-    other splits), and the context, regrouped when PipeDream replicates stages."""
-    if config.parallel.pipeline_split not in ("profile", "pipedream") or ctx.layout.pp == 1:
-        return None, ctx
-    sample = {k: v.to(ctx.device) for k, v in first_batch().items()}
-    if config.parallel.pipeline_split == "pipedream":
-        ctx = replicate_stages(config, model, sample, ctx)
-    return sample, ctx
-
-
-def log_plan(
-    config: Config, ctx: ParallelContext, wrapped: Parallelized, total_params: int
+    wrapped: Parallelized,
+    split: SplitChoice | None,
+    total_params: int,
 ) -> None:
     """The startup plan (layout, parameters per stage, memory and time predicted) and its
     warnings, in the log."""
@@ -171,12 +138,43 @@ def log_plan(
         stage_params,
         total_params,
         wrapped.recomputed,
-        wrapped.split,
+        split,
         device_type=ctx.device.type,
     )
     log.info("plan:\n%s", plan)
     for warning in warnings:
         log.warning("%s", warning)
+
+
+def _parallelized(
+    config: Config,
+    ctx: ParallelContext,
+    model: nn.Module,
+    objective: Objective,
+    first_batch: Callable[[], dict[str, Tensor]],
+) -> tuple[Config, ParallelContext, Parallelized, SplitChoice | None]:
+    """The pipeline split chosen (pipedream: the config and groups made final for its stages'
+    workers), then the model parallelized at it."""
+    plan = plan_pipeline(
+        model,
+        config.parallel,
+        ctx,
+        head_fraction=objective.head_fraction,
+        seq=config.data.seq_length,
+        micro_batches=config.trainer.grad_accum,
+        first_batch=first_batch,
+    )
+    if plan is not None:
+        config, ctx = replace(config, parallel=plan.parallel), plan.ctx
+    wrapped = parallelize(
+        model,
+        config.parallel,
+        config.optim,
+        ctx,
+        split=plan.split.split if plan else None,
+        compile_blocks=config.trainer.compile,
+    )
+    return config, ctx, wrapped, plan.split if plan else None
 
 
 def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> Trainer:
@@ -195,19 +193,8 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
     def first_batch() -> dict[str, Tensor]:
         return objective.model_inputs(batches("train")(0)[0][1])
 
-    sample, ctx = _split_sample(config, ctx, model, first_batch)
-    wrapped = parallelize(
-        model,
-        config.parallel,
-        config.optim,
-        ctx,
-        head_fraction=objective.head_fraction,
-        seq=config.data.seq_length,
-        sample=sample,
-        compile_blocks=t.compile,
-    )
-
-    log_plan(config, ctx, wrapped, total_params)
+    config, ctx, wrapped, split = _parallelized(config, ctx, model, objective, first_batch)
+    log_plan(config, ctx, wrapped, split, total_params)
     run_config = {k: v for k, v in asdict(config).items() if k != "model"}
     return Trainer(
         TrainingTask(

@@ -9,12 +9,12 @@ import logging
 from tpformer.config.schema import Config
 from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import Action, simulate
-from tpformer.parallel.pipeline.split import SplitChoice
 from tpformer.parallel.random import rng_mode_line
 from tpformer.planner.candidate import Workload, candidate_of
 from tpformer.planner.cluster import Cluster, resolve_cluster
 from tpformer.planner.memory import MemoryPrediction, predict_stage_memory
 from tpformer.planner.search import search
+from tpformer.planner.split import SplitChoice
 from tpformer.planner.step_time import predict_time
 
 log = logging.getLogger("tpformer")

@@ -14,7 +14,7 @@ from tpformer.config.schema import LoopConfig
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.wait_clock import WAIT_CLOCK
-from tpformer.planner.step_time import flops_per_step
+from tpformer.planner.flops import flops_per_step
 from tpformer.progress import Progress
 from tpformer.train.metrics import MetricsWriter, RankTimes, peak_tflops
 from tpformer.train.task import StepResult, TrainingTask, UnreadStep

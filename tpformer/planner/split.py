@@ -4,17 +4,21 @@ rank 0's, broadcast."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Any
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from tpformer.parallel.comm import broadcast_object, process_group
-from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.pipeline.partition import (
+from tpformer.config.schema import ModelConfig, ParallelConfig
+from tpformer.parallel.comm import broadcast_object
+from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.link_timing import allreduce_bandwidth, median_seconds
+from tpformer.parallel.pipeline.stage import pipelined
+from tpformer.planner.flops import head_flops_per_token, layer_flops_per_token
+from tpformer.planner.partition import (
     ReplicatedStage,
     StageCosts,
     best_split,
@@ -23,7 +27,8 @@ from tpformer.parallel.pipeline.partition import (
     pipedream_partition,
     replication_string,
 )
-from tpformer.parallel.pipeline.stage import pipelined
+
+log = logging.getLogger(__name__)
 
 LINK_BYTES_PER_S = 10e9
 """Assumed stage-to-stage bandwidth for the transfer cost of `profile` (an InfiniBand link)."""
@@ -43,20 +48,27 @@ class SplitChoice:
         return [sum(per_virtual[r::stages]) for r in range(stages)]
 
 
-def flop_costs(hidden: int, seq: int, vocab: int, head_fraction: float, layers: int) -> StageCosts:
-    """Costs in layer units: a layer does ~24h^2 + 4sh FLOPs per token, the output head
-    2hV x (share of tokens it runs on); the embedding lookup has no matmul."""
-    layer = 24 * hidden * hidden + 4 * seq * hidden
-    return StageCosts([1.0] * layers, head=2 * hidden * vocab * head_fraction / layer)
+def flop_costs(config: ModelConfig, seq: int, head_fraction: float) -> StageCosts:
+    """Costs in layer units from the planner's FLOP counts (step_time): each layer 1, the
+    output head its FLOPs over the share of tokens it runs on; the embedding lookup has no
+    matmul."""
+    return layer_unit_costs(
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+        seq,
+        head_fraction,
+        config.num_layers,
+    )
 
 
-def _timed(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+def layer_unit_costs(
+    hidden: int, intermediate: int, vocab: int, seq: int, head_fraction: float, layers: int
+) -> StageCosts:
+    layer = layer_flops_per_token(hidden, intermediate, seq)
+    return StageCosts(
+        [1.0] * layers, head=head_fraction * head_flops_per_token(hidden, vocab) / layer
+    )
 
 
 def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
@@ -74,12 +86,12 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
         return out
 
     x = parts.embed(**sample).detach()
-    embedding = _timed(lambda: through(lambda _: parts.embed(**sample), None))
+    embedding = median_seconds(lambda: through(lambda _: parts.embed(**sample), None))
     layers = []
     for block in blocks:
-        layers.append(_timed(lambda: through(lambda inp: block(inp, mask), x)))  # noqa: B023 - timed now
+        layers.append(median_seconds(lambda: through(lambda inp: block(inp, mask), x)))  # noqa: B023 - timed now
         x = block(x, mask).detach()
-    head = _timed(lambda: through(lambda inp: parts.head(inp, **sample), x))
+    head = median_seconds(lambda: through(lambda inp: parts.head(inp, **sample), x))
     model.zero_grad(set_to_none=True)
     return StageCosts(layers, embedding, head, x.nbytes / LINK_BYTES_PER_S)
 
@@ -95,9 +107,9 @@ def choose_split(
     sample: dict[str, Tensor] | None,
 ) -> SplitChoice:
     """The split of `model`'s blocks for parallel.pipeline_split=`setting`."""
-    config: Any = model.config  # a model's ModelConfig (parallel/ does not import config/)
+    config = cast(ModelConfig, model.config)  # pipelined models name their ModelConfig
     layers, parts = config.num_layers, stages * chunks
-    flops = flop_costs(config.hidden_size, seq, config.vocab_size, head_fraction, layers)
+    flops = flop_costs(config, seq, head_fraction)
     if not isinstance(setting, str):
         return SplitChoice(
             check_split(list(setting), layers, parts, f"{parts} stages"), flops, "layers"
@@ -124,24 +136,6 @@ def layer_weight_bytes(model: nn.Module) -> list[float]:
     sizes[0] += rest / 2
     sizes[-1] += rest / 2
     return sizes
-
-
-def allreduce_bandwidth(handle: GroupHandle, device: torch.device, numel: int = 1 << 22) -> float:
-    """Bus bandwidth (bytes/s, NCCL's convention: 2 (n - 1) / n x bytes / time) of an all-reduce
-    over `handle` on this device: median of 3 after a warm-up. Every rank of it must call."""
-    if handle.size == 1:
-        return float("inf")
-    x = torch.ones(numel, device=device)
-    group = process_group(handle)
-
-    def reduce() -> None:
-        dist.all_reduce(x, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    reduce()
-    seconds = _timed(reduce)
-    return 2 * (handle.size - 1) / handle.size * x.nbytes / seconds
 
 
 @dataclass
@@ -206,3 +200,58 @@ def choose_replication(
         raise choice
     assert choice is not None
     return choice
+
+
+@dataclass
+class PipelinePlan:
+    """What a pipelined run executes, chosen before the model is parallelized."""
+
+    split: SplitChoice
+    parallel: ParallelConfig
+    """The final parallel config (pipeline_split=pipedream: the chosen split and workers per
+    stage written in, so checkpoints record them)."""
+    ctx: ParallelContext
+    """The context, regrouped for the chosen workers per stage (pipedream)."""
+
+
+def plan_pipeline(
+    model: nn.Module,
+    parallel: ParallelConfig,
+    ctx: ParallelContext,
+    *,
+    head_fraction: float,
+    seq: int,
+    micro_batches: int,
+    first_batch: Callable[[], dict[str, Tensor]],
+) -> PipelinePlan | None:
+    """parallel.pipeline_split -> the layers (and, for pipedream, the workers) of each stage of
+    ctx's pipeline, or None without one. profile and pipedream time `first_batch()` on the
+    device (it is built only for them). The model built before does not depend on what is
+    chosen here (pipedream runs have no tensor parallelism), so it is not rebuilt."""
+    stages = ctx.layout.pp
+    if stages == 1:
+        return None
+    pipelined(model)  # what the stages call, checked before anything is timed
+    timed = parallel.pipeline_split in ("profile", "pipedream")
+    sample = {k: v.to(ctx.device) for k, v in first_batch().items()} if timed else None
+    if parallel.pipeline_split == "pipedream":
+        assert sample is not None
+        replication = choose_replication(
+            model, sample, ctx.pp, ctx.device, stages=stages, micro_batches=micro_batches
+        )
+        log.info("%s", replication.describe())
+        parallel = replace(
+            parallel, pipeline_split=replication.split, pipeline_replicas=replication.replicas
+        )
+        ctx = ctx.regroup(replication.replicas)
+    chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
+    choice = choose_split(
+        model,
+        parallel.pipeline_split,
+        stages,
+        chunks,
+        head_fraction=head_fraction,
+        seq=seq,
+        sample=sample,
+    )
+    return PipelinePlan(choice, parallel, ctx)
