@@ -65,3 +65,30 @@ def test_the_check_finds_a_call(tmp_path: Path) -> None:
         "from torch.distributed.tensor import DTensor\n"
     )
     assert [v.split(":")[0] for v in _violations(sample)] == ["line 1", "line 2", "line 4"]
+
+
+MONITORS = {"FlightRecorder", "WaitClock", "CommMonitor"}
+
+
+def _module_level_monitors(source: str) -> list[str]:
+    """Module-level assignments of a recorder, wait clock or monitor: a process-wide singleton
+    where the ParallelContext should own it (parallel/monitor.py)."""
+    return [
+        ast.unparse(node)
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        and isinstance(node.value, ast.Call)
+        and ast.unparse(node.value.func).split(".")[-1] in MONITORS
+    ]
+
+
+def test_the_collective_monitor_belongs_to_the_context() -> None:
+    assert _module_level_monitors("RECORDER = FlightRecorder()\nx = f()\n") == [
+        "RECORDER = FlightRecorder()"
+    ]
+    globals_ = {
+        str(path.relative_to(PACKAGE)): found
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (found := _module_level_monitors(path.read_text()))
+    }
+    assert globals_ == {}

@@ -16,7 +16,6 @@ import torch.distributed as dist
 from tpformer.cli.shell import report_collective_timeout
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import GroupHandle, ParallelContext
-from tpformer.parallel.hang_report import RECORDER
 
 
 def main() -> None:
@@ -24,8 +23,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ctx = ParallelContext.create(2, 1, seed=0, timeout_s=timeout_s)
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    RECORDER.name_group(group, "second")
-    second = GroupHandle(group=group, rank=ctx.rank, size=2)
+    ctx.monitor.recorder.name_group(group, "second")
+    second = GroupHandle(group=group, rank=ctx.rank, size=2, monitor=ctx.monitor)
     x = torch.ones(4)
     try:
         for step in range(3):

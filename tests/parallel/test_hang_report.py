@@ -12,7 +12,6 @@ from tests.dist import run_distributed
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.hang_report import (
-    RECORDER,
     CollectiveCall,
     read_reports,
     summary,
@@ -23,8 +22,8 @@ from tpformer.parallel.hang_report import (
 def _two_all_reduces(ctx: ParallelContext, run_dir: str) -> list[CollectiveCall]:
     all_reduce(torch.ones(3), ctx.tp)
     all_reduce(torch.ones(2, 5), ctx.tp)  # THE_SECOND
-    write_report(Path(run_dir), ctx.rank, "test")
-    return list(RECORDER.calls)
+    write_report(Path(run_dir), ctx.rank, "test", ctx.monitor.recorder)
+    return list(ctx.monitor.recorder.calls)
 
 
 def test_the_recorder_keeps_kind_group_shape_sequence_and_call_site(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def save(
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    barrier(group)
+    barrier(group, monitor=ctx.monitor)
     rank = world_rank()
     try:  # DCP reports a failed write as CheckpointException, a BaseException
         dcp.save(
@@ -138,7 +138,7 @@ def save(
         )
     except (OSError, CheckpointException) as err:
         outcome = _one_line(err)
-    outcomes = objects_of(outcome, group)
+    outcomes = objects_of(outcome, group, monitor=ctx.monitor)
     failures = [f"rank {r}: {o}" for r, o in enumerate(outcomes) if isinstance(o, str)]
     if failures:
         if ctx.is_main:
@@ -149,7 +149,7 @@ def save(
         )
     if ctx.is_main:
         _complete(tmp, final, step, outcomes, meta, tokenizer_files, keep_last)
-    barrier(group)
+    barrier(group, monitor=ctx.monitor)
     return final
 
 
@@ -241,7 +241,7 @@ def choose_checkpoint(
             outcome = _choose(root, explicit, check=check)
         except CheckpointError as err:
             outcome = str(err)
-    outcome = broadcast_object(outcome)
+    outcome = broadcast_object(outcome, monitor=ctx.monitor)
     if isinstance(outcome, str):
         raise CheckpointError(outcome)
     return outcome  # type: ignore[return-value]

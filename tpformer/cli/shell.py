@@ -230,7 +230,7 @@ def report_collective_timeout(
     """Log the timeout, write this rank's hang report and, on global rank 0, the summary line
     (once the other ranks' reports are in, or after a few seconds without them)."""
     reason = str(err).strip().splitlines()[-1]
-    report = write_report(run_dir, ctx.rank, reason)
+    report = write_report(run_dir, ctx.rank, reason, ctx.monitor.recorder)
     log.error(
         "a collective timed out after launcher.timeout_s=%s s: another rank of this job "
         "stopped making progress (stopped, deadlocked, or stuck in I/O) [%s]; this rank's last "
@@ -278,7 +278,7 @@ def _checked_layout(
 def _shared_run_dir(cfg: DictConfig, run_dir: Path, ctx: ParallelContext) -> Path:
     """Rank 0's run directory for every rank (their ${now} may differ), with logging set up and
     the composed config saved once into it."""
-    shared = Path(broadcast_object(str(run_dir)))  # type: ignore[arg-type]
+    shared = Path(broadcast_object(str(run_dir), monitor=ctx.monitor))  # type: ignore[arg-type]
     if shared != run_dir and run_dir.exists() and not any(run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)  # this rank's ${now} differed: drop it
     shared.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ contexts in one process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import torch
@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from tpformer.parallel.env import LaunchEnv
-from tpformer.parallel.hang_report import RECORDER
 from tpformer.parallel.layout import Layout, replicated_layout, resolve_layout
+from tpformer.parallel.monitor import CommMonitor
 from tpformer.parallel.random import RNGTracker, resolve_rng_mode
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -33,6 +33,8 @@ class GroupHandle:
     rank: int
     size: int
     gloo_shortcuts: bool = True
+    monitor: CommMonitor | None = field(default=None, compare=False, repr=False)
+    """Where the collectives on this group report (their context's; None: nowhere)."""
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -119,6 +121,16 @@ class ParallelContext:
     control: GroupHandle = field(default_factory=GroupHandle.single)
     """Every rank on a CPU (gloo) group: host-side agreements (stop flags) that must not wait
     for the device. The world group itself when the backend is gloo."""
+    monitor: CommMonitor = field(default_factory=CommMonitor)
+    """The hang report's recorder and the wait clock of this context's collectives."""
+
+    def __post_init__(self) -> None:
+        """Every handle reports to this context's monitor, which names its group by role."""
+        for role in ("tp", "dp", "cp", "pp", "dp_cp", "pipeline_ends", "control"):
+            handle = getattr(self, role)
+            if handle is not None and handle.group is not None:
+                setattr(self, role, replace(handle, monitor=self.monitor))
+                self.monitor.recorder.name_group(handle.group, role)
 
     @classmethod
     def single(
@@ -246,7 +258,7 @@ class ParallelContext:
         world = dist.group.WORLD
         assert world is not None
         everyone = GroupHandle(world, rank, layout.world_size, gloo_shortcuts=shortcuts)
-        replicas = _own_group(layout.dp_groups(), rank, shortcuts, name="replicas")
+        replicas = _own_group(layout.dp_groups(), rank, shortcuts)
         return cls(
             layout=layout,
             rank=rank,
@@ -303,7 +315,7 @@ class ParallelContext:
         """Destroy every process group so another context can be created in this process."""
         if self.mesh is not None and dist.is_initialized():
             dist.destroy_process_group()
-            RECORDER.reset()  # its groups are gone (and their ids may be reused)
+            self.monitor.recorder.reset()  # its groups are gone (their ids may be reused)
         self.mesh = None
 
 
@@ -330,7 +342,6 @@ def _handle(mesh: DeviceMesh, dim: str, rank: int, size: int, shortcuts: bool) -
     group = mesh.get_group(dim)
     if dist.get_rank(group) != rank:
         raise RuntimeError(f"mesh dim {dim!r}: rank {dist.get_rank(group)} != layout rank {rank}")
-    RECORDER.name_group(group, dim)
     return GroupHandle(group=group, rank=rank, size=size, gloo_shortcuts=shortcuts)
 
 
@@ -343,20 +354,16 @@ def _dp_cp_group(
         return None
     if layout.dp == 1:
         return cp
-    return _own_group(layout.dp_cp_groups(), rank, shortcuts, name="dp_cp")
+    return _own_group(layout.dp_cp_groups(), rank, shortcuts)
 
 
-def _own_group(
-    groups: list[list[int]], rank: int, shortcuts: bool, name: str | None = None
-) -> GroupHandle:
+def _own_group(groups: list[list[int]], rank: int, shortcuts: bool) -> GroupHandle:
     """Create every group of `groups` (every rank creates every group, in the same order, as
     torch.distributed requires) and return this rank's handle (the single one if in none)."""
     mine = GroupHandle.single()
     for ranks in groups:
         group = dist.new_group(ranks)
         if rank in ranks:
-            if name is not None:
-                RECORDER.name_group(group, name)
             mine = GroupHandle(group, ranks.index(rank), len(ranks), gloo_shortcuts=shortcuts)
     return mine
 
@@ -369,7 +376,6 @@ def _control_group(rank: int, world: int) -> GroupHandle:
     on_host = dist.get_backend() in ("gloo", "fake")
     group = dist.group.WORLD if on_host else dist.new_group(backend="gloo")
     assert group is not None
-    RECORDER.name_group(group, "control")
     return GroupHandle(group=group, rank=rank, size=world)
 
 

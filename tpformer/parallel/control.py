@@ -11,8 +11,6 @@ import torch
 import torch.distributed as dist
 
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.hang_report import RECORDER
-from tpformer.parallel.wait_clock import WAIT_CLOCK
 
 
 def agree_any(ctx: ParallelContext, *flags: bool) -> list[bool]:
@@ -21,7 +19,7 @@ def agree_any(ctx: ParallelContext, *flags: bool) -> list[bool]:
     if ctx.control.size == 1:
         return list(flags)
     t = torch.tensor([float(f) for f in flags])
-    RECORDER.record("all_reduce", ctx.control.group, tuple(t.shape))  # not a compute collective
-    with WAIT_CLOCK.waiting(ctx.device):  # on CUDA the compute stream does not wait: ~0
+    ctx.monitor.recorder.record("all_reduce", ctx.control.group, tuple(t.shape))  # not counted
+    with ctx.monitor.clock.waiting(ctx.device):  # on CUDA the compute stream does not wait: ~0
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.control.group)
     return [bool(x) for x in t.tolist()]

@@ -1,13 +1,13 @@
 """Where each rank was when a run hung: the last collectives it issued, its Python stacks, and
 one summary line naming the ranks that did not reach the collective the others wait in.
 
-`parallel/comm/` records every collective it issues here (kind, group, shape, the group's
-sequence number, the call site outside parallel/comm/) in a small ring buffer: a few dict and frame
-lookups per call, no device work. When a collective times out, `write_report` puts that buffer
-and `faulthandler`'s stacks into `<run dir>/hang/rank<N>.txt`; global rank 0 then waits briefly
-for the others' reports and logs `summary` (a stopped rank writes none, and that is its
-answer). On NCCL, torch's own flight recorder is switched on by `enable_nccl_flight_recorder`
-and dumps into the same folder.
+`parallel/comm/` records every collective it issues in its context's recorder (monitor.py: kind,
+group, shape, the group's sequence number, the call site outside parallel/comm/), a small ring
+buffer: a few dict and frame lookups per call, no device work. When a collective times out,
+`write_report` puts that buffer and `faulthandler`'s stacks into `<run dir>/hang/rank<N>.txt`;
+global rank 0 then waits briefly for the others' reports and logs `summary` (a stopped rank
+writes none, and that is its answer). On NCCL, torch's own flight recorder is switched on by
+`enable_nccl_flight_recorder` and dumps into the same folder.
 """
 
 from __future__ import annotations
@@ -83,9 +83,6 @@ class FlightRecorder:
         return self._groups[key]
 
 
-RECORDER = FlightRecorder()
-
-
 def _call_site() -> str:
     """file:line (function) of the nearest caller outside the plumbing modules."""
     frame: FrameType | None = sys._getframe(2)
@@ -104,11 +101,11 @@ def report_path(run_dir: Path, rank: int) -> Path:
     return run_dir / HANG_DIR / f"rank{rank}.txt"
 
 
-def write_report(run_dir: Path, rank: int, error: str) -> Path:
-    """This rank's last collectives (first line, JSON) and every thread's stack."""
+def write_report(run_dir: Path, rank: int, error: str, recorder: FlightRecorder) -> Path:
+    """This rank's last collectives (`recorder`'s, first line, JSON) and every thread's stack."""
     path = report_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"rank": rank, "error": error, "calls": [asdict(c) for c in RECORDER.calls]}
+    record = {"rank": rank, "error": error, "calls": [asdict(c) for c in recorder.calls]}
     with path.open("w") as f:
         f.write(json.dumps(record) + "\n\n")
         f.flush()

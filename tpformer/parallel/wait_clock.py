@@ -53,7 +53,3 @@ class WaitClock:
         seconds = self._host + sum(s.elapsed_time(e) for s, e in self._events) / 1e3
         self._host, self._events = 0.0, []
         return seconds
-
-
-WAIT_CLOCK = WaitClock()
-"""The process's clock: the collectives of tpformer.parallel report their waits to it."""

@@ -16,6 +16,7 @@ from tpformer.config.schema import ModelConfig, ParallelConfig
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.parallel.link_timing import allreduce_bandwidth, median_seconds
+from tpformer.parallel.monitor import CommMonitor
 from tpformer.parallel.pipeline.stage import pipelined
 from tpformer.planner.flops import head_flops_per_token, layer_flops_per_token
 from tpformer.planner.partition import (
@@ -105,8 +106,10 @@ def choose_split(
     head_fraction: float,
     seq: int,
     sample: dict[str, Tensor] | None,
+    monitor: CommMonitor | None = None,
 ) -> SplitChoice:
-    """The split of `model`'s blocks for parallel.pipeline_split=`setting`."""
+    """The split of `model`'s blocks for parallel.pipeline_split=`setting` (profile: rank 0's
+    times, broadcast and recorded in `monitor`)."""
     config = cast(ModelConfig, model.config)  # pipelined models name their ModelConfig
     layers, parts = config.num_layers, stages * chunks
     flops = flop_costs(config, seq, head_fraction)
@@ -118,7 +121,7 @@ def choose_split(
         if sample is None:
             raise ValueError("parallel.pipeline_split=profile needs a sample micro-batch")
         was_training = model.training
-        costs = broadcast_object(profile_costs(model, sample))
+        costs = broadcast_object(profile_costs(model, sample), monitor=monitor)
         model.train(was_training)
         return SplitChoice(best_split(costs, parts), costs, "s")  # type: ignore[arg-type]
     if chunks > 1:  # interleaved chunks stay equal
@@ -195,7 +198,7 @@ def choose_replication(
             choice = ReplicationChoice(chosen, slowest, costs, bandwidth)
         except ValueError as err:  # every rank raises it, none waits for a choice
             choice = err
-    choice = broadcast_object(choice)  # type: ignore[assignment]
+    choice = broadcast_object(choice, monitor=world.monitor)  # type: ignore[assignment]
     if isinstance(choice, ValueError):
         raise choice
     assert choice is not None
@@ -253,5 +256,6 @@ def plan_pipeline(
         head_fraction=head_fraction,
         seq=seq,
         sample=sample,
+        monitor=ctx.monitor,
     )
     return PipelinePlan(choice, parallel, ctx)

@@ -54,9 +54,9 @@ def prepare_data_on_rank0(config: Config, ctx: ParallelContext) -> tuple[Path, P
                 config.data, config.model.vocab_size, progress=config.trainer.progress
             )
         except Exception as err:
-            broadcast_object((type(err).__name__, str(err)))
+            broadcast_object((type(err).__name__, str(err)), monitor=ctx.monitor)
             raise
-    outcome = broadcast_object(outcome)
+    outcome = broadcast_object(outcome, monitor=ctx.monitor)
     if isinstance(outcome, tuple) and isinstance(outcome[0], str):
         raise RuntimeError(f"rank 0 could not prepare the data: {outcome[0]}: {outcome[1]}")
     return outcome  # type: ignore[return-value]

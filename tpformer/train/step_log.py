@@ -13,7 +13,6 @@ import torch
 from tpformer.config.schema import LoopConfig
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.wait_clock import WAIT_CLOCK
 from tpformer.planner.flops import flops_per_step
 from tpformer.progress import Progress
 from tpformer.train.metrics import MetricsWriter, RankTimes, peak_tflops
@@ -49,7 +48,7 @@ class StepLog:
         self.peak = peak_tflops(loop.peak_tflops, dtype)
         self.window: list[UnreadStep] = []
         self.last = self.own_since = time.perf_counter()
-        WAIT_CLOCK.take()  # waits count from here
+        ctx.monitor.clock.take()  # waits count from here
 
     def add(self, step: UnreadStep) -> None:
         self.window.append(step)
@@ -64,7 +63,7 @@ class StepLog:
         step_time = (now - self.last) / len(self.window)
         values = self._read()
         taken = time.perf_counter()
-        own = (taken - self.own_since - WAIT_CLOCK.take()) / len(self.window)
+        own = (taken - self.own_since - self.ctx.monitor.clock.take()) / len(self.window)
         self.own_since = taken
         ranks = RankTimes(all_gather_object(own, self.ctx.control))  # host floats, gloo
         record = self._record(step, values, step_time, ranks)

@@ -29,7 +29,7 @@ def all_reduce_async(x: Tensor, handle: GroupHandle) -> Pending | None:
     record("all_reduce", handle, x, x.nbytes)
     if swaps(x, handle):
         return swap_sum(x, handle)
-    return Timed(dist.all_reduce(x, group=handle.group, async_op=True), x.device)
+    return Timed(dist.all_reduce(x, group=handle.group, async_op=True), x.device, handle)
 
 
 def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> Pending | None:
@@ -55,8 +55,8 @@ def reduce_scatter_async(out: Tensor, x: Tensor, handle: GroupHandle) -> Pending
         )
     if gloo_shortcuts(handle):
         work = dist.all_reduce(x, group=handle.group, async_op=True)
-        return AllReduceThenSlice(work, out, x, handle.rank)
-    return Timed(_reduce_scatter(out, x, group=handle.group, async_op=True), out.device)
+        return AllReduceThenSlice(work, out, x, handle)
+    return Timed(_reduce_scatter(out, x, group=handle.group, async_op=True), out.device, handle)
 
 
 def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> Pending | None:
@@ -69,7 +69,7 @@ def all_gather_async(out: Tensor, shard: Tensor, handle: GroupHandle) -> Pending
         chunks = out.chunk(2)
         chunks[handle.rank].copy_(shard)
         return PairExchange(shard, chunks[1 - handle.rank], handle)
-    return Timed(_all_gather(out, shard, group=handle.group, async_op=True), out.device)
+    return Timed(_all_gather(out, shard, group=handle.group, async_op=True), out.device, handle)
 
 
 def wait(work: Pending | None) -> None:

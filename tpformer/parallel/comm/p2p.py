@@ -7,12 +7,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpformer.parallel.comm.record import (
-    WAIT_CLOCK,
     Pending,
     Timed,
     active_counters,
     process_group,
     record,
+    waiting,
 )
 from tpformer.parallel.context import GroupHandle
 
@@ -25,7 +25,7 @@ def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> Pending:
         counter.bytes["send"] += x.nbytes
     group = process_group(handle)
     work = dist.isend(x.contiguous(), dst=dist.get_global_rank(group, peer), group=group, tag=tag)
-    return Timed(work, x.device)
+    return Timed(work, x.device, handle)
 
 
 def recv(out: Tensor, peer: int, handle: GroupHandle, tag: int) -> Tensor:
@@ -33,18 +33,21 @@ def recv(out: Tensor, peer: int, handle: GroupHandle, tag: int) -> Tensor:
     record("recv", handle, out)
     group = process_group(handle)
     work = dist.irecv(out, src=dist.get_global_rank(group, peer), group=group, tag=tag)
-    Timed(work, out.device).wait()
+    Timed(work, out.device, handle).wait()
     return out
 
 
 class _RingStep:
     """A send to the next ring rank and a receive from the previous one, in flight."""
 
-    def __init__(self, works: list[dist.Work], out: Tensor, sent: Tensor) -> None:
+    def __init__(
+        self, works: list[dist.Work], out: Tensor, sent: Tensor, handle: GroupHandle
+    ) -> None:
         self.works, self.out, self.sent = works, out, sent  # `sent` kept alive until done
+        self.handle = handle
 
     def wait(self) -> Tensor:
-        with WAIT_CLOCK.waiting(self.out.device):
+        with waiting(self.handle, self.out.device):
             for work in self.works:
                 work.wait()
         return self.out
@@ -70,4 +73,4 @@ def ring_shift_async(
         dist.P2POp(dist.isend, x, dst, group=group, tag=tag),
         dist.P2POp(dist.irecv, out, src, group=group, tag=tag),
     ]
-    return _RingStep(dist.batch_isend_irecv(ops), out, x)
+    return _RingStep(dist.batch_isend_irecv(ops), out, x, handle)

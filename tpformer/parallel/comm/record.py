@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, cast
 
 import torch
@@ -14,8 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpformer.parallel.context import GroupHandle
-from tpformer.parallel.hang_report import RECORDER
-from tpformer.parallel.wait_clock import WAIT_CLOCK
+from tpformer.parallel.monitor import CommMonitor
 
 
 class CollectiveCounts(Counter):
@@ -44,14 +43,20 @@ def started(work: dist.Work | None) -> dist.Work:
     return work
 
 
-class Timed:
-    """A torch.distributed Work whose wait is reported to the wait clock."""
+def waiting(handle: GroupHandle | None, device: torch.device) -> AbstractContextManager[None]:
+    """Time the block as a wait on the handle's group, in its context's wait clock."""
+    monitor = handle.monitor if handle is not None else None
+    return monitor.clock.waiting(device) if monitor is not None else nullcontext()
 
-    def __init__(self, work: dist.Work | None, device: torch.device) -> None:
-        self.work, self.device = started(work), device
+
+class Timed:
+    """A torch.distributed Work whose wait is reported to the group's wait clock."""
+
+    def __init__(self, work: dist.Work | None, device: torch.device, handle: GroupHandle) -> None:
+        self.work, self.device, self.handle = started(work), device, handle
 
     def wait(self) -> None:
-        with WAIT_CLOCK.waiting(self.device):
+        with waiting(self.handle, self.device):
             self.work.wait()
 
 
@@ -86,16 +91,23 @@ FUNCTIONAL_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max"}
 
 
 def record(
-    op: str, handle: GroupHandle | None, x: Tensor | None = None, full_bytes: int = 0
+    op: str,
+    handle: GroupHandle | None,
+    x: Tensor | None = None,
+    full_bytes: int = 0,
+    *,
+    monitor: CommMonitor | None = None,
 ) -> None:
     """One call of `op` on the handle's group (None: the world) over a full tensor of
-    `full_bytes`: counted for `count_collectives` and kept in the hang report's recorder."""
+    `full_bytes`: counted for `count_collectives` and kept in the hang report's recorder of
+    the handle's context (or `monitor`'s, for a call on the world)."""
     if traced():
         return
     size = handle.size if handle is not None else 1
-    RECORDER.record(
-        op, handle.group if handle is not None else None, tuple(x.shape) if x is not None else ()
-    )
+    monitor = monitor if monitor is not None else handle.monitor if handle is not None else None
+    if monitor is not None:
+        group = handle.group if handle is not None else None
+        monitor.recorder.record(op, group, tuple(x.shape) if x is not None else ())
     sent = _RING_PASSES.get(op, 0) * full_bytes * (size - 1) / size
     for counter in active_counters:
         counter[op] += 1

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tpformer.parallel.comm.record import WAIT_CLOCK, started
+from tpformer.parallel.comm.record import started, waiting
 from tpformer.parallel.context import GroupHandle
 
 
@@ -20,11 +20,12 @@ class AllReduceThenSlice:
     on CPU, 32 MB, 2 ranks: 52 ms vs 27 ms), so on gloo this is the faster way to the same sums.
     """
 
-    def __init__(self, work: dist.Work, out: Tensor, x: Tensor, rank: int) -> None:
-        self.work, self.out, self.x, self.rank = work, out, x, rank
+    def __init__(self, work: dist.Work, out: Tensor, x: Tensor, handle: GroupHandle) -> None:
+        self.work, self.out, self.x, self.handle = work, out, x, handle
+        self.rank = handle.rank
 
     def wait(self) -> None:
-        with WAIT_CLOCK.waiting(self.out.device):
+        with waiting(self.handle, self.out.device):
             self.work.wait()
         n = self.out.numel()
         self.out.copy_(self.x[self.rank * n : (self.rank + 1) * n])
@@ -46,10 +47,10 @@ class PairExchange:
             started(dist.isend(send, group=handle.group, group_dst=peer)),
             started(dist.irecv(recv, group=handle.group, group_src=peer)),
         ]
-        self.finish, self.device = finish, recv.device
+        self.finish, self.device, self.handle = finish, recv.device, handle
 
     def wait(self) -> None:
-        with WAIT_CLOCK.waiting(self.device):
+        with waiting(self.handle, self.device):
             for work in self.works:
                 work.wait()
         if self.finish is not None:

@@ -11,10 +11,10 @@ from torch import Tensor
 
 from tpformer.parallel.comm.record import (
     FUNCTIONAL_OPS,
-    WAIT_CLOCK,
     process_group,
     record,
     traced,
+    waiting,
 )
 from tpformer.parallel.comm.shortcuts import PairExchange, swap_sum, swaps
 from tpformer.parallel.context import GroupHandle
@@ -32,7 +32,7 @@ def all_reduce(
     if op == dist.ReduceOp.SUM and swaps(x, handle):
         swap_sum(x, handle).wait()
         return x
-    with WAIT_CLOCK.waiting(x.device):
+    with waiting(handle, x.device):
         dist.all_reduce(x, op=op, group=handle.group)
     return x
 
@@ -68,7 +68,7 @@ def all_gather_dim(x: Tensor, handle: GroupHandle, dim: int = -1) -> Tensor:
         return funcol.all_gather_tensor(x.contiguous(), dim % x.dim(), process_group(handle))
     record("all_gather", handle, x, x.nbytes * handle.size)
     parts = [torch.empty_like(x) for _ in range(handle.size)]
-    with WAIT_CLOCK.waiting(x.device):
+    with waiting(handle, x.device):
         dist.all_gather(parts, x.contiguous(), group=handle.group)
     return torch.cat(parts, dim=dim)
 
@@ -150,7 +150,7 @@ class _FromFirstRank(torch.autograd.Function):
         ctx.first = handle.rank == 0
         y = x.contiguous().clone()
         record("broadcast", handle, y, y.nbytes)
-        with WAIT_CLOCK.waiting(y.device):
+        with waiting(handle, y.device):
             dist.broadcast(y, group=handle.group, group_src=0)
         return y
 

@@ -43,7 +43,7 @@ def _duplicate_groups(ctx: ParallelContext) -> GroupHandle:
     for ranks in ctx.layout.pp_groups():
         group = dist.new_group(ranks)
         if ctx.rank in ranks:
-            mine = GroupHandle(group=group, rank=ranks.index(ctx.rank), size=len(ranks))
+            mine = GroupHandle(group, ranks.index(ctx.rank), len(ranks), monitor=ctx.monitor)
     return mine
 
 
