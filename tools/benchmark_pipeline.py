@@ -35,7 +35,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tpformer.config.presets import preset
-from tpformer.config.schema import Config, DataConfig, OptimConfig, ParallelConfig, TrainerConfig
+from tpformer.config.schema import (
+    Config,
+    DataConfig,
+    OptimConfig,
+    ParallelConfig,
+    PipelineSplit,
+    TrainerConfig,
+)
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.train.pretraining import pretraining_trainer
@@ -46,7 +53,7 @@ def _config(
     world: int,
     schedule: str,
     micro_batches: int,
-    split: object = "balanced",
+    split: str | list[int] = "balanced",
 ) -> Config:
     model = preset(
         args.model,
@@ -55,9 +62,15 @@ def _config(
         attention_dropout=0.1,
         max_position_embeddings=max(512, args.seq),
     )
+    mode = PipelineSplit(split) if isinstance(split, str) else PipelineSplit.balanced
     return Config(
         model=model,
-        parallel=ParallelConfig(pipeline=world, pipeline_schedule=schedule, pipeline_split=split),
+        parallel=ParallelConfig(
+            pipeline=world,
+            pipeline_schedule=schedule,
+            pipeline_split=mode,
+            pipeline_layers=[] if isinstance(split, str) else split,
+        ),
         optim=OptimConfig(lr=1e-4, warmup_steps=1),
         data=DataConfig(source="synthetic", seq_length=args.seq),
         trainer=TrainerConfig(

@@ -44,7 +44,7 @@ def main() -> None:
     for mode in MODES:
         ctx = ParallelContext.single(device="cpu")
         model = build_model(config, ctx, task="pretraining").train()
-        apply_recompute(model, ParallelConfig(activation_checkpointing=mode), ctx.rng)
+        apply_recompute(model, ParallelConfig(recompute=mode), ctx.rng)
         models[mode] = model
 
     def step(mode: str) -> torch.Tensor:

@@ -69,7 +69,7 @@ def _worker(rank: int, world: int, store: str, args: argparse.Namespace, out: st
     for name, sp, recompute in SETTINGS:
         ctx = dataclasses.replace(base, sequence_parallel=sp)
         model = build_model(config, ctx, task="pretraining").train()
-        apply_recompute(model, ParallelConfig(activation_checkpointing=recompute), ctx.rng)
+        apply_recompute(model, ParallelConfig(recompute=recompute), ctx.rng)
         result = measure_saved_activations(model, lambda m=model: m(ids, mlm_labels=labels).loss)
         saved[name] = statistics.mean(result.per_layer)
         model.zero_grad(set_to_none=True)

@@ -37,7 +37,7 @@ from tpformer.train.metrics import peak_tflops
 
 Batch = dict[str, torch.Tensor]
 VOCAB = 30522
-VARIANTS = [  # (label, torch.compile, activation_checkpointing)
+VARIANTS = [  # (label, torch.compile, recompute)
     ("tpformer eager", False, "none"),
     ("tpformer compiled", True, "none"),
     ("tpformer compiled + selective", True, "selective"),
@@ -101,9 +101,7 @@ def tpformer_step(
     """One training step of tpformer at TP=1: forward, backward, queued update."""
     ctx = ParallelContext.single(seed=1234, device=device, rng=rng)
     model = build_model(config, ctx, task="pretraining").train()
-    parallel = ParallelConfig(
-        precision=Precision(precision), activation_checkpointing=Recompute(recompute)
-    )
+    parallel = ParallelConfig(precision=Precision(precision), recompute=Recompute(recompute))
     wrapped = parallelize(
         model, parallel, OptimConfig(lr=lr, warmup_steps=0), ctx, compile_blocks=compiled
     )

@@ -62,6 +62,11 @@ def test_every_console_script_is_on_the_shell() -> None:
     [
         ("tpformer.cli.convert:main", ["to-hf", "{tmp}/missing", "{tmp}/out"], "missing"),
         ("tpformer.cli.plan:main", ["parallel.tensr=2"], "tensr"),
+        (
+            "tpformer.cli.plan:main",
+            ["parallel.checkpoint_every=2"],
+            "parallel.checkpoint_every was renamed parallel.recompute_every",
+        ),
         ("tpformer.cli.data:preprocess_main", ["data=synthetic"], "synthetic"),
     ],
 )

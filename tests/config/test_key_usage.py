@@ -141,7 +141,7 @@ def test_every_pretraining_key_is_read(tmp_path: Path, monkeypatch: pytest.Monke
             "trainer.resume=auto",
             "trainer.progress=false",
             "trainer.eval_steps=1",
-            "parallel.activation_checkpointing=full",
+            "parallel.recompute=full",
         ],
     )
     assert len(keys) > 60
@@ -166,7 +166,7 @@ def test_every_finetuning_key_is_read(tmp_path: Path, monkeypatch: pytest.Monkey
             "trainer.save_every=1",
             "trainer.resume=auto",
             "trainer.progress=false",
-            "parallel.activation_checkpointing=full",
+            "parallel.recompute=full",
         ],
     )
     assert len(keys) > 40

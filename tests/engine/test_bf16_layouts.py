@@ -21,10 +21,10 @@ BF16_FP32_REL = 3e-3
 """bf16 at a layout vs fp32 in one process, relative (measured: at most 3.7e-4)."""
 
 LAYOUTS = [  # (world, run_distributed kwargs, parallel keys, micro, accum)
-    (2, {"tensor": 2}, {"activation_checkpointing": "selective"}, 8, 1),
+    (2, {"tensor": 2}, {"recompute": "selective"}, 8, 1),
     (2, {"tensor": 2, "sequence_parallel": True}, {}, 8, 1),
     (2, {}, {"zero_stage": 1}, 4, 1),
-    (2, {}, {"zero_stage": 2, "activation_checkpointing": "full"}, 4, 1),
+    (2, {}, {"zero_stage": 2, "recompute": "full"}, 4, 1),
     (2, {}, {"zero_stage": 3, "cpu_offload": "optimizer+params"}, 4, 1),
     (2, {"pipeline": 2}, {}, 2, 4),
 ]

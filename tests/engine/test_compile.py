@@ -21,10 +21,10 @@ from tpformer.config.schema import Config
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
-FULL = {"activation_checkpointing": "full"}
+FULL = {"recompute": "full"}
 SP = {"tensor": 2, "sequence_parallel": True}
 LAYOUTS = [  # (world, run_distributed kwargs, parallel keys, micro, accum, parallel.rng)
-    (1, {}, {"activation_checkpointing": "selective"}, 8, 1, "fast"),
+    (1, {}, {"recompute": "selective"}, 8, 1, "fast"),
     (2, {"tensor": 2}, {}, 8, 1, "fast"),
     (2, SP, FULL, 8, 1, "fast"),
     (2, SP, FULL, 8, 1, "exact"),

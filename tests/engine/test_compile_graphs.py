@@ -106,7 +106,7 @@ def test_hash_masks_have_the_same_bits_compiled_and_keep_one_minus_p() -> None:
 def test_compiled_full_recomputation_equals_no_recomputation_bit_for_bit(tmp_path: Path) -> None:
     ctx = ParallelContext.single(device="cpu", rng="fast")
     plain = _losses(ctx, _config("bert", 1, {}, {"compile": True}), str(tmp_path / "a"))
-    full = {"activation_checkpointing": "full"}
+    full = {"recompute": "full"}
     recomputed = _losses(ctx, _config("bert", 1, full, {"compile": True}), str(tmp_path / "b"))
     assert recomputed == plain
 

@@ -17,10 +17,10 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict
 
 MODES = [
-    ParallelConfig(activation_checkpointing="selective"),
-    ParallelConfig(activation_checkpointing="full"),
-    ParallelConfig(activation_checkpointing="full", checkpoint_offload=True),
-    ParallelConfig(activation_checkpointing="full", checkpoint_num_layers=1),
+    ParallelConfig(recompute="selective"),
+    ParallelConfig(recompute="full"),
+    ParallelConfig(recompute="full", recompute_offload=True),
+    ParallelConfig(recompute="full", recompute_num_layers=1),
 ]
 
 
@@ -46,12 +46,12 @@ def test_gradients_are_bitwise_equal_with_dropout(tp: int, rng: str) -> None:
         reference = results[0]
         for mode, grads in zip(MODES, results[1:]):
             for name, grad in reference.items():
-                assert torch.equal(grads[name], grad), f"{mode.activation_checkpointing} {name}"
+                assert torch.equal(grads[name], grad), f"{mode.recompute} {name}"
 
 
 def _zero3(ctx: ParallelContext, mode: str) -> dict[str, torch.Tensor]:
     model = build_model(tiny_bert(dropout=0.2), ctx, task="pretraining")
-    parallel = ParallelConfig(zero_stage=3, activation_checkpointing=mode)
+    parallel = ParallelConfig(zero_stage=3, recompute=mode)
     apply_recompute(model, parallel, ctx.rng)
     engine = build_engine(model, OptimConfig(lr=1e-3), parallel, ctx)
     batch = bert_batch()
@@ -88,7 +88,7 @@ def saved_bytes(mode: str) -> tuple[int, list[int], int]:
         dropout=0.1, hidden_size=64, num_layers=LAYERS, max_position_embeddings=SEQ_LONG
     )
     model = build_model(config, ctx, task="pretraining")
-    apply_recompute(model, ParallelConfig(activation_checkpointing=mode), ctx.rng)
+    apply_recompute(model, ParallelConfig(recompute=mode), ctx.rng)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 99, (1, SEQ_LONG), generator=g)
     labels = torch.where(torch.rand(1, SEQ_LONG, generator=g) < 0.15, ids, -100)
@@ -115,14 +115,14 @@ def test_checkpointing_saves_the_activation_memory_it_promises() -> None:
 
 def test_bad_checkpointing_settings_raise() -> None:
     """The one validator rejects them before anything is built."""
-    with pytest.raises(ValueError, match="activation_checkpointing='some' is not one of"):
-        validate_engine(ParallelConfig(activation_checkpointing="some"), OptimConfig(), "cpu")
-    too_many = ParallelConfig(activation_checkpointing="full", checkpoint_num_layers=3)
+    with pytest.raises(ValueError, match="recompute='some' is not one of"):
+        validate_engine(ParallelConfig(recompute="some"), OptimConfig(), "cpu")
+    too_many = ParallelConfig(recompute="full", recompute_num_layers=3)
     with pytest.raises(
-        ValueError, match=r"checkpoint_num_layers=3 must be between 0 .* num_layers=2"
+        ValueError, match=r"recompute_num_layers=3 must be between 0 .* num_layers=2"
     ):
         validate_recompute_granularity(too_many, tiny_bert().num_layers)
-    with pytest.raises(ValueError, match="checkpoint_every=5"):
+    with pytest.raises(ValueError, match="recompute_every=5"):
         validate_recompute_granularity(
-            replace(too_many, checkpoint_num_layers=0, checkpoint_every=5), tiny_bert().num_layers
+            replace(too_many, recompute_num_layers=0, recompute_every=5), tiny_bert().num_layers
         )

@@ -369,7 +369,7 @@ def test_pipeline_equals_the_staleness_reference(
     config = _config(
         stages,
         tp,
-        pipeline_split=split,
+        pipeline_layers=split,
         pipedream_vertical_sync=vertical_sync,
         pipedream_update=update,
         context=cp,
@@ -401,7 +401,7 @@ def test_pipedream_under_fast_equals_its_staleness_reference(stages: int) -> Non
     staleness reference draws (fast masks are keyed by step, sample, site and TP/CP rank, not
     by where or when a stage runs), so the asynchronous pipeline equals it as under exact."""
     split = [1] * stages if stages == 4 else [2, 2]
-    config = _config(stages, pipeline_split=split, rng="fast")
+    config = _config(stages, pipeline_layers=split, rng="fast")
     want_losses, want_weights, _ = _reference(
         config, stages, vertical_sync=False, every=1, rng="fast"
     )
@@ -431,7 +431,7 @@ def test_replicated_stages_equal_the_staleness_reference(
     weights equal the one-process reference with the replicated versions within 1e-5, and so
     does the gradient norm of each stage's last update in a step (which the losses and the
     clipped AdamW weights would not show: the update's gradient is each stage's own mean)."""
-    config = _config(2, pipeline_split=[2, 2], pipedream_update=update, zero_stage=zero_stage)
+    config = _config(2, pipeline_layers=[2, 2], pipedream_update=update, zero_stage=zero_stage)
     every = MICRO if update == "step" else 1
     want_losses, want_weights, want_norms = _reference(
         config, 2, vertical_sync=False, every=every, replicas=replicas
@@ -454,7 +454,7 @@ def test_replicated_stages_equal_the_staleness_reference(
 def test_step_updates_without_staleness_in_the_first_step() -> None:
     """Updating once per step, the first step's forwards all use the initial weights: its loss
     is the flushed schedule's (the reference's first value), not a stale one."""
-    config = _config(2, pipeline_split=[2, 2], pipedream_update="step")
+    config = _config(2, pipeline_layers=[2, 2], pipedream_update="step")
     flushed = replace(config, parallel=replace(config.parallel, pipeline_schedule="1f1b"))
     got = run_distributed(_pipeline, 2, config, pipeline=2)[-1][0]
     want = run_distributed(_pipeline, 2, flushed, pipeline=2)[-1][0]

@@ -95,8 +95,8 @@ def test_cli_pipedream_partition_chooses_replicas_and_runs(tmp_path: Path) -> No
             "error: parallel.pipeline=2 exceeds the model's num_layers=1",
         ),
         (
-            "parallel.pipeline=2 parallel.pipeline_split=[3,2]",
-            "error: parallel.pipeline_split=[3, 2] sums to 5 layers; the model has "
+            "parallel.pipeline=2 parallel.pipeline_layers=[3,2]",
+            "error: parallel.pipeline_layers=[3, 2] sums to 5 layers; the model has "
             "model.num_layers=2",
         ),
         (

@@ -67,7 +67,7 @@ CASES = [  # (pp, tp, dp, schedule, extra)
     (4, 1, 1, "1f1b", {}),
     (2, 2, 1, "1f1b", {}),
     (2, 1, 2, "1f1b", {"zero_stage": 1}),
-    (2, 1, 1, "1f1b", {"activation_checkpointing": "full"}),
+    (2, 1, 1, "1f1b", {"recompute": "full"}),
 ]
 
 
@@ -92,7 +92,7 @@ def test_pipeline_loss_curve_equals_one_process(
         _assert_same_curves(curves, reference)
 
 
-@pytest.mark.parametrize("extra", [{"sequence_parallel": True}, {"pipeline_split": [1, 3]}])
+@pytest.mark.parametrize("extra", [{"sequence_parallel": True}, {"pipeline_layers": [1, 3]}])
 def test_pipeline_with_tp_sequence_parallel_and_explicit_split(tmp_path: Path, extra: dict) -> None:
     """pipeline=2 x tensor=2 with sequence parallelism (the sequence-sharded activations
     travel between stages), and an uneven explicit split."""

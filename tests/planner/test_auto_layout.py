@@ -30,7 +30,7 @@ def _expected(config: Config, world: int, global_batch: int) -> tuple[int, int]:
             and c.zero_stage == int(p.zero_stage)
             and c.cpu_offload == str(p.cpu_offload)
             and c.sequence_parallel == p.sequence_parallel
-            and c.recompute == str(p.activation_checkpointing)
+            and c.recompute == str(p.recompute)
             and (c.pp == 1 or c.schedule == str(p.pipeline_schedule))
             and (p.tensor == "auto" or c.tp == p.tensor)
             and (p.pipeline == "auto" or c.pp == p.pipeline)
@@ -45,7 +45,7 @@ def _expected(config: Config, world: int, global_batch: int) -> tuple[int, int]:
         ("parallel.tensor=auto",),
         ("parallel.tensor=auto", "parallel.pipeline=auto"),
         ("parallel.tensor=auto", "parallel.pipeline=auto", "parallel.zero_stage=1"),
-        ("parallel.pipeline=auto", "parallel.tensor=2", "parallel.activation_checkpointing=full"),
+        ("parallel.pipeline=auto", "parallel.tensor=2", "parallel.recompute=full"),
         ("parallel.tensor=auto", "parallel.sequence_parallel=true", "parallel.precision=bf16"),
         (
             "model=bert_large",
@@ -73,7 +73,7 @@ def test_auto_takes_the_planners_fastest_layout_with_the_pinned_keys(
         layout.world_size == 8
         and layout.dp * config.trainer.micro_batch_size * (config.trainer.grad_accum) == 64
     )
-    for key in ("zero_stage", "precision", "sequence_parallel", "activation_checkpointing"):
+    for key in ("zero_stage", "precision", "sequence_parallel", "recompute"):
         assert getattr(config.parallel, key) == getattr(pinned, key), key
     assert "chose tensor=" in notes[0] and "runner-up: tensor=" in notes[1], notes
     again = compose_config(*given)

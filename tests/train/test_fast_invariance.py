@@ -77,7 +77,7 @@ REFERENCES = {  # name: (arch, world, parallel keys): only the TP and CP degrees
 
 DP2 = {"data": 2}
 PP2 = {"pipeline": 2}
-FULL = {"activation_checkpointing": "full"}
+FULL = {"recompute": "full"}
 COMPILE = {"compile": True}
 ROWS = [  # (row, reference, world, parallel keys, trainer keys, slow)
     ("dp2", "bert", 2, DP2, {}, False),
@@ -103,7 +103,7 @@ ROWS = [  # (row, reference, world, parallel keys, trainer keys, slow)
     ("pp2_gpipe", "bert", 2, {**PP2, "pipeline_schedule": "gpipe"}, {}, False),
     ("pp2_1f1b", "bert", 2, {**PP2, "pipeline_schedule": "1f1b"}, {}, False),
     ("pp2_interleaved", "bert", 2, {**PP2, "pipeline_schedule": "interleaved_1f1b"}, {}, True),
-    ("recompute_selective", "bert", 1, {"activation_checkpointing": "selective"}, {}, False),
+    ("recompute_selective", "bert", 1, {"recompute": "selective"}, {}, False),
     ("recompute_full", "bert", 1, FULL, {}, False),
     ("compile", "bert", 1, {}, COMPILE, True),
     ("compile_recompute_full", "bert", 1, FULL, COMPILE, True),

@@ -276,7 +276,7 @@ def test_recomputation_gives_the_same_dev_predictions(tmp_path: Path, mode: str)
     """Fine-tuning reaches activation checkpointing through the one loop (dropout 0.1)."""
     pred, evaluations = _dev_after_training(_rte_config(tmp_path), tmp_path / "none")
     recomputed, recomputed_evals = _dev_after_training(
-        _rte_config(tmp_path, activation_checkpointing=mode), tmp_path / mode
+        _rte_config(tmp_path, recompute=mode), tmp_path / mode
     )
     assert torch.equal(recomputed, pred)
     assert recomputed_evals == evaluations

@@ -26,9 +26,7 @@ def _config(tp: int, sp: bool, recompute: str) -> Config:
     return Config(
         model=model,
         data=DataConfig(seq_length=SEQ),
-        parallel=ParallelConfig(
-            tensor=tp, sequence_parallel=sp, activation_checkpointing=recompute
-        ),
+        parallel=ParallelConfig(tensor=tp, sequence_parallel=sp, recompute=recompute),
         trainer=TrainerConfig(micro_batch_size=BATCH),
     )
 

@@ -76,8 +76,8 @@ def test_loss_curve_is_the_same_in_every_layout(
         (2, 2, {}),
         (2, 2, {"zero_stage": 1}),
         (2, 2, {"zero_stage": 3}),
-        (2, 1, {"activation_checkpointing": "selective"}),
-        (2, 1, {"activation_checkpointing": "full"}),
+        (2, 1, {"recompute": "selective"}),
+        (2, 1, {"recompute": "full"}),
     ],
 )
 def test_sequence_parallel_loss_curve_equals_tp1(

@@ -43,7 +43,7 @@ LAYOUT_KEYS = (
     "parallel.zero_stage",
     "parallel.cpu_offload",
     "parallel.sequence_parallel",
-    "parallel.activation_checkpointing",
+    "parallel.recompute",
     "parallel.pipeline_schedule",
     "trainer.micro_batch_size",
     "trainer.grad_accum",

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tpformer.cli.launch import launch_local
+from tpformer.config.renamed import check_renamed
 from tpformer.config.schema import Config
 from tpformer.config.store import to_config
 from tpformer.config.validate import validate
@@ -140,6 +141,7 @@ def console_script(main: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> None:
         try:
+            check_renamed(sys.argv[1:])
             main(*args, **kwargs)
         except SystemExit as exit_:
             if exit_.code == 1 and not _JobState.started:

@@ -159,12 +159,13 @@ def validate_pipeline(
             f"step ({micro_batches}) to be a multiple of parallel.pipeline={p}; set "
             f"trainer.grad_accum to a multiple of {p}"
         )
-    if isinstance(split, str):
-        if split not in ("balanced", "profile", "pipedream"):
-            raise ValueError(
-                f"parallel.pipeline_split={split!r} is not one of ['balanced', "
-                "'profile', 'pipedream'] or a list of layers per stage"
-            )
+    layers = list(parallel.pipeline_layers)
+    if layers and split != "balanced":
+        raise ValueError(
+            f"parallel.pipeline_layers={layers} is the split; parallel.pipeline_split={split} "
+            "would choose another: leave pipeline_split=balanced or pipeline_layers empty"
+        )
+    if not layers:
         if schedule == "interleaved_1f1b" and split == "balanced" and num_layers % (p * chunks):
             raise ValueError(
                 f"parallel.pipeline_schedule=interleaved_1f1b splits the "
@@ -176,7 +177,7 @@ def validate_pipeline(
     from tpformer.planner.partition import check_split
 
     check_split(
-        list(split),
+        layers,
         num_layers,
         p * chunks,
         f"parallel.pipeline={p}" + (f" x virtual_stages={chunks}" if chunks > 1 else ""),
@@ -238,7 +239,7 @@ def validate_replication(
     if replicas and split == "pipedream":
         raise ValueError(
             f"parallel.pipeline_split=pipedream chooses the replicas itself; leave "
-            f"parallel.pipeline_replicas empty (got {replicas}) or give a split list"
+            f"parallel.pipeline_replicas empty (got {replicas}) or give parallel.pipeline_layers"
         )
     uneven = [n for n in replicas if micro_batches % n]
     if uneven:
@@ -250,16 +251,16 @@ def validate_replication(
 
 def validate_recompute_granularity(parallel: ParallelConfig, num_layers: int) -> None:
     """Full recomputation's granularity must fit the model's layers."""
-    if parallel.activation_checkpointing != "full":
+    if parallel.recompute != "full":
         return
-    if parallel.checkpoint_num_layers > num_layers:
+    if parallel.recompute_num_layers > num_layers:
         raise ValueError(
-            f"parallel.checkpoint_num_layers={parallel.checkpoint_num_layers} must be "
+            f"parallel.recompute_num_layers={parallel.recompute_num_layers} must be "
             f"between 0 (all) and the model's num_layers={num_layers}"
         )
-    if parallel.checkpoint_every > num_layers:
+    if parallel.recompute_every > num_layers:
         raise ValueError(
-            f"parallel.checkpoint_every={parallel.checkpoint_every} must be between 1 "
+            f"parallel.recompute_every={parallel.recompute_every} must be between 1 "
             f"and the model's num_layers={num_layers}"
         )
 

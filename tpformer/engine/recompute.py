@@ -2,8 +2,8 @@
 non-reentrant). It wraps any model with `blocks()`; it knows no layer class.
 
 full       a checkpointed block keeps only its input; everything inside is recomputed in
-           backward. Granularity: the first `checkpoint_num_layers` blocks (0 = all), every
-           `checkpoint_every`-th of them.
+           backward. Granularity: the first `recompute_num_layers` blocks (0 = all), every
+           `recompute_every`-th of them.
 selective  only what each block names in `selective_recompute_targets()` is recomputed: for a
            transformer layer the attention core (scores, softmax, dropout, probs @ v), which
            holds the b x heads x s x s tensors that dominate activation memory at long
@@ -57,7 +57,7 @@ def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker)
 
     Returns the names of the wrapped modules and methods (shown in the startup plan and tested).
     """
-    mode = parallel.activation_checkpointing
+    mode = parallel.recompute
     if mode == "none":
         return []
     names = {id(m): n for n, m in model.named_modules()}
@@ -72,12 +72,12 @@ def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker)
                 wrapped.append(f"{names[id(module)]}.{method}")
         return wrapped
     indices = checkpointed_layer_indices(
-        len(blocks), parallel.checkpoint_num_layers, parallel.checkpoint_every
+        len(blocks), parallel.recompute_num_layers, parallel.recompute_every
     )
     for i in indices:
         blocks[i].forward = _recomputed(
             blocks[i].forward,
             rng,
-            offload=parallel.checkpoint_offload,
+            offload=parallel.recompute_offload,
         )
     return [names[id(blocks[i])] for i in indices]

@@ -13,6 +13,7 @@ from tpformer.config.schema import (
     CpuOffload,
     ModelConfig,
     PipelineSchedule,
+    PipelineSplit,
     Recompute,
     ZeroStage,
 )
@@ -139,7 +140,7 @@ class Candidate:
         if self.sequence_parallel or explicit:
             out.append(f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}")
         if self.recompute != "none" or explicit:
-            out.append(f"parallel.activation_checkpointing={self.recompute}")
+            out.append(f"parallel.recompute={self.recompute}")
         if self.pp > 1 or explicit:
             out.append(f"parallel.pipeline_schedule={self.schedule}")
         return [
@@ -178,12 +179,13 @@ class Candidate:
             zero_stage=ZeroStage(self.zero_stage),
             cpu_offload=CpuOffload(self.cpu_offload),
             sequence_parallel=self.sequence_parallel,
-            activation_checkpointing=Recompute(self.recompute),
-            checkpoint_num_layers=0,
-            checkpoint_every=1,
+            recompute=Recompute(self.recompute),
+            recompute_num_layers=0,
+            recompute_every=1,
             pipeline_schedule=PipelineSchedule(self.schedule),
             virtual_stages=self.virtual_stages,
-            pipeline_split="balanced",
+            pipeline_split=PipelineSplit.balanced,
+            pipeline_layers=[],
         )
         trainer = replace(
             config.trainer, micro_batch_size=self.micro_batch, grad_accum=self.grad_accum
@@ -227,7 +229,7 @@ def candidate_of(config: Config, dp: int) -> Candidate:
     """The layout `config` runs at with data-parallel degree dp (its degrees resolved: no
     "auto" left)."""
     p, t = config.parallel, config.trainer
-    recompute = str(p.activation_checkpointing)
+    recompute = str(p.recompute)
     return Candidate(
         int(p.tensor),
         int(p.pipeline),

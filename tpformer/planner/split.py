@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -99,7 +99,8 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
 
 def choose_split(
     model: nn.Module,
-    setting: Any,
+    mode: str,
+    layers: list[int],
     stages: int,
     chunks: int,
     *,
@@ -108,16 +109,16 @@ def choose_split(
     sample: dict[str, Tensor] | None,
     monitor: CommMonitor | None = None,
 ) -> SplitChoice:
-    """The split of `model`'s blocks for parallel.pipeline_split=`setting` (profile: rank 0's
-    times, broadcast and recorded in `monitor`)."""
+    """The split of `model`'s blocks: `layers` (parallel.pipeline_layers) if given, else as
+    parallel.pipeline_split=`mode` chooses (profile: rank 0's times, broadcast and recorded in
+    `monitor`)."""
     config = cast(ModelConfig, model.config)  # pipelined models name their ModelConfig
-    layers, parts = config.num_layers, stages * chunks
+    parts = stages * chunks
     flops = flop_costs(config, seq, head_fraction)
-    if not isinstance(setting, str):
-        return SplitChoice(
-            check_split(list(setting), layers, parts, f"{parts} stages"), flops, "layers"
-        )
-    if setting == "profile":
+    if layers:
+        checked = check_split(list(layers), config.num_layers, parts, f"{parts} stages")
+        return SplitChoice(checked, flops, "layers")
+    if mode == "profile":
         if sample is None:
             raise ValueError("parallel.pipeline_split=profile needs a sample micro-batch")
         was_training = model.training
@@ -125,7 +126,7 @@ def choose_split(
         model.train(was_training)
         return SplitChoice(best_split(costs, parts), costs, "s")  # type: ignore[arg-type]
     if chunks > 1:  # interleaved chunks stay equal
-        return SplitChoice(equal_split(layers, parts), flops, "layers")
+        return SplitChoice(equal_split(config.num_layers, parts), flops, "layers")
     return SplitChoice(best_split(flops, parts), flops, "layers")
 
 
@@ -211,8 +212,8 @@ class PipelinePlan:
 
     split: SplitChoice
     parallel: ParallelConfig
-    """The final parallel config (pipeline_split=pipedream: the chosen split and workers per
-    stage written in, so checkpoints record them)."""
+    """The final parallel config (pipeline_split=pipedream: the chosen layers and workers per
+    stage written into pipeline_layers and pipeline_replicas, so checkpoints record them)."""
     ctx: ParallelContext
     """The context, regrouped for the chosen workers per stage (pipedream)."""
 
@@ -244,13 +245,14 @@ def plan_pipeline(
         )
         log.info("%s", replication.describe())
         parallel = replace(
-            parallel, pipeline_split=replication.split, pipeline_replicas=replication.replicas
+            parallel, pipeline_layers=replication.split, pipeline_replicas=replication.replicas
         )
         ctx = ctx.regroup(replication.replicas)
     chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
     choice = choose_split(
         model,
         parallel.pipeline_split,
+        list(parallel.pipeline_layers),
         stages,
         chunks,
         head_fraction=head_fraction,

@@ -232,7 +232,7 @@ def format_plan(
         f"{layout.dp}, seq {config.data.seq_length}",
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
-        f"checkpointing {config.parallel.activation_checkpointing} ({len(checkpointed)} wrapped), "
+        f"checkpointing {config.parallel.recompute} ({len(checkpointed)} wrapped), "
         f"sequence_parallel {str(config.parallel.sequence_parallel).lower()}, compile "
         f"{str(config.trainer.compile).lower()}",
         rng_mode_line(config.parallel.rng, device_type),

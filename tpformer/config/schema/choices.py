@@ -106,6 +106,12 @@ class Logger(Choice):
     wandb = "wandb"
 
 
+class PipelineSplit(Choice):
+    balanced = "balanced"
+    profile = "profile"
+    pipedream = "pipedream"
+
+
 class PipeDreamUpdate(Choice):
     micro_batch = "micro_batch"
     step = "step"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Union
 
 from tpformer.config.schema.choices import (
     CpuOffload,
     GradCompression,
     PipeDreamUpdate,
     PipelineSchedule,
+    PipelineSplit,
     Precision,
     Recompute,
     RngMode,
@@ -40,14 +41,15 @@ class ParallelConfig:
     """none, optimizer (state, master weights and step on CPU) or optimizer+params (ZeRO-3)."""
     precision: Precision = Precision.fp32
     """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
-    activation_checkpointing: Recompute = Recompute.none
-    """none; selective (recompute the attention core); full (recompute whole layers)."""
-    checkpoint_num_layers: int = ranged(0, 0)
-    """full: checkpoint only the first N layers (0 = all of them)."""
-    checkpoint_every: int = ranged(1, 1)
-    """full: checkpoint every k-th layer among those (1 = each one)."""
-    checkpoint_offload: bool = False
-    """full: keep the checkpointed layer inputs on the CPU between forward and backward."""
+    recompute: Recompute = Recompute.none
+    """Activation recomputation (activation checkpointing): none; selective (recompute the
+    attention core); full (recompute whole layers)."""
+    recompute_num_layers: int = ranged(0, 0)
+    """full: recompute only the first N layers (0 = all of them)."""
+    recompute_every: int = ranged(1, 1)
+    """full: recompute every k-th layer among those (1 = each one)."""
+    recompute_offload: bool = False
+    """full: keep the recomputed layers' inputs on the CPU between forward and backward."""
     bucket_mb: float = ranged(0.0, 0.0)
     """Largest gradient bucket, in MiB of fp32 gradient (DDP's bucket_cap_mb, DeepSpeed's
     reduce_bucket_size): blocks and the other parameters are cut into buckets of at most this
@@ -90,12 +92,14 @@ class ParallelConfig:
     pipedream_vertical_sync: bool = False
     """pipedream: every stage runs a micro-batch with the weight version the first stage used
     for it (more stashed versions; the staleness is the same on every stage)."""
-    pipeline_split: Any = "balanced"
-    """balanced (layer costs from FLOPs, embedding and head included), profile (measured on
-    this device), pipedream (PipeDream's partitioner: the split and the replicas per stage,
-    from profiled layer times and the all-reduce measured between the ranks; sets
-    pipeline_replicas), or layers per stage as a list, e.g. [3, 1] (per virtual stage when
-    interleaved)."""
+    pipeline_split: PipelineSplit = PipelineSplit.balanced
+    """How the layers are split over the stages: balanced (layer costs from FLOPs, embedding
+    and head included), profile (measured on this device), or pipedream (PipeDream's
+    partitioner: the split and the workers per stage, from profiled layer times and the
+    all-reduce measured between the ranks). pipeline_layers, when given, is the split."""
+    pipeline_layers: list[int] = field(default_factory=list)
+    """Layers per stage, e.g. [3, 1] (per virtual stage when interleaved): this split, as
+    given (pipeline_split stays balanced). Empty: pipeline_split chooses."""
     pipeline_replicas: list[int] = field(default_factory=list)
     """pipedream: workers per stage, e.g. [2, 1] (PipeDream's "2-1": stage 1 on two workers
     that take alternate micro-batches and sum their gradients); the world size is their sum,
