@@ -103,13 +103,15 @@ def test_a_device_read_in_the_step_fails_it(
 ) -> None:
     """The check can fail: a step that finds the labeled rows with nonzero, as the MLM head did
     before its positions came with the batch, raises on meta."""
-    from tpformer.models import bert
+    from tpformer.layers import sequence
 
-    def nonzero_positions(self, sequence, positions, seq_len):  # type: ignore[no-untyped-def]
+    original = sequence.SequenceRows.rows_at
+
+    def nonzero_positions(self, hidden, positions, seq_len):  # type: ignore[no-untyped-def]
         labeled = (positions >= 0).reshape(-1).nonzero()  # data-dependent: a device sync
-        return bert.rows_at(sequence, positions, seq_len, self.tp, False, self.cp)[0], labeled
+        return original(self, hidden, positions, seq_len)[0], labeled
 
-    monkeypatch.setattr(bert.BertForPreTraining, "_rows_at", nonzero_positions)
+    monkeypatch.setattr(sequence.SequenceRows, "rows_at", nonzero_positions)
     world, layout, keys = LAYOUTS["tp2"]
     config = _config(ParallelConfig(rng="fast", gloo_shortcuts=False, **keys))  # type: ignore[arg-type]
     with pytest.raises(NotImplementedError, match="nonzero"):
