@@ -61,7 +61,17 @@ def test_every_console_script_is_on_the_shell() -> None:
     ("script", "args", "message"),
     [
         ("tpformer.cli.convert:main", ["to-hf", "{tmp}/missing", "{tmp}/out"], "missing"),
-        ("tpformer.cli.plan:main", ["parallel.tensr=2"], "tensr"),
+        (
+            "tpformer.cli.plan:main",
+            ["parallel.tensr=2"],
+            "error: parallel.tensr is not a config key; did you mean parallel.tensor?",
+        ),
+        (
+            "tpformer.cli.pretrain:main",
+            ["+parallel.tensr=2"],
+            "error: parallel.tensr is not a config key; did you mean parallel.tensor?",
+        ),
+        ("tpformer.cli.finetune:main", ["trainer.epoch=1"], "did you mean trainer.epochs?"),
         (
             "tpformer.cli.plan:main",
             ["parallel.checkpoint_every=2"],
@@ -88,6 +98,7 @@ def test_console_scripts_exit_2_on_bad_input(
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and message in result.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before a run directory is made
 
 
 def test_a_user_config_dir_composes_through_the_search_path(tmp_path: Path) -> None:

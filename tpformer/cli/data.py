@@ -16,6 +16,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from tpformer.cli.shell import console_script
+from tpformer.config.overrides import check_overrides
 from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs, to_config
 from tpformer.config.validate import validate_data
@@ -23,6 +24,7 @@ from tpformer.config.validate import validate_data
 
 def _config(overrides: list[str]) -> Config:
     register_configs()
+    check_overrides(overrides, Config)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         config: Config = to_config(compose("config", overrides=overrides))
     validate_data(config.data)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from tpformer.cli.generate import validate_layout_for_inference
 from tpformer.cli.shell import console_script, run_entry_point
+from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import EvalLMConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import check_choices
@@ -93,6 +94,7 @@ def eval_lm_job(config: EvalLMConfig, ctx: ParallelContext, run_dir: Path) -> No
 
 
 @console_script
+@checked_overrides(EvalLMConfig)
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="eval_lm")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.eval_lm", eval_lm_job, check=validate_eval_lm)

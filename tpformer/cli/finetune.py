@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 from tpformer.cli.shell import console_script, run_entry_point
+from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import FinetuneConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import validate_finetune
@@ -41,6 +42,7 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
 
 
 @console_script
+@checked_overrides(FinetuneConfig)
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="finetune")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.finetune", finetune, check=validate_finetune)

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from tpformer.cli.shell import console_script, run_entry_point
+from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import GenerateConfig, ParallelConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import check_choices
@@ -215,6 +216,7 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
 
 
 @console_script
+@checked_overrides(GenerateConfig)
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="generate")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.generate", generate_job, check=validate_generate)

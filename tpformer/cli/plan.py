@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from tpformer.cli.plan_output import entry_json, format_evaluation, format_result, result_json
 from tpformer.cli.shell import console_script
+from tpformer.config.overrides import check_overrides
 from tpformer.config.schema import PlanConfig
 from tpformer.config.store import CONF_DIR, register_configs, to_config
 from tpformer.config.validate import validate, validate_model
@@ -53,6 +54,7 @@ LAYOUT_KEYS = (
 
 def _compose(overrides: list[str]) -> PlanConfig:
     register_configs()
+    check_overrides(overrides, PlanConfig)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("plan", overrides=overrides)
     return to_config(cfg)

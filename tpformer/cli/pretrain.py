@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from tpformer.cli.shell import console_script, run_entry_point
+from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.parallel.context import ParallelContext
@@ -35,6 +36,7 @@ def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
 
 
 @console_script
+@checked_overrides(Config)
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.pretrain", pretrain)

@@ -1,0 +1,55 @@
+"""Override keys are checked against the schema before Hydra composes (config/overrides.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpformer.config.overrides import check_overrides, unknown_key
+from tpformer.config.schema import Config, FinetuneConfig, PlanConfig
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("parallel.tensr", "parallel.tensr is not a config key; did you mean parallel.tensor?"),
+        ("paralel.tensor", "paralel.tensor is not a config key; did you mean parallel.tensor?"),
+        ("trainer.max_step", "did you mean trainer.max_steps?"),
+        ("parallel.zzz", "the keys of parallel are bucket_mb, context, cpu_offload"),
+    ],
+)
+def test_an_unknown_key_names_the_closest_valid_one(key: str, message: str) -> None:
+    problem = unknown_key(key, Config)
+    assert problem is not None and message in problem
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "parallel.tensor=2",
+        "model=bert_mini",
+        "model.vocab_size=4000",
+        "data.paths=[a.txt,b.txt]",
+        "hydra.run.dir=/tmp/x",
+        "hydra/job_logging=disabled",
+        "--multirun",
+        "parallel.tensor=1,2",
+        "~trainer.compile",
+    ],
+)
+def test_valid_overrides_and_hydras_own_pass(override: str) -> None:
+    check_overrides([override], Config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "schema", "message"),
+    [
+        (["+parallel.tensr=2"], Config, "did you mean parallel.tensor?"),
+        (["++optim.lrr=1"], Config, "did you mean optim.lr?"),
+        (["~parallel.tensr"], Config, "did you mean parallel.tensor?"),
+        (["task=sst2", "trainer.epoch=1"], FinetuneConfig, "did you mean trainer.epochs?"),
+        (["parallel.tensr=2"], PlanConfig, "did you mean parallel.tensor?"),
+    ],
+)
+def test_typos_and_added_keys_are_refused(overrides: list[str], schema: type, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("?", r"\?")):
+        check_overrides(overrides, schema)

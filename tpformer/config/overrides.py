@@ -1,0 +1,81 @@
+"""Override keys checked against the schema before Hydra composes: a typo or a `+key` the
+schema does not have exits 2 with one line naming the closest valid key, instead of Hydra's
+multi-line message and its advice to append the key with `+` (which Hydra then accepts and
+the run ignores)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any
+
+SKIPPED_PREFIXES = ("hydra", "+hydra", "++hydra")
+"""Hydra's own keys (hydra.run.dir, hydra/launcher=...) are Hydra's to check."""
+
+
+def _nested(hint: Any) -> type | None:
+    """The dataclass a field holds (through Optional), else None."""
+    candidates = [hint, *typing.get_args(hint)]
+    return next(
+        (c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None
+    )
+
+
+def unknown_key(key: str, schema: type) -> str | None:
+    """Why `key` (dotted) is not a key of `schema`, naming the closest valid one; None if it is
+    one (or descends into a field that is not a config group: a list or dict value)."""
+    cls: type | None = schema
+    path: list[str] = []
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if cls is None:
+            return None
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            where = ".".join(path)
+            close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+            prefix = f"{where}." if where else ""
+            rest = "".join(f".{p}" for p in parts[i + 1 :])
+            valid = (
+                f"did you mean {prefix}{close[0]}{rest}?"
+                if close
+                else f"the keys of {where or 'the config'} are {', '.join(sorted(names))}"
+            )
+            return f"{key} is not a config key; {valid}"
+        path.append(part)
+        cls = _nested(hints[part])
+    return None
+
+
+def check_overrides(overrides: list[str], schema: type) -> None:
+    """Raise ValueError for the first override whose key `schema` does not have: key=value,
+    +key=value (adding a key the schema lacks is refused, not ignored), ~key. Flags (--help,
+    -m, --config-dir DIR) and Hydra's own keys are left to Hydra."""
+    for override in overrides:
+        if override.startswith("-") or ("=" not in override and not override.startswith("~")):
+            continue
+        key = override.split("=", 1)[0].lstrip("+~")
+        if override.startswith(SKIPPED_PREFIXES) or key.startswith("hydra") or "/" in key:
+            continue
+        problem = unknown_key(key, schema)
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def checked_overrides(schema: type) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorate a Hydra main so its command-line overrides are checked against `schema` first."""
+
+    def decorate(main: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(main)
+        def wrapped(*args: Any, **kwargs: Any) -> None:
+            check_overrides(sys.argv[1:], schema)
+            main(*args, **kwargs)
+
+        return wrapped
+
+    return decorate
