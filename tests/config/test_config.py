@@ -197,12 +197,14 @@ OPTION_NAMING_KEYS = {"name", "source"}
 @pytest.mark.parametrize("path", sorted(Path(CONF).glob("*/*.yaml")), ids=lambda p: p.stem)
 def test_yaml_never_repeats_a_schema_default(path: Path) -> None:
     """The schema holds every default; a group's YAML sets only what differs (or the keys that
-    name its option), so a default is written once."""
-    import yaml
+    name its option), so a default is written once. Read as Hydra reads it (OmegaConf's YAML:
+    `1e-8` is a float, where yaml.safe_load would give the string "1e-8")."""
+    from omegaconf import OmegaConf
 
     cls = PRETRAIN_GROUPS[path.parent.name]
     defaults = {f.name: default_of(f) for f in dataclasses.fields(cls)}
-    values = yaml.safe_load(path.read_text()) or {}
+    values = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    assert isinstance(values, dict)
     repeated = {k: v for k, v in values.items() if k not in OPTION_NAMING_KEYS and defaults[k] == v}
     assert repeated == {}, f"{path.name} repeats the schema's defaults {repeated}"
 
