@@ -162,5 +162,8 @@ def load_classifier(
             f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
             f"Hugging Face directory (config.json)"
         )
+    arch = read_hf_config(init).get("model_type", "?")
+    if arch != "bert":
+        raise ValueError(f"init={init} holds a {arch} model; fine-tuning needs BERT")
     classifier = load_hf_model(init, ctx, task="classification", num_labels=num_labels)
     return cast(BertForSequenceClassification, classifier), init

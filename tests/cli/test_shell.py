@@ -72,6 +72,12 @@ def test_every_console_script_is_on_the_shell() -> None:
             "error: parallel.tensr is not a config key; did you mean parallel.tensor?",
         ),
         ("tpformer.cli.finetune:main", ["trainer.epoch=1"], "did you mean trainer.epochs?"),
+        ("tpformer.cli.finetune:main", ["task=sst2"], "error: init is required: give init=..."),
+        (
+            "tpformer.cli.pretrain:main",
+            ["model=bert_mini", "parallel.tensor=3"],
+            "error: parallel.tensor=3 does not divide world_size=1",
+        ),
         (
             "tpformer.cli.plan:main",
             ["parallel.checkpoint_every=2"],
@@ -98,7 +104,7 @@ def test_console_scripts_exit_2_on_bad_input(
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and message in result.stderr
-    assert not (tmp_path / "outputs").exists()  # refused before a run directory is made
+    assert not (tmp_path / "outputs").exists()  # no run directory is left behind
 
 
 def test_a_user_config_dir_composes_through_the_search_path(tmp_path: Path) -> None:

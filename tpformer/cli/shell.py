@@ -154,6 +154,35 @@ def console_script(main: Callable[..., None]) -> Callable[..., None]:
     return wrapped
 
 
+def _checked_config(
+    cfg: DictConfig, env: LaunchEnv, check: Callable[..., None]
+) -> tuple[Any, Layout, list[str], bool]:
+    """(typed config, layout, how it was chosen, whether to relaunch on N local ranks), the
+    config validated at the layout of this world (or of the N ranks a relaunch starts)."""
+    config = to_config(cfg)
+    relaunch = not env.under_launcher and config.launcher.nproc_per_node > 1
+    nproc = config.launcher.nproc_per_node
+    world, local = (nproc, nproc) if relaunch else (env.world_size, env.local_world_size)
+    layout, notes = _checked_layout(config, world, local, check)
+    return config, layout, notes, relaunch
+
+
+def _forget_run_dir(run_dir: Path) -> None:
+    """Remove the run directory Hydra made for a run that never started (only Hydra's own
+    files in it), and the empty dated folders above it."""
+    if not run_dir.is_dir() or any(
+        p.name != ".hydra" and not p.name.endswith(".log") for p in run_dir.iterdir()
+    ):
+        return
+    if any(p.stat().st_size for p in run_dir.glob("*.log")):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    parent = run_dir.parent
+    while parent != Path.cwd() and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
 def run_entry_point(
     cfg: DictConfig,
     module: str,
@@ -166,14 +195,16 @@ def run_entry_point(
     _JobState.started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    try:
-        config = to_config(cfg)
-    except Exception as err:
-        _fail(str(err).splitlines()[0])
     env = LaunchEnv.read()  # the one read of the launcher's variables
-    if not env.under_launcher and config.launcher.nproc_per_node > 1:
-        nproc = config.launcher.nproc_per_node
-        _checked_layout(config, nproc, nproc, check)
+    try:
+        config, layout, notes, relaunch = _checked_config(cfg, env, check)
+    except Exception as err:  # a config error: one line, and no run directory left behind
+        _forget_run_dir(run_dir)
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        # OmegaConf's errors add lines of its internals (full_key, object_type) after the first
+        shown = lines[:1] if isinstance(err, OmegaConfBaseException) else lines
+        _fail(" ".join(shown) or type(err).__name__)
+    if relaunch:
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
         code = launch_local(
             module,
@@ -185,7 +216,6 @@ def run_entry_point(
         if code:
             sys.exit(code)
         return
-    layout, notes = _checked_layout(config, env.world_size, env.local_world_size, check)
     ctx = _context(config, layout, env, run_dir)
     shared = run_dir
     try:
@@ -268,12 +298,9 @@ def _checked_layout(
     config: Any, world_size: int, local_world_size: int, check: Callable[..., None]
 ) -> tuple[Layout, list[str]]:
     """The layout for this world size and how it was chosen, with the config validated at it
-    (exit 2 if invalid)."""
-    try:
-        layout, notes = resolve_run_layout(config, world_size, local_world_size)
-        check(config, layout, device_type=_device_type())
-    except ValueError as err:
-        _fail(str(err))
+    (ValueError if invalid)."""
+    layout, notes = resolve_run_layout(config, world_size, local_world_size)
+    check(config, layout, device_type=_device_type())
     return layout, notes
 
 

@@ -52,6 +52,17 @@ def unknown_key(key: str, schema: type) -> str | None:
     return None
 
 
+def key_docstring(key: str, schema: type) -> str:
+    """The schema's docstring of a dotted key ("" if it has none)."""
+    from tpformer.config.reference import field_docstrings
+
+    cls: type | None = schema
+    parts = key.split(".")
+    for part in parts[:-1]:
+        cls = _nested(typing.get_type_hints(cls)[part]) if cls is not None else None
+    return " ".join(field_docstrings(cls).get(parts[-1], "").split()) if cls is not None else ""
+
+
 def check_overrides(overrides: list[str], schema: type) -> None:
     """Raise ValueError for the first override whose key `schema` does not have: key=value,
     +key=value (adding a key the schema lacks is refused, not ignored), ~key. Flags (--help,

@@ -6,8 +6,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from tpformer.config import CONF_DIR
+from tpformer.config.overrides import key_docstring
 from tpformer.config.presets import PRESETS
 from tpformer.config.schema import (
     Config,
@@ -34,5 +36,11 @@ def register_configs() -> None:
 
 def to_config(cfg: DictConfig) -> Any:
     """The typed config object (Config, FinetuneConfig or PlanConfig: the schema registered for
-    the composed file) of a composed DictConfig; after this, nobody sees a DictConfig."""
-    return OmegaConf.to_object(cfg)
+    the composed file) of a composed DictConfig; after this, nobody sees a DictConfig. A key
+    without a default that was not given is one line naming it and what it takes."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        key = str(err.full_key)
+        meaning = key_docstring(key, OmegaConf.get_type(cfg) or Config)
+        raise ValueError(f"{key} is required: give {key}=... ({meaning})") from None

@@ -38,7 +38,7 @@ def build_model(
     cls = TASKS.get((config.arch, task))
     if cls is None:
         valid = [t for a, t in TASKS if a == config.arch]
-        raise ValueError(f"task={task!r} is not available for arch={config.arch!r}; valid: {valid}")
+        raise ValueError(f"a {config.arch} model has no {task} task; its tasks: {', '.join(valid)}")
     model = cls(config, ctx, **kwargs)
     built = dict(model.named_parameters())
     model.to(ctx.device)
