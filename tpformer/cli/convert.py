@@ -15,7 +15,11 @@ from tpformer.cli.shell import console_script
 
 @console_script
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tpformer-convert", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="tpformer-convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "direction",
         choices=["to-hf", "from-hf"],

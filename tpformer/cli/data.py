@@ -43,7 +43,9 @@ def _setup_logging() -> None:
 @console_script
 def train_tokenizer_main(argv: list[str] | None = None) -> None:
     """Train the sentencepiece model a run with these overrides would use."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, help="write tokenizer.model here instead of the cache")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for tpformer-pretrain")
     args = parser.parse_args(argv)
@@ -75,7 +77,9 @@ def train_tokenizer_main(argv: list[str] | None = None) -> None:
 @console_script
 def preprocess_main(argv: list[str] | None = None) -> None:
     """Tokenizer (trained if needed) and the memory-mapped corpus a run would use."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for tpformer-pretrain")
     args = parser.parse_args(argv)
     _setup_logging()

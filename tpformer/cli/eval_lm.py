@@ -1,6 +1,6 @@
 """`tpformer-eval-lm`: loss and perplexity of a causal LM on a text file, sliding window.
 
-tpformer-eval-lm init=runs/gpt/checkpoints/step00000300 data_file=valid.txt seq_length=512 \
+tpformer-eval-lm init=runs/gpt/checkpoints/step00000300 data_file=valid.txt seq_length=512
         stride=256
 tpformer-eval-lm init=hf/gpt2 data_file=valid.jsonl parallel.tensor=2 launcher.nproc_per_node=2
 """
@@ -94,7 +94,7 @@ def eval_lm_job(config: EvalLMConfig, ctx: ParallelContext, run_dir: Path) -> No
 
 
 @console_script
-@checked_overrides(EvalLMConfig)
+@checked_overrides(EvalLMConfig, "tpformer-eval-lm", __doc__ or "", "eval_lm")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="eval_lm")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.eval_lm", eval_lm_job, check=validate_eval_lm)

@@ -1,8 +1,8 @@
 """`tpformer-finetune`: fine-tune BERT on a GLUE task at any layout.
 
 tpformer-finetune task=rte init=runs/bert/checkpoints/step00000500 data.glue_dir=glue
-tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=2 \
-        launcher.nproc_per_node=2
+tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=2
+    launcher.nproc_per_node=2
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
 
 
 @console_script
-@checked_overrides(FinetuneConfig)
+@checked_overrides(FinetuneConfig, "tpformer-finetune", __doc__ or "", "finetune")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="finetune")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.finetune", finetune, check=validate_finetune)

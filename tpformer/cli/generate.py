@@ -1,7 +1,7 @@
 """`tpformer-generate`: completions from a GPT checkpoint or a Hugging Face GPT-2 directory.
 
 tpformer-generate init=runs/gpt/checkpoints/step00000300 prompt="To be, or not to be"
-tpformer-generate init=hf/gpt2 prompts=prompts.txt sampling=sample temperature=0.8 top_p=0.9 \
+tpformer-generate init=hf/gpt2 prompts=prompts.txt sampling=sample temperature=0.8 top_p=0.9
         parallel.tensor=2 launcher.nproc_per_node=2
 
 Any TP degree (heads and KV cache split over the TP group); DP ranks take whole batches of
@@ -216,7 +216,7 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
 
 
 @console_script
-@checked_overrides(GenerateConfig)
+@checked_overrides(GenerateConfig, "tpformer-generate", __doc__ or "", "generate")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="generate")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.generate", generate_job, check=validate_generate)

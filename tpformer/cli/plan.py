@@ -198,7 +198,11 @@ def plan(
 
 @console_script
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tpformer-plan", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tpformer-plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--calibrate",

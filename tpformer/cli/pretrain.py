@@ -36,7 +36,7 @@ def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
 
 
 @console_script
-@checked_overrides(Config)
+@checked_overrides(Config, "tpformer-pretrain", __doc__ or "", "config")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     run_entry_point(cfg, "tpformer.cli.pretrain", pretrain)

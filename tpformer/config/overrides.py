@@ -78,12 +78,18 @@ def check_overrides(overrides: list[str], schema: type) -> None:
             raise ValueError(problem)
 
 
-def checked_overrides(schema: type) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Decorate a Hydra main so its command-line overrides are checked against `schema` first."""
+def checked_overrides(
+    schema: type, command: str, description: str, config_name: str
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorate a Hydra main: `--help [GROUP]` prints the schema's help (config/help.py), and
+    the command-line overrides are checked against `schema` before Hydra composes."""
 
     def decorate(main: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(main)
         def wrapped(*args: Any, **kwargs: Any) -> None:
+            from tpformer.config.help import print_help_and_exit
+
+            print_help_and_exit(command, description, schema, config_name, sys.argv[1:])
             check_overrides(sys.argv[1:], schema)
             main(*args, **kwargs)
 

@@ -95,12 +95,13 @@ def allowed_values(cls: type, f: Field[typing.Any]) -> str:
     rng = f.metadata.get("range")
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return ", ".join(f"`{m.value}`" for m in hint)
-    optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    base = typing.get_args(hint)[0] if optional else hint
-    name = getattr(base, "__name__", str(base).replace("typing.", ""))
-    if isinstance(rng, Range):
-        return f"{name} {rng}" + (" or null" if optional else "")
-    return name + (" or null" if optional else "")
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    members = list(typing.get_args(hint)) if union else [hint]
+    optional = type(None) in members
+    kinds = [getattr(m, "__name__", str(m).replace("typing.", "")) for m in members]
+    kinds = [k for k in kinds if k != "NoneType"]
+    first = f"{kinds[0]} {rng}" if isinstance(rng, Range) else kinds[0]
+    return " or ".join([first, *kinds[1:], *(["null"] if optional else [])])
 
 
 def group_table(group: str, cls: type) -> str:

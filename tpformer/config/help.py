@@ -1,0 +1,119 @@
+"""`--help` of the Hydra console scripts, from the schema: what the command does, the config
+groups it takes with their options, and each key with its default, its allowed values and the
+docstring written under the field (the same source as the docs' configuration reference).
+`--help GROUP` narrows it to one group."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import textwrap
+import typing
+from pathlib import Path
+
+from tpformer.config import CONF_DIR
+from tpformer.config.presets import PRESETS
+from tpformer.config.reference import _format_value, allowed_values, default_of, field_docstrings
+
+
+def _groups(schema: type) -> dict[str, type]:
+    """The schema's fields that are config groups (dataclasses), by name."""
+    hints = typing.get_type_hints(schema)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(schema)
+        if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
+    }
+
+
+def selectable_groups(config_name: str) -> set[str]:
+    """The groups the command's config file lets `group=OPTION` choose (its defaults list)."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / f"{config_name}.yaml"))
+    entries = defaults.get("defaults", []) if isinstance(defaults, dict) else []
+    return {
+        key
+        for entry in entries
+        if isinstance(entry, dict)
+        for key in entry
+        if not str(key).startswith("override")
+    }
+
+
+def _options(group: str) -> list[str]:
+    """The options `group=NAME` selects: the YAML files of conf/<group>/ (and model presets)."""
+    names = {p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")}
+    if group == "model":
+        names |= set(PRESETS)
+    return sorted(names)
+
+
+def _keys(cls: type, prefix: str, width: int) -> list[str]:
+    docs = field_docstrings(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            continue  # a group: listed on its own
+        default = default_of(f)
+        shown = "required" if default == "???" else _format_value(default)  # OmegaConf's MISSING
+        head = f"  {prefix}{f.name} = {shown}"
+        values = allowed_values(cls, f).replace("`", "")
+        meaning = " ".join(docs.get(f.name, "").split())
+        lines.append(f"{head}  ({values})")
+        lines += textwrap.wrap(meaning, width, initial_indent="      ", subsequent_indent="      ")
+    return lines
+
+
+def schema_help(
+    command: str, description: str, schema: type, config_name: str, only: str | None = None
+) -> str:
+    """The help text of `command` (whose config is `schema`, composed from conf/`config_name`
+    .yaml), or of its group `only`."""
+    width = max(60, min(100, shutil.get_terminal_size().columns)) - 2
+    groups = _groups(schema)
+    selectable = selectable_groups(config_name)
+    if only is not None and only not in groups:
+        raise ValueError(
+            f"--help {only}: {command} has no config group {only}; its groups: "
+            f"{', '.join(sorted(groups))}"
+        )
+    out = [] if only else [description.strip(), ""]
+    if not only:
+        out += [
+            f"usage: {command} [GROUP=OPTION ...] [GROUP.KEY=VALUE ...]",
+            f"       {command} --help GROUP   (one group's keys)",
+            "",
+        ]
+        own = _keys(schema, "", width)
+        if own:
+            out += ["keys:", *own, ""]
+    for name, cls in groups.items():
+        if only and name != only:
+            continue
+        options = _options(name) if name in selectable else []
+        head = f"{name}=OPTION, one of: {', '.join(options)}" if options else f"{name}:"
+        out += [*textwrap.wrap(head, width, subsequent_indent="    ")]
+        out += [*_keys(cls, f"{name}.", width), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def help_requested(argv: list[str]) -> tuple[bool, str | None]:
+    """(whether argv asks for --help / -h, the group named after it if any)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--help", "-h"):
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            return True, following if following and "=" not in following else None
+    return False, None
+
+
+def print_help_and_exit(
+    command: str, description: str, schema: type, config_name: str, argv: list[str]
+) -> None:
+    """If argv asks for help, print it and exit 0."""
+    wanted, group = help_requested(argv)
+    if wanted:
+        print(schema_help(command, description, schema, config_name, group), end="")
+        sys.exit(0)
