@@ -122,3 +122,12 @@ def progress(
         dynamic_ncols=True,
         disable=not enabled,
     )
+
+
+def quiet_datasets_off_a_terminal() -> None:
+    """`datasets` draws its own tqdm bars (loading, mapping); off a terminal they follow ours
+    and stay out of the log. Call before using datasets."""
+    if not sys.stderr.isatty():
+        import datasets
+
+        datasets.disable_progress_bars()

@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -127,12 +129,13 @@ def save(
     barrier(group, monitor=ctx.monitor)
     rank = world_rank()
     try:  # DCP reports a failed write as CheckpointException, a BaseException
-        dcp.save(
-            state,
-            checkpoint_id=str(tmp),
-            process_group=group,
-            no_dist=not distributed(),
-        )
+        with _quiet_single_process():
+            dcp.save(
+                state,
+                checkpoint_id=str(tmp),
+                process_group=group,
+                no_dist=not distributed(),
+            )
         outcome: dict[str, list] | str = _checksums(
             tmp, sorted(p.name for p in tmp.glob(f"__{rank}_*"))
         )
@@ -289,7 +292,8 @@ def load(directory: Path, template: dict[str, Any]) -> dict[str, Any]:
 
     NOTE: DCP's .metadata is a pickle: load only checkpoints you trust."""
     try:
-        dcp.load(template, checkpoint_id=str(directory), no_dist=not distributed())
+        with _quiet_single_process():
+            dcp.load(template, checkpoint_id=str(directory), no_dist=not distributed())
     except (CheckpointException, Exception) as err:  # DCP's errors, named once
         raise CheckpointError(
             f"reading the checkpoint {directory} failed ({_one_line(err)}); "
@@ -317,3 +321,12 @@ def rng_state() -> dict[str, torch.Tensor]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
+
+
+@contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns on every one-process save and load that it assumes one process, which is what
+    no_dist says: kept out of the run's log."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        yield

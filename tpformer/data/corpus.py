@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpformer.progress import quiet_datasets_off_a_terminal
+
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
 
@@ -93,6 +95,8 @@ def read_hf(spec: CorpusSpec) -> Iterator[str]:
     """Rows of a `datasets` dataset (a hub name online, or a builder such as json/parquet/text
     with data.paths offline), streamed; each row's text field is one document."""
     import datasets
+
+    quiet_datasets_off_a_terminal()
 
     if not spec.name:
         raise ValueError(

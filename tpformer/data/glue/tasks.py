@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from tpformer.progress import quiet_datasets_off_a_terminal
+
 
 @dataclass(frozen=True)
 class GlueTask:
@@ -82,6 +84,8 @@ def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, Any]:
     and are absent from test splits. Errors name the file and the column."""
     import datasets
 
+    quiet_datasets_off_a_terminal()
+
     task = get_task(task_name)
     path = Path(glue_dir).expanduser() / task.directory / f"{split}.tsv"
     if not path.is_file():
@@ -133,6 +137,8 @@ def read_hub_split(task_name: str, split: str) -> dict[str, Any]:
     name where the hub orders them differently (MNLI)."""
     import datasets
 
+    quiet_datasets_off_a_terminal()
+
     task = get_task(task_name)
     table = datasets.load_dataset(HUB, task_name, split=split.replace("dev", "validation"))
     a, b = HUB_TEXT.get(task_name, ("sentence1", "sentence2"))
@@ -158,6 +164,8 @@ def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, Any]:
     sentence1/sentence2, question/sentence, premise/hypothesis, question1/question2, label);
     labels may be ids or the task's label strings."""
     import datasets
+
+    quiet_datasets_off_a_terminal()
 
     task = get_task(task_name)
     path = Path(path).expanduser()
