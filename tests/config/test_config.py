@@ -385,7 +385,11 @@ def test_invalid_values_are_rejected_with_the_value(
 @pytest.mark.parametrize(
     ("module", "override", "message"),
     [
-        ("tpformer.cli.pretrain", "parallel.precision=fp8", "expected one of [fp32, bf16, fp16]"),
+        (
+            "tpformer.cli.pretrain",
+            "parallel.precision=fp8",
+            "error: parallel.precision=fp8 is not one of fp32, bf16, fp16",
+        ),
         (
             "tpformer.cli.pretrain",
             "parallel.tensr=2",

@@ -34,6 +34,8 @@ def test_an_unknown_key_names_the_closest_valid_one(key: str, message: str) -> N
         "--multirun",
         "parallel.tensor=1,2",
         "~trainer.compile",
+        "parallel.precision=bf16",
+        "parallel.zero_stage=1,2",
     ],
 )
 def test_valid_overrides_and_hydras_own_pass(override: str) -> None:
@@ -48,6 +50,8 @@ def test_valid_overrides_and_hydras_own_pass(override: str) -> None:
         (["~parallel.tensr"], Config, "did you mean parallel.tensor?"),
         (["task=sst2", "trainer.epoch=1"], FinetuneConfig, "did you mean trainer.epochs?"),
         (["parallel.tensr=2"], PlanConfig, "did you mean parallel.tensor?"),
+        (["parallel.zero_stage=5"], Config, "parallel.zero_stage=5 is not one of 0, 1, 2, 3"),
+        (["task=sst5"], FinetuneConfig, "task=sst5 is not one of cola, sst2"),
     ],
 )
 def test_typos_and_added_keys_are_refused(overrides: list[str], schema: type, message: str) -> None:

@@ -97,7 +97,7 @@ def test_balanced_split_is_even_and_a_heavy_head_moves_layers_forward() -> None:
 @pytest.mark.parametrize(
     ("split", "message"),
     [
-        ([2, 1], r"pipeline_split=\[2, 1\] sums to 3 layers; the model has model.num_layers=4"),
+        ([2, 1], r"pipeline_layers=\[2, 1\] sums to 3 layers; the model has model.num_layers=4"),
         ([4], r"has 1 entries; parallel.pipeline=2 needs 2"),
         ([4, 0], r"every stage needs at least one layer"),
     ],

@@ -360,7 +360,7 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     glue = tmp_path / "glue"
     result = _cli(["task=sst5", f"init={hf}", f"data.glue_dir={glue}"], tmp_path)
     assert result.returncode == 2
-    assert "Invalid value 'sst5', expected one of [cola, sst2, mrpc" in result.stderr
+    assert "error: task=sst5 is not one of cola, sst2, mrpc" in result.stderr
     result = _cli(
         ["task=sst2", f"init={hf}", f"data.glue_dir={glue}", f"data.cache_dir={tmp_path}"], tmp_path
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import functools
 import sys
 import typing
@@ -52,6 +53,32 @@ def unknown_key(key: str, schema: type) -> str | None:
     return None
 
 
+def _field_type(key: str, schema: type) -> Any:
+    """The type hint of a dotted key of `schema` (None if it is not one)."""
+    cls: Any = schema
+    hint: Any = None
+    for part in key.split("."):
+        if cls is None or part not in {f.name for f in dataclasses.fields(cls)}:
+            return None
+        hint = typing.get_type_hints(cls)[part]
+        cls = _nested(hint)
+    return hint
+
+
+def invalid_choice(key: str, value: str, schema: type) -> str | None:
+    """Why `value` is not one of a choice key's values (one line naming them), else None. Sweeps
+    (a,b), interpolations and quoted values are left to Hydra."""
+    hint = _field_type(key, schema)
+    if not (isinstance(hint, type) and issubclass(hint, enum.Enum)):
+        return None
+    if any(c in value for c in ",${}'\"[]()") or value in ("null", ""):
+        return None
+    valid = [str(m.value) for m in hint]
+    if value in valid:
+        return None
+    return f"{key}={value} is not one of {', '.join(valid)}"
+
+
 def key_docstring(key: str, schema: type) -> str:
     """The schema's docstring of a dotted key ("" if it has none)."""
     from tpformer.config.reference import field_docstrings
@@ -74,6 +101,8 @@ def check_overrides(overrides: list[str], schema: type) -> None:
         if override.startswith(SKIPPED_PREFIXES) or key.startswith("hydra") or "/" in key:
             continue
         problem = unknown_key(key, schema)
+        if problem is None and "=" in override:
+            problem = invalid_choice(key, override.split("=", 1)[1], schema)
         if problem is not None:
             raise ValueError(problem)
 
