@@ -29,13 +29,13 @@ import torch.multiprocessing as mp
 from tpformer.config.presets import preset
 from tpformer.models import build_model
 from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.link_timing import allreduce_bandwidth as measure_allreduce
 from tpformer.planner.partition import (
     best_split,
     pipedream_partition,
     replicated_stage_time,
     replication_string,
 )
-from tpformer.planner.split import allreduce_bandwidth as measure_allreduce
 from tpformer.planner.split import layer_weight_bytes, profile_costs
 
 

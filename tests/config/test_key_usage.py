@@ -86,14 +86,15 @@ READ_BY_RANKS_ONLY = {
     "parallel.pipeline_schedule",
     "parallel.pipedream_update",
     "parallel.pipedream_vertical_sync",
+    "parallel.pipeline_layers",
 }
 """Read where a process group exists: in-process runs have none, and the relaunch path is cut
 before the ranks start.
 tests/faults/test_processes.py::test_stopped_rank_fails_the_job_within_the_timeout,
 tests/train/test_trainer.py::test_cli_sequence_parallel_run_gives_the_tp1_losses and
 tests/pipeline/test_pipeline_training.py (interleaved_1f1b), tests/pipeline/test_pipeline_cli.py
-(pipedream_update=step) and tests/pipeline/test_pipedream.py (both pipedream keys) show them
-acting."""
+(pipedream_update=step), tests/pipeline/test_pipedream.py (both pipedream keys) and
+tests/pipeline/test_pipeline_training.py (pipeline_layers) show them acting."""
 
 
 OPTION_RUNS = [["optim.name=lars"]]

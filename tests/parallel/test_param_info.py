@@ -38,7 +38,8 @@ def _records(ctx: ParallelContext) -> dict[str, tuple[ParamInfo, list[str]]]:
     attribute it carries."""
     model = build_model(tiny_gpt(), ctx, task="causal_lm")
     parallel = ParallelConfig(tensor=2, pipeline=2, zero_stage=1, sequence_parallel=True)
-    parallelize(model, parallel, OptimConfig(), ctx)
+    layers = model.config.num_layers
+    parallelize(model, parallel, OptimConfig(), ctx, split=[layers // 2, layers - layers // 2])
     plain = set(nn.Parameter(torch.zeros(1)).__dict__) | {"tpformer_param_info"}
     return {
         name: (replace(param_info(p), init=None), sorted(set(p.__dict__) - plain))

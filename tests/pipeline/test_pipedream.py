@@ -189,6 +189,7 @@ def _pipeline(
     split = choose_split(
         model,
         config.parallel.pipeline_split,
+        list(config.parallel.pipeline_layers),
         ctx.layout.pp,
         1,
         head_fraction=0.0,
