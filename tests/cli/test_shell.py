@@ -131,3 +131,24 @@ def test_a_user_config_dir_composes_through_the_search_path(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr[-2000:]
     assert "tensor: 2" in result.stdout and "zero_stage: '1'" in result.stdout
     assert "seed: 1234" in result.stdout  # the rest of the group from the schema's defaults
+
+
+def test_only_an_empty_default_run_directory_is_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config error removes the run directory Hydra made from its default pattern, and never
+    one the user named (here: the working directory itself) or one holding anything."""
+    from tpformer.cli.shell import _forget_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    default = tmp_path / "outputs" / "2026-11-26" / "17-00-00"
+    default.mkdir(parents=True)
+    _forget_run_dir(default)
+    assert not (tmp_path / "outputs").exists()
+    _forget_run_dir(tmp_path)  # hydra.run.dir=. : kept
+    assert tmp_path.is_dir()
+    kept = tmp_path / "outputs" / "run"
+    kept.mkdir(parents=True)
+    (kept / "notes.txt").write_text("mine")
+    _forget_run_dir(kept)
+    assert (kept / "notes.txt").exists()

@@ -167,18 +167,28 @@ def _checked_config(
     return config, layout, notes, relaunch
 
 
+DEFAULT_RUN_ROOTS = ("outputs", "multirun")
+"""Where the configs' default hydra.run.dir patterns put a run, under the working directory."""
+
+
 def _forget_run_dir(run_dir: Path) -> None:
-    """Remove the run directory Hydra made for a run that never started (only Hydra's own
-    files in it), and the empty dated folders above it."""
-    if not run_dir.is_dir() or any(
-        p.name != ".hydra" and not p.name.endswith(".log") for p in run_dir.iterdir()
-    ):
+    """Remove the run directory Hydra made, from its default pattern, for a run that never
+    started (only Hydra's own, empty files in it), and the empty folders above it up to the
+    working directory. A directory the user named (hydra.run.dir) is left alone."""
+    cwd = Path.cwd().resolve()
+    run_dir = run_dir.resolve()
+    if not run_dir.is_dir() or not run_dir.is_relative_to(cwd) or run_dir == cwd:
         return
-    if any(p.stat().st_size for p in run_dir.glob("*.log")):
+    if run_dir.relative_to(cwd).parts[0] not in DEFAULT_RUN_ROOTS:
+        return
+    entries = list(run_dir.iterdir())
+    if any(p.name != ".hydra" and not (p.is_file() and p.name.endswith(".log")) for p in entries):
+        return
+    if any(p.is_file() and p.stat().st_size for p in entries):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     parent = run_dir.parent
-    while parent != Path.cwd() and parent.is_dir() and not any(parent.iterdir()):
+    while parent != cwd and parent.is_relative_to(cwd) and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
 
