@@ -28,18 +28,28 @@ import torch
 from torch import nn
 
 from tpformer.engine.units import model_blocks
+from tpformer.engine.wrapping import wrap_method
 from tpformer.parallel.random import EAGER_ISLAND, DeviceStreamUser, RNGTracker
 
 
 def apply_compile(model: nn.Module, rng: RNGTracker) -> None:
-    """Replace each block's forward by its torch.compile'd version (inductor), seeded for its
+    """Run each block's forward as its torch.compile'd version (inductor), seeded for its
     attention dropout under fast mode: compiled at the first call, from then on reused by every
     block of the same shape."""
     import torch._inductor.config as inductor_config  # here: a run without compile skips it
 
     inductor_config.fallback_random = True
     for block in model_blocks(model):
-        block.forward = _seeded(block, torch.compile(block.forward), rng)
+        wrap_method(block, "forward", _compiled(block, rng), "Compiled")
+
+
+def _compiled(block: nn.Module, rng: RNGTracker) -> Callable[[Callable[..., Any]], Any]:
+    """forward -> its torch.compile'd version, seeded for the block's device draw."""
+
+    def compile_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
+        return _seeded(block, torch.compile(forward), rng)
+
+    return compile_forward
 
 
 def _seeded(block: nn.Module, forward: Callable[..., Any], rng: RNGTracker) -> Callable[..., Any]:
@@ -62,20 +72,20 @@ def _seeded(block: nn.Module, forward: Callable[..., Any], rng: RNGTracker) -> C
 
 
 def isolate_eager_islands(model: nn.Module) -> None:
-    """Wrap every method marked `eager_island` (on a module's class, or set on the module, as
-    selective recomputation sets its wrapper) with torch.compiler.disable, on the module itself;
+    """Wrap every method marked `eager_island` (on a module's class, including the class
+    selective recomputation gave its target) with torch.compiler.disable (engine/wrapping.py);
     run after recomputation has wrapped its targets."""
-    for module in model.modules():
+    for module in list(model.modules()):
         methods = {
             attr
             for cls in type(module).__mro__
             for attr, value in vars(cls).items()
             if getattr(value, EAGER_ISLAND, False)
         }
-        methods |= {
-            attr
-            for attr, value in vars(module).items()
-            if callable(value) and getattr(value, EAGER_ISLAND, False)
-        }
         for attr in sorted(methods):
-            setattr(module, attr, torch.compiler.disable(getattr(module, attr), recursive=True))
+            wrap_method(
+                module,
+                attr,
+                lambda fn: torch.compiler.disable(fn, recursive=True),
+                "Eager",
+            )

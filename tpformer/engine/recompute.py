@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tpformer.config.schema import ParallelConfig
 from tpformer.engine.units import model_blocks
+from tpformer.engine.wrapping import wrap_method
 from tpformer.parallel.random import RNGTracker, eager_island
 
 
@@ -53,7 +54,8 @@ def _recomputed(
 
 
 def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker) -> list[str]:
-    """Wrap the model's blocks (full) or their selective targets in place.
+    """Wrap the model's blocks (full) or their selective targets (engine/wrapping.py: each keeps
+    its parameters and names).
 
     Returns the names of the wrapped modules and methods (shown in the startup plan and tested).
     """
@@ -67,17 +69,20 @@ def apply_recompute(model: nn.Module, parallel: ParallelConfig, rng: RNGTracker)
         for block in blocks:
             for module, method in getattr(block, "selective_recompute_targets", list)():
                 # called inside a block's forward, which trainer.compile compiles: kept eager
-                recomputed = eager_island(_recomputed(getattr(module, method), rng, offload=False))
-                setattr(module, method, recomputed)
+                wrap_method(
+                    module,
+                    method,
+                    lambda fn: eager_island(_recomputed(fn, rng, offload=False)),
+                    "Recomputed",
+                )
                 wrapped.append(f"{names[id(module)]}.{method}")
         return wrapped
     indices = checkpointed_layer_indices(
         len(blocks), parallel.recompute_num_layers, parallel.recompute_every
     )
+    offload = parallel.recompute_offload
     for i in indices:
-        blocks[i].forward = _recomputed(
-            blocks[i].forward,
-            rng,
-            offload=parallel.recompute_offload,
+        wrap_method(
+            blocks[i], "forward", lambda fn: _recomputed(fn, rng, offload=offload), "Recomputed"
         )
     return [names[id(blocks[i])] for i in indices]
