@@ -187,14 +187,13 @@ def _pipeline(
     the gradient norm of the stage's last update in each step."""
     model = build_model(config.model, ctx, task="causal_lm")
     split = choose_split(
-        model,
+        config.model,
         config.parallel.pipeline_split,
         list(config.parallel.pipeline_layers),
         ctx.layout.pp,
         1,
         head_fraction=0.0,
         seq=SEQ,
-        sample=None,
     )
     par = parallelize(model, config.parallel, config.optim, ctx, split=split.split)
     objective, losses, norms = CausalLMObjective(), [], []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -98,7 +97,7 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
 
 
 def choose_split(
-    model: nn.Module,
+    config: ModelConfig,
     mode: str,
     layers: list[int],
     stages: int,
@@ -106,21 +105,21 @@ def choose_split(
     *,
     head_fraction: float,
     seq: int,
-    sample: dict[str, Tensor] | None,
+    timed: tuple[nn.Module, dict[str, Tensor]] | None = None,
     monitor: CommMonitor | None = None,
 ) -> SplitChoice:
-    """The split of `model`'s blocks: `layers` (parallel.pipeline_layers) if given, else as
-    parallel.pipeline_split=`mode` chooses (profile: rank 0's times, broadcast and recorded in
-    `monitor`)."""
-    config = cast(ModelConfig, model.config)  # pipelined models name their ModelConfig
+    """The split of a `config` model's blocks: `layers` (parallel.pipeline_layers) if given,
+    else as parallel.pipeline_split=`mode` chooses (profile: `timed`'s model on its sample,
+    rank 0's times, broadcast and recorded in `monitor`)."""
     parts = stages * chunks
     flops = flop_costs(config, seq, head_fraction)
     if layers:
         checked = check_split(list(layers), config.num_layers, parts, f"{parts} stages")
         return SplitChoice(checked, flops, "layers")
     if mode == "profile":
-        if sample is None:
-            raise ValueError("parallel.pipeline_split=profile needs a sample micro-batch")
+        if timed is None:
+            raise ValueError("parallel.pipeline_split=profile needs a model and a sample batch")
+        model, sample = timed
         was_training = model.training
         costs = broadcast_object(profile_costs(model, sample), monitor=monitor)
         model.train(was_training)
@@ -219,7 +218,8 @@ class PipelinePlan:
 
 
 def plan_pipeline(
-    model: nn.Module,
+    build: Callable[[], nn.Module],
+    config: ModelConfig,
     parallel: ParallelConfig,
     ctx: ParallelContext,
     *,
@@ -229,19 +229,21 @@ def plan_pipeline(
     first_batch: Callable[[], dict[str, Tensor]],
 ) -> PipelinePlan | None:
     """parallel.pipeline_split -> the layers (and, for pipedream, the workers) of each stage of
-    ctx's pipeline, or None without one. profile and pipedream time `first_batch()` on the
-    device (it is built only for them). The model built before does not depend on what is
-    chosen here (pipedream runs have no tensor parallelism), so it is not rebuilt."""
+    ctx's pipeline, or None without one: the config and context are final when this returns,
+    before the model that runs is built. profile and pipedream time a model from `build()` on
+    `first_batch()` (both made only for them); balanced and a given list need neither."""
     stages = ctx.layout.pp
     if stages == 1:
         return None
-    pipelined(model)  # what the stages call, checked before anything is timed
-    timed = parallel.pipeline_split in ("profile", "pipedream")
+    timed = parallel.pipeline_split in ("profile", "pipedream") and not parallel.pipeline_layers
+    probe = build() if timed else None
     sample = {k: v.to(ctx.device) for k, v in first_batch().items()} if timed else None
+    if probe is not None:
+        pipelined(probe)  # what the stages call, checked before anything is timed
     if parallel.pipeline_split == "pipedream":
-        assert sample is not None
+        assert probe is not None and sample is not None
         replication = choose_replication(
-            model, sample, ctx.pp, ctx.device, stages=stages, micro_batches=micro_batches
+            probe, sample, ctx.pp, ctx.device, stages=stages, micro_batches=micro_batches
         )
         log.info("%s", replication.describe())
         parallel = replace(
@@ -250,14 +252,14 @@ def plan_pipeline(
         ctx = ctx.regroup(replication.replicas)
     chunks = parallel.virtual_stages if parallel.pipeline_schedule == "interleaved_1f1b" else 1
     choice = choose_split(
-        model,
+        config,
         parallel.pipeline_split,
         list(parallel.pipeline_layers),
         stages,
         chunks,
         head_fraction=head_fraction,
         seq=seq,
-        sample=sample,
+        timed=(probe, sample) if probe is not None and sample is not None else None,
         monitor=ctx.monitor,
     )
     return PipelinePlan(choice, parallel, ctx)

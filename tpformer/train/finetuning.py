@@ -34,6 +34,7 @@ from tpformer.data.glue.submission import submission_name, write_submission
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine import parallelize
 from tpformer.engine.parallelize import Parallelized
+from tpformer.models import BertForSequenceClassification
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
@@ -237,12 +238,17 @@ def _micro_batch(config: FinetuneConfig, ctx: ParallelContext, num_layers: int) 
 
 
 def _parallelized(
-    config: FinetuneConfig, ctx: ParallelContext, model: nn.Module, train: Any, micro: int
+    config: FinetuneConfig,
+    ctx: ParallelContext,
+    model: BertForSequenceClassification,
+    train: Any,
+    micro: int,
 ) -> Parallelized:
     """The model parallelized at this layout (its pipeline split chosen first; profile times
     the first training micro-batch)."""
-    plan = plan_pipeline(
-        model,
+    plan = plan_pipeline(  # the config stays as given: fine-tuning has no pipedream split
+        lambda: model,
+        model.config,
         config.parallel,
         ctx,
         head_fraction=0.0,

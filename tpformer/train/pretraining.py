@@ -149,14 +149,16 @@ def log_plan(
 def _parallelized(
     config: Config,
     ctx: ParallelContext,
-    model: nn.Module,
+    task: str,
     objective: Objective,
     first_batch: Callable[[], dict[str, Tensor]],
-) -> tuple[Config, ParallelContext, Parallelized, SplitChoice | None]:
+) -> tuple[Config, ParallelContext, nn.Module, Parallelized, SplitChoice | None]:
     """The pipeline split chosen (pipedream: the config and groups made final for its stages'
-    workers), then the model parallelized at it."""
+    workers, on a probe model it times), then the model built and parallelized at it."""
+    probe_ctx = ctx
     plan = plan_pipeline(
-        model,
+        lambda: build_model(config.model, probe_ctx, task=task),
+        config.model,
         config.parallel,
         ctx,
         head_fraction=objective.head_fraction,
@@ -166,6 +168,7 @@ def _parallelized(
     )
     if plan is not None:
         config, ctx = replace(config, parallel=plan.parallel), plan.ctx
+    model = build_model(config.model, ctx, task=task)
     wrapped = parallelize(
         model,
         config.parallel,
@@ -174,17 +177,16 @@ def _parallelized(
         split=plan.split.split if plan else None,
         compile_blocks=config.trainer.compile,
     )
-    return config, ctx, wrapped, plan.split if plan else None
+    return config, ctx, model, wrapped, plan.split if plan else None
 
 
 def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> Trainer:
-    """Prepare the data, build and parallelize the model, log the plan; the loop runs it."""
+    """Prepare the data, choose the pipeline split, build and parallelize the model, log the
+    plan; the loop runs it."""
     m, t = config.model, config.trainer
     task = "pretraining" if m.arch == "bert" else "causal_lm"
     prepared = prepare_data_on_rank0(config, ctx)
     data = load_pretraining_data(config.data, m, seed=config.parallel.seed, prepared=prepared)
-    model = build_model(m, ctx, task=task)
-    total_params = sum(logical_shape(p).numel() for p in model.parameters())
     global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
     objective = objective_for(task, mask_prob=config.data.mask_prob)
 
@@ -193,7 +195,8 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
     def first_batch() -> dict[str, Tensor]:
         return objective.model_inputs(batches("train")(0)[0][1])
 
-    config, ctx, wrapped, split = _parallelized(config, ctx, model, objective, first_batch)
+    config, ctx, model, wrapped, split = _parallelized(config, ctx, task, objective, first_batch)
+    total_params = sum(logical_shape(p).numel() for p in model.parameters())
     log_plan(config, ctx, wrapped, split, total_params)
     run_config = {k: v for k, v in asdict(config).items() if k != "model"}
     return Trainer(
