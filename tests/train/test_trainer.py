@@ -195,8 +195,18 @@ def test_cli_sequence_parallel_run_gives_the_tp1_losses(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
+    """README's sweep: with the global batch fixed, TP=1 (DP=2) and TP=2 (accumulation 2) give
+    the same losses (exact mode, FP32_MODEL_REL)."""
     result = _cli(
-        ["-m", *TINY, "trainer.max_steps=2", "parallel.tensor=1,2", "launcher.nproc_per_node=2"],
+        [
+            "-m",
+            *TINY,
+            "trainer.max_steps=2",
+            "trainer.log_every=1",
+            "trainer.global_batch_size=8",
+            "parallel.tensor=1,2",
+            "launcher.nproc_per_node=2",
+        ],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -204,6 +214,13 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
     assert len(jobs) == 2
     configs = [(j.parent / ".hydra" / "config.yaml").read_text() for j in jobs]
     assert "tensor: 1" in configs[0] and "tensor: 2" in configs[1]
+    curves = [
+        [r["loss"] for r in map(json.loads, j.read_text().splitlines()) if "eval" not in r]
+        for j in jobs
+    ]
+    assert len(curves[0]) == 2 and len(curves[1]) == 2, curves
+    for got, want in zip(curves[1], curves[0], strict=True):
+        assert abs(got - want) <= FP32_MODEL_REL * abs(want), curves
 
 
 @pytest.mark.parametrize(

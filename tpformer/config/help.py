@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tpformer.config import CONF_DIR
 from tpformer.config.presets import PRESETS
-from tpformer.config.reference import _format_value, allowed_values, default_of, field_docstrings
+from tpformer.config.reference import allowed_values, default_of, field_docstrings, format_value
 
 
 def _groups(schema: type) -> dict[str, type]:
@@ -57,9 +57,7 @@ def _keys(cls: type, prefix: str, width: int) -> list[str]:
         hint = typing.get_type_hints(cls)[f.name]
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             continue  # a group: listed on its own
-        default = default_of(f)
-        shown = "required" if default == "???" else _format_value(default)  # OmegaConf's MISSING
-        head = f"  {prefix}{f.name} = {shown}"
+        head = f"  {prefix}{f.name} = {format_value(default_of(f))}"
         values = allowed_values(cls, f).replace("`", "")
         meaning = " ".join(docs.get(f.name, "").split())
         lines.append(f"{head}  ({values})")

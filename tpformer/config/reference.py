@@ -77,8 +77,10 @@ def default_of(f: Field[typing.Any]) -> object:
     return MISSING
 
 
-def _format_value(value: object) -> str:
-    if value is MISSING:
+def format_value(value: object) -> str:
+    """A default as a user writes it; a key without one (dataclasses' or OmegaConf's MISSING,
+    "???") is "required"."""
+    if value is MISSING or value == "???":
         return "required"
     if isinstance(value, enum.Enum):
         return str(value.value)
@@ -116,7 +118,7 @@ def group_table(group: str, cls: type) -> str:
         meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
         key = f"{group}.{f.name}" if group else f.name
         rows.append(
-            f"| `{key}` | {_format_value(default_of(f))} | {allowed_values(cls, f)} | {meaning} |"
+            f"| `{key}` | {format_value(default_of(f))} | {allowed_values(cls, f)} | {meaning} |"
         )
     return "\n".join(rows)
 
