@@ -14,10 +14,17 @@ from pathlib import Path
 from typing import cast
 
 from tpformer.checkpoint import store
-from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig
+from tpformer.checkpoint.source import (
+    CHECKPOINT,
+    read_model_source,
+    require_arch,
+    saved_model_config,
+)
+from tpformer.config.schema import Arch, OptimConfig, ParallelConfig
 from tpformer.engine import parallelize
 from tpformer.engine.state import parameter_template
-from tpformer.interop.hf import load_hf_model, read_hf_config, save_hf_checkpoint, task_of
+from tpformer.interop.hf import load_hf_model, save_hf_checkpoint, task_of
+from tpformer.interop.hf_keys import read_hf_config
 from tpformer.models import BertForSequenceClassification, GPTForCausalLM, TPModel, build_model
 from tpformer.parallel.context import ParallelContext
 
@@ -25,19 +32,11 @@ DEFAULT_TASK = {"bert": "pretraining", "gpt": "causal_lm"}
 """The task of checkpoints written before meta.json recorded one (pretraining runs)."""
 
 
-def checkpoint_model_config(directory: Path) -> ModelConfig:
-    meta = store.verify(directory)
-    if "config" not in meta:
-        raise ValueError(
-            f"{directory}/meta.json has no resolved config; re-save it with this tpformer"
-        )
-    return ModelConfig(**meta["config"]["model"])
-
-
 def load_checkpoint_model(checkpoint: Path, ctx: ParallelContext) -> TPModel:
     """The model a checkpoint trained, at ctx's layout, with its saved parameters."""
+    store.verify(checkpoint)
     meta = store.read_meta(checkpoint)
-    config = checkpoint_model_config(checkpoint)
+    config = saved_model_config(meta, checkpoint)
     task = str(meta.get("task", DEFAULT_TASK[config.arch]))
     extra = {"num_labels": int(meta["num_labels"])} if task == "classification" else {}
     model = build_model(config, ctx, task=task, initialize=False, **extra)
@@ -112,27 +111,19 @@ def load_causal_lm(init: Path, ctx: ParallelContext) -> tuple[GPTForCausalLM, Pa
     """GPTForCausalLM at ctx's layout from a tpformer GPT checkpoint or a Hugging Face GPT-2
     directory; returns it, where its tokenizer would be, and its end-of-text ids (a HF
     config's eos_token_id; tpformer's corpora have none)."""
-    init = Path(init).expanduser()
-    if (init / store.META).is_file():
-        config = checkpoint_model_config(init)
-        if config.arch != "gpt":
-            raise ValueError(f"init={init} holds a {config.arch} model; generation needs GPT")
-        model = load_checkpoint_model(init, ctx)
-        return cast(GPTForCausalLM, model), init / store.TOKENIZER_DIR, []
-    if not (init / "config.json").is_file():
-        raise FileNotFoundError(
-            f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
-            f"Hugging Face directory (config.json)"
-        )
-    hf = read_hf_config(init)
-    if hf.get("model_type") != "gpt2":
-        raise ValueError(
-            f"init={init} holds a {hf.get('model_type')!r} model; generation needs GPT-2"
-        )
-    model = load_hf_model(init, ctx, task="causal_lm")
+    source = require_arch(read_model_source(init, "init"), Arch.gpt, "init", "generation")
+    if source.kind == CHECKPOINT:
+        model = load_checkpoint_model(source.path, ctx)
+        return cast(GPTForCausalLM, model), source.tokenizer_dir, []
+    hf = read_hf_config(source.path)
+    model = load_hf_model(source.path, ctx, task="causal_lm")
     eos = hf.get("eos_token_id")
     vocab = model.config.vocab_size
-    return cast(GPTForCausalLM, model), init, [eos] if isinstance(eos, int) and eos < vocab else []
+    return (
+        cast(GPTForCausalLM, model),
+        source.path,
+        [eos] if isinstance(eos, int) and eos < vocab else [],
+    )
 
 
 def load_classifier(
@@ -141,29 +132,18 @@ def load_classifier(
     """BertForSequenceClassification at ctx's layout from a tpformer checkpoint (its encoder and
     pooler; the classifier is freshly initialized) or a Hugging Face BERT directory. Returns the
     model and its tokenizer location (the checkpoint's tokenizer/ or the HF directory)."""
-    init = Path(init).expanduser()
-    if (init / store.META).is_file():
-        config = checkpoint_model_config(init)
-        if config.arch != "bert":
-            raise ValueError(f"init={init} holds a {config.arch} model; fine-tuning needs BERT")
+    source = require_arch(read_model_source(init, "init"), Arch.bert, "init", "fine-tuning")
+    if source.kind == CHECKPOINT:
         model = cast(
             BertForSequenceClassification,
-            build_model(config, ctx, task="classification", num_labels=num_labels),
+            build_model(source.config, ctx, task="classification", num_labels=num_labels),
         )
         encoder = [(f"bert.{n}", p) for n, p in model.bert.named_parameters()]
         template = {"engine": parameter_template(encoder)}
-        store.load(init, template)
+        store.load(source.path, template)
         model.bert.load_full_state_dict(
             {n.removeprefix("bert."): template["engine"][f"param/{n}"] for n, _ in encoder}
         )
-        return model, init / store.TOKENIZER_DIR
-    if not (init / "config.json").is_file():
-        raise FileNotFoundError(
-            f"init={init} is neither a tpformer checkpoint (meta.json) nor a "
-            f"Hugging Face directory (config.json)"
-        )
-    arch = read_hf_config(init).get("model_type", "?")
-    if arch != "bert":
-        raise ValueError(f"init={init} holds a {arch} model; fine-tuning needs BERT")
-    classifier = load_hf_model(init, ctx, task="classification", num_labels=num_labels)
-    return cast(BertForSequenceClassification, classifier), init
+        return model, source.tokenizer_dir
+    classifier = load_hf_model(source.path, ctx, task="classification", num_labels=num_labels)
+    return cast(BertForSequenceClassification, classifier), source.path

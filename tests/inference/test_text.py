@@ -38,7 +38,7 @@ def test_prompt_files(tmp_path: Path) -> None:
         ("p.jsonl", '{"text": "a"}\nnot json\n', r"p.jsonl:2 is not JSON"),
         ("p.jsonl", '{"prompt": "a"}\n', r'p.jsonl:1 has neither "text" nor "input_ids"'),
         ("p.txt", "\n\n", r"holds no prompt"),
-        ("q.txt", "a text\n", r"q.txt:1: a text prompt needs a tokenizer"),
+        ("q.txt", "a text\n", r"q.txt:1: text needs a tokenizer"),
     ],
 )
 def test_bad_prompt_files_name_the_line(
@@ -56,7 +56,7 @@ def test_token_streams(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("ab c")
     assert read_token_stream(tmp_path / "a.txt", Letters()) == [0, 1, 26, 2]
     (tmp_path / "t.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
-    with pytest.raises(ValueError, match="a text prompt needs a tokenizer"):
+    with pytest.raises(ValueError, match="text needs a tokenizer"):
         read_token_stream(tmp_path / "t.jsonl", None)
     (tmp_path / "i.jsonl").write_text('{"input_ids": [1, 2]}\n{"input_ids": [3]}\n')
     assert read_token_stream(tmp_path / "i.jsonl", None) == [1, 2, 3]

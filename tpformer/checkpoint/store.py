@@ -250,6 +250,12 @@ def choose_checkpoint(
     return outcome  # type: ignore[return-value]
 
 
+def newest_checkpoint(root: Path) -> Path | None:
+    """The newest checkpoint under root whose meta.json reads (what trainer.resume=auto will
+    pick unless its files turn out damaged), or None."""
+    return _choose(root, None, check=False)
+
+
 def _choose(root: Path, explicit: Path | None, *, check: bool) -> Path | None:
     inspect = verify if check else read_meta
     if explicit is not None:

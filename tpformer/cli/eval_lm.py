@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from tpformer.cli.generate import validate_layout_for_inference
+from tpformer.cli.inputs import prepare_eval_lm
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import EvalLMConfig
@@ -97,7 +98,9 @@ def eval_lm_job(config: EvalLMConfig, ctx: ParallelContext, run_dir: Path) -> No
 @checked_overrides(EvalLMConfig, "tpformer-eval-lm", __doc__ or "", "eval_lm")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="eval_lm")
 def main(cfg: DictConfig) -> None:
-    run_entry_point(cfg, "tpformer.cli.eval_lm", eval_lm_job, check=validate_eval_lm)
+    run_entry_point(
+        cfg, "tpformer.cli.eval_lm", eval_lm_job, check=validate_eval_lm, prepare=prepare_eval_lm
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from tpformer.cli.inputs import prepare_finetune
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import FinetuneConfig
@@ -45,7 +46,9 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
 @checked_overrides(FinetuneConfig, "tpformer-finetune", __doc__ or "", "finetune")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="finetune")
 def main(cfg: DictConfig) -> None:
-    run_entry_point(cfg, "tpformer.cli.finetune", finetune, check=validate_finetune)
+    run_entry_point(
+        cfg, "tpformer.cli.finetune", finetune, check=validate_finetune, prepare=prepare_finetune
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from tpformer.cli.inputs import prepare_generate
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import GenerateConfig, ParallelConfig
@@ -173,7 +174,7 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
     if config.stop and codec is None:
         raise ValueError("stop strings need a tokenizer, and the model directory has none")
     prompts = (
-        [(config.prompt, encode(config.prompt, codec, "prompt"))]
+        [(config.prompt, encode(config.prompt, codec, "prompt", "prompts"))]
         if config.prompt
         else read_prompts(Path(config.prompts), codec)
     )
@@ -219,7 +220,13 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
 @checked_overrides(GenerateConfig, "tpformer-generate", __doc__ or "", "generate")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="generate")
 def main(cfg: DictConfig) -> None:
-    run_entry_point(cfg, "tpformer.cli.generate", generate_job, check=validate_generate)
+    run_entry_point(
+        cfg,
+        "tpformer.cli.generate",
+        generate_job,
+        check=validate_generate,
+        prepare=prepare_generate,
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from tpformer.cli.inputs import prepare_pretrain
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import Config
@@ -39,7 +40,7 @@ def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
 @checked_overrides(Config, "tpformer-pretrain", __doc__ or "", "config")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    run_entry_point(cfg, "tpformer.cli.pretrain", pretrain)
+    run_entry_point(cfg, "tpformer.cli.pretrain", pretrain, prepare=prepare_pretrain)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import functools
 import logging
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -154,17 +154,26 @@ def console_script(main: Callable[..., None]) -> Callable[..., None]:
     return wrapped
 
 
+Prepare = Callable[[Any, Sequence[str], Path], list[str]]
+"""An entry point's reading of its inputs before the layout: (typed config, command-line
+overrides, run directory) -> lines to log; raises ValueError / FileNotFoundError on bad input."""
+
+
 def _checked_config(
-    cfg: DictConfig, env: LaunchEnv, check: Callable[..., None]
+    cfg: DictConfig, env: LaunchEnv, check: Callable[..., None], prepare: Prepare | None
 ) -> tuple[Any, Layout, list[str], bool]:
-    """(typed config, layout, how it was chosen, whether to relaunch on N local ranks), the
-    config validated at the layout of this world (or of the N ranks a relaunch starts)."""
+    """(typed config, layout, lines on where its model and layout came from, whether to
+    relaunch on N local ranks), the config validated at the layout of this world (or of the N
+    ranks a relaunch starts)."""
     config = to_config(cfg)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    read = prepare(config, list(hydra_cfg.overrides.task), run_dir) if prepare else []
     relaunch = not env.under_launcher and config.launcher.nproc_per_node > 1
     nproc = config.launcher.nproc_per_node
     world, local = (nproc, nproc) if relaunch else (env.world_size, env.local_world_size)
     layout, notes = _checked_layout(config, world, local, check)
-    return config, layout, notes, relaunch
+    return config, layout, read + notes, relaunch
 
 
 DEFAULT_RUN_ROOTS = ("outputs", "multirun")
@@ -198,16 +207,18 @@ def run_entry_point(
     module: str,
     job: Callable[[Any, ParallelContext, Path], None],
     check: Callable[..., None] = validate,
+    prepare: Prepare | None = None,
 ) -> None:
-    """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. The layout
-    is resolved once, here, and `check` validates the typed config at that layout before any
-    process group exists."""
+    """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. `prepare`
+    reads the job's inputs (its checkpoint's model, its files), the layout is resolved once,
+    here, and `check` validates the typed config at that layout before any process group
+    exists."""
     _JobState.started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     env = LaunchEnv.read()  # the one read of the launcher's variables
     try:
-        config, layout, notes, relaunch = _checked_config(cfg, env, check)
+        config, layout, notes, relaunch = _checked_config(cfg, env, check, prepare)
     except Exception as err:  # a config error: one line, and no run directory left behind
         _forget_run_dir(run_dir)
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]

@@ -90,10 +90,43 @@ def key_docstring(key: str, schema: type) -> str:
     return " ".join(field_docstrings(cls).get(parts[-1], "").split()) if cls is not None else ""
 
 
+def quoted_override(key: str, value: str) -> str:
+    """key=value as typed in a POSIX shell so that Hydra reads `value` as one string."""
+    if "'" not in value:
+        return f"""'{key}="{value}"'"""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{key}=\\"{escaped}\\""'
+
+
+def unparsable(override: str, *, multirun: bool) -> str | None:
+    """Why Hydra's override grammar would refuse `override` (or read a comma in a plain value as
+    a sweep outside --multirun), with the quoting that makes it one value; None if it parses."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    key, _, value = override.partition("=")
+    quoted = quoted_override(key, value)
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+    except HydraException:  # the grammar's errors, OverrideParseException among them
+        return (
+            f"{override}: Hydra cannot read this value (commas, brackets, parentheses, quotes "
+            f"and spaces have meanings in an override); quote it for the shell and Hydra: {quoted}"
+        )
+    if parsed.is_sweep_override() and not multirun:
+        return (
+            f"{override}: Hydra reads the commas as a sweep over several values; for one value "
+            f"quote it: {quoted}; for a list: {key}=[a,b]; for a sweep add --multirun"
+        )
+    return None
+
+
 def check_overrides(overrides: list[str], schema: type) -> None:
     """Raise ValueError for the first override whose key `schema` does not have: key=value,
-    +key=value (adding a key the schema lacks is refused, not ignored), ~key. Flags (--help,
-    -m, --config-dir DIR) and Hydra's own keys are left to Hydra."""
+    +key=value (adding a key the schema lacks is refused, not ignored), ~key; or whose value
+    Hydra's grammar cannot read as one value. Flags (--help, -m, --config-dir DIR) and Hydra's
+    own keys are left to Hydra."""
+    multirun = any(a in ("-m", "--multirun") for a in overrides)
     for override in overrides:
         if override.startswith("-") or ("=" not in override and not override.startswith("~")):
             continue
@@ -101,6 +134,8 @@ def check_overrides(overrides: list[str], schema: type) -> None:
         if override.startswith(SKIPPED_PREFIXES) or key.startswith("hydra") or "/" in key:
             continue
         problem = unknown_key(key, schema)
+        if problem is None and "=" in override:
+            problem = unparsable(override, multirun=multirun)
         if problem is None and "=" in override:
             problem = invalid_choice(key, override.split("=", 1)[1], schema)
         if problem is not None:

@@ -56,7 +56,7 @@ def _existing(paths: tuple[str, ...], what: str) -> list[Path]:
     files = [Path(p).expanduser() for p in paths]
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"data.paths: no such file: {', '.join(missing)}")
+        raise FileNotFoundError(f"data.paths={','.join(missing)}: no such file or directory")
     return files
 
 

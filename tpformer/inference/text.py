@@ -59,6 +59,12 @@ def continuation(codec: TextCodec, prompt: list[int], new: list[int]) -> str:
     return text[len(before) :] if text.startswith(before) else codec.decode(new)
 
 
+def has_tokenizer(location: Path) -> bool:
+    """Whether load_codec finds a tokenizer at `location`."""
+    names = (SENTENCEPIECE_FILE, *HF_TOKENIZER_FILES)
+    return any((location / name).is_file() for name in names)
+
+
 def load_codec(location: Path) -> TextCodec | None:
     """The tokenizer at `location` (a checkpoint's tokenizer/ or a HF directory); None when
     there is none (prompts must then be given as input_ids)."""
@@ -129,20 +135,23 @@ def read_token_stream(path: Path, codec: TextCodec | None) -> list[int]:
     "input_ids" lines concatenated."""
     _existing(path, "data_file")
     if path.suffix != ".jsonl":
-        return encode(path.read_text(), codec, str(path))
+        return encode(path.read_text(), codec, str(path), "data_file")
     lines = _jsonl_lines(path)
     ids = [line[2] for line in lines]
     if all(i is not None for i in ids):
         return [token for i in ids for token in i or []]
     if any(i is not None for i in ids):
         raise ValueError(f'{path} mixes "text" and "input_ids" lines; use one kind')
-    return encode("\n\n".join(text or "" for _, text, _ in lines), codec, str(path))
+    joined = "\n\n".join(text or "" for _, text, _ in lines)
+    return encode(joined, codec, str(path), "data_file")
 
 
-def encode(text: str, codec: TextCodec | None, where: str) -> list[int]:
+def encode(text: str, codec: TextCodec | None, where: str, key: str = "prompts") -> list[int]:
+    """`text`'s ids; ValueError naming `key` (the option that gave it) without a tokenizer."""
     if codec is None:
         raise ValueError(
-            f"{where}: a text prompt needs a tokenizer, and the model directory has none; "
-            'give prompts as JSONL with "input_ids"'
+            f"{where}: text needs a tokenizer, and the model's directory has none (no "
+            f"tokenizer/ in a tpformer checkpoint, no tokenizer files beside a Hugging Face "
+            f'config.json); give {key} as a JSONL file with "input_ids" per line'
         )
     return codec.encode(text)

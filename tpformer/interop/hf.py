@@ -25,6 +25,7 @@ from tpformer.interop.hf_keys import (
     Rule,
     hf_config_from_model,
     model_config_from_hf,
+    read_hf_config,
 )
 from tpformer.models.base import TPModel
 from tpformer.parallel.context import ParallelContext
@@ -170,16 +171,6 @@ def _local_tensor(
 def _hf_prefix(keys: list[str], arch: str) -> str:
     body = "bert." if arch == "bert" else "transformer."
     return body if any(k.startswith(body) for k in keys) else ""
-
-
-def read_hf_config(directory: str | Path) -> dict:
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} is not a directory; pass a save_pretrained directory")
-    path = directory / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{directory} has no config.json; pass a save_pretrained directory")
-    return json.loads(path.read_text())
 
 
 @torch.no_grad()

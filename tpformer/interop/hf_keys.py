@@ -6,8 +6,10 @@ apart (BERT) or as [q | k | v] blocks of a transposed Conv1D (GPT-2).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tpformer.config.schema import Activation, Arch, ModelConfig
@@ -117,6 +119,16 @@ HF_TIED = {
 
 
 # ----------------------------------------------------------------------------- configs
+
+
+def read_hf_config(directory: str | Path) -> dict:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory; pass a save_pretrained directory")
+    path = directory / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{directory} has no config.json; pass a save_pretrained directory")
+    return json.loads(path.read_text())
 
 
 def model_config_from_hf(hf: dict) -> ModelConfig:

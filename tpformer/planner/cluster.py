@@ -246,6 +246,13 @@ def _check(config: ClusterConfig) -> None:
         "host_gbps",
     ]
     bad = [k for k in required if not getattr(config, k) > 0]
+    if len(bad) == len(required):  # nothing described: a preset was meant
+        presets = sorted(p.stem for p in (Path(CONF_DIR) / "cluster").glob("*.yaml"))
+        raise ValueError(
+            f"cluster.name={config.name} only labels a cluster and picks no preset: pick one "
+            f"with cluster=<{'|'.join(presets)}>, or describe yours with "
+            f"{', '.join(f'cluster.{k}' for k in required)}"
+        )
     if bad:
         raise ValueError(
             f"cluster={config.name}: {', '.join(f'cluster.{k}={getattr(config, k)}' for k in bad)} "

@@ -1,0 +1,149 @@
+# ruff: noqa: E501  (one case per line: the table reads as a table)
+"""One error contract for every console script (README, cli/shell.py): each bad input a
+newcomer meets — a typo, a `+key` the schema lacks, an invalid value, a missing or wrong file,
+path or checkpoint, a model that does not fit the job — exits 2 with one line in our words
+naming the value, before any process starts and before a run directory is kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.inference.tiny_gpt2 import save_tiny_gpt2
+
+REPO = Path(__file__).resolve().parents[2]
+PRETRAIN = "tpformer.cli.pretrain:main"
+FINETUNE = "tpformer.cli.finetune:main"
+GENERATE = "tpformer.cli.generate:main"
+EVAL_LM = "tpformer.cli.eval_lm:main"
+PLAN = "tpformer.cli.plan:main"
+CONVERT = "tpformer.cli.convert:main"
+PREPROCESS = "tpformer.cli.data:preprocess_main"
+TOKENIZER = "tpformer.cli.data:train_tokenizer_main"
+
+CASES: list[tuple[str, list[str], str]] = [
+    # typos and keys the schema does not have
+    (PRETRAIN, ["parallel.tensr=2"], "parallel.tensr is not a config key; did you mean parallel.tensor?"),
+    (PRETRAIN, ["+parallel.tensr=2"], "parallel.tensr is not a config key; did you mean parallel.tensor?"),
+    (FINETUNE, ["task=sst2", "trainer.epoch=1"], "did you mean trainer.epochs?"),
+    (FINETUNE, ["+model.dropout=0"], "model.dropout is not a config key; the keys of the config are"),
+    (GENERATE, ["init={gpt2}", "max_new_token=4"], "did you mean max_new_tokens?"),
+    (EVAL_LM, ["+strid=2"], "strid is not a config key; did you mean stride?"),
+    (PLAN, ["cluster.nodez=2"], "did you mean cluster.nodes?"),
+    (PREPROCESS, ["data.seq_lenght=64"], "did you mean data.seq_length?"),
+    (PLAN, ["parallel.checkpoint_every=2"], "was renamed parallel.recompute_every"),
+    # invalid values and layouts
+    (PRETRAIN, ["parallel.zero_stage=5"], "parallel.zero_stage=5 is not one of 0, 1, 2, 3"),
+    (PRETRAIN, ["parallel.tensor=3"], "parallel.tensor=3 does not divide world_size=1"),
+    (FINETUNE, ["task=sst3", "init={bert}"], "task=sst3 is not one of cola, sst2"),
+    (GENERATE, ["init={gpt2}", "prompt=a", "top_p=1.5"], "top_p=1.5 must be in (0, 1]"),
+    (GENERATE, ["init={gpt2}", "prompt=a, b"], "Hydra reads the commas as a sweep"),
+    (GENERATE, ["init={gpt2}", "prompt=a (b"], "quote it for the shell and Hydra: 'prompt=\"a (b\"'"),
+    (EVAL_LM, ["init={gpt2}", "data_file={text}", "stride=64", "seq_length=32"], "stride=64 exceeds seq_length=32"),
+    (PLAN, ["cluster.name=h100"], "cluster.name=h100 only labels a cluster and picks no preset"),
+    (PREPROCESS, ["data=synthetic"], "synthetic"),
+    # required keys
+    (FINETUNE, ["task=sst2"], "init is required: give init=..."),
+    (EVAL_LM, ["init={gpt2}"], "data_file is required: give data_file=..."),
+    # missing files, paths and checkpoints
+    (PRETRAIN, ["data=text", "data.paths=[{tmp}/none.txt]"], "data.paths={tmp}/none.txt: no such file or directory"),
+    (PRETRAIN, ["data.tokenizer={tmp}/none.model"], "data.tokenizer={tmp}/none.model: no such file"),
+    (PRETRAIN, ["trainer.resume={tmp}/none"], "trainer.resume={tmp}/none is not a directory"),
+    (PRETRAIN, ["trainer.resume={tmp}"], "trainer.resume={tmp} has neither meta.json nor config.json"),
+    (PRETRAIN, ["trainer.resume={damaged}"], "meta.json is unreadable"),
+    (FINETUNE, ["task=sst2", "init={tmp}/none"], "init={tmp}/none is not a directory"),
+    (FINETUNE, ["task=sst2", "init={bert}", "data.train_file={tmp}/none.tsv"], "data.train_file={tmp}/none.tsv: no such file"),
+    (GENERATE, ["init={tmp}/none", "prompt=a"], "init={tmp}/none is not a directory"),
+    (GENERATE, ["init={gpt2}", "prompts={tmp}/none.txt"], "prompts={tmp}/none.txt: no such file"),
+    (EVAL_LM, ["init={gpt2}", "data_file={tmp}/none.txt"], "data_file={tmp}/none.txt: no such file"),
+    (CONVERT, ["to-hf", "{tmp}/none", "{tmp}/out"], "{tmp}/none"),
+    (CONVERT, ["from-hf", "{tmp}/none", "{tmp}/out"], "{tmp}/none"),
+    (TOKENIZER, ["data=text", "data.paths=[{tmp}/none.txt]"], "data.paths={tmp}/none.txt: no such file"),
+    # a model that does not fit the job
+    (FINETUNE, ["task=sst2", "init={gpt2}"], "holds a gpt model; fine-tuning needs a BERT"),
+    (GENERATE, ["init={bert}", "prompt=a"], "holds a bert model; generation needs a GPT"),
+    (EVAL_LM, ["init={bert}", "data_file={text}"], "holds a bert model; tpformer-eval-lm needs a GPT"),
+    (GENERATE, ["init={untokenized}", "prompt=a"], "prompt is text, and init={untokenized} has no tokenizer"),
+    (EVAL_LM, ["init={untokenized}", "data_file={text}"], "data_file is text, and init={untokenized} has no tokenizer"),
+    (PRETRAIN, ["trainer.resume={checkpoint}", "model.hidden_size=64"], "model.hidden_size=64 contradicts the checkpoint trainer.resume={checkpoint}"),
+    (PRETRAIN, ["trainer.resume={checkpoint}", "model=bert_base"], "model=bert_base contradicts the checkpoint"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real directories of each kind: a Hugging Face BERT and GPT-2 (save_pretrained), a GPT-2
+    without tokenizer files, a tpformer checkpoint (from-hf), one with a damaged meta.json."""
+    import transformers
+
+    from tpformer.convert import from_hf
+
+    root = tmp_path_factory.mktemp("inputs")
+    bert = root / "bert"
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64,
+    )  # fmt: skip
+    transformers.BertForPreTraining(config).save_pretrained(bert)
+    gpt2 = save_tiny_gpt2(root / "gpt2")
+    untokenized = root / "untokenized"
+    untokenized.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(gpt2 / name, untokenized / name)
+    checkpoint = from_hf(bert, root / "imported")
+    damaged = root / "damaged"
+    shutil.copytree(checkpoint, damaged)
+    (damaged / "meta.json").write_text("{not json")
+    text = root / "text.txt"
+    text.write_text("To be, or not to be, that is the question.\n")
+    return {
+        "bert": bert,
+        "gpt2": gpt2,
+        "untokenized": untokenized,
+        "checkpoint": checkpoint,
+        "damaged": damaged,
+        "text": text,
+    }
+
+
+def test_every_bad_input_exits_2_with_one_line_and_no_run_directory(
+    tmp_path: Path, inputs: dict[str, Path]
+) -> None:
+    names = {"tmp": tmp_path / "work", **inputs}
+    names["tmp"].mkdir()
+
+    def filled(text: str) -> str:
+        for name, path in names.items():
+            text = text.replace(f"{{{name}}}", str(path))
+        return text
+
+    cases = [(script, [filled(a) for a in argv], str(names["tmp"])) for script, argv, _ in CASES]
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.cli.bad_input_cases"],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    failures = []
+    for (script, argv, message), (code, stderr, left) in zip(CASES, json.loads(result.stdout)):
+        lines = stderr.splitlines()
+        ok = (
+            code == 2
+            and len(lines) == 1
+            and lines[0].startswith("error: ")
+            and filled(message) in lines[0]
+            and not left
+        )
+        if not ok:
+            failures.append(f"{script} {' '.join(argv)}: exit {code}, {stderr!r}, left {left}")
+    assert failures == []

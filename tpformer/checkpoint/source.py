@@ -1,0 +1,77 @@
+"""The model a directory holds, read from its config alone (no weights, no torch model): a
+tpformer checkpoint (meta.json records its model config) or a Hugging Face directory
+(config.json). Console scripts read it before any process starts, so a wrong path or the wrong
+architecture is refused in one line naming the key that gave it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpformer.checkpoint import store
+from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.interop.hf_keys import model_config_from_hf, read_hf_config
+
+CHECKPOINT = "checkpoint"
+HUGGING_FACE = "hugging face"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A tpformer checkpoint or Hugging Face directory, and the model it holds."""
+
+    path: Path
+    kind: str
+    """CHECKPOINT (meta.json) or HUGGING_FACE (config.json)."""
+    config: ModelConfig
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where its tokenizer files are, if it has any."""
+        return self.path / store.TOKENIZER_DIR if self.kind == CHECKPOINT else self.path
+
+
+def saved_model_config(meta: dict, directory: Path) -> ModelConfig:
+    """The model config a checkpoint's meta.json records."""
+    saved = meta.get("config", {}).get("model")
+    if not isinstance(saved, dict):
+        raise store.CheckpointError(
+            f"{directory}/meta.json records no model config (an older tpformer wrote it); "
+            "re-save it with this one"
+        )
+    return ModelConfig(
+        **{**saved, "arch": Arch(saved["arch"]), "activation": Activation(saved["activation"])}
+    )
+
+
+def read_model_source(value: str | Path, key: str) -> ModelSource:
+    """The model `key=value` names; FileNotFoundError or ValueError naming key and value."""
+    path = Path(value).expanduser()
+    if (path / store.META).is_file():
+        return ModelSource(path, CHECKPOINT, saved_model_config(store.read_meta(path), path))
+    if (path / "config.json").is_file():
+        try:
+            return ModelSource(path, HUGGING_FACE, model_config_from_hf(read_hf_config(path)))
+        except (ValueError, KeyError) as err:
+            raise ValueError(f"{key}={value}: {err}") from None
+    what = "is not a directory" if not path.is_dir() else "has neither meta.json nor config.json"
+    raise FileNotFoundError(
+        f"{key}={value} {what}: give a tpformer checkpoint (<run dir>/checkpoints/stepNNNNNNNN) "
+        "or a Hugging Face directory written by save_pretrained"
+    )
+
+
+REQUIRED = {
+    Arch.bert: "a BERT (tpformer checkpoint or Hugging Face BERT)",
+    Arch.gpt: "a GPT (tpformer checkpoint or Hugging Face GPT-2)",
+}
+
+
+def require_arch(source: ModelSource, arch: Arch, key: str, job: str) -> ModelSource:
+    """`source`, or ValueError naming the key when it holds another architecture."""
+    if source.config.arch != arch:
+        raise ValueError(
+            f"{key}={source.path} holds a {source.config.arch.value} model; {job} needs "
+            f"{REQUIRED[arch]}"
+        )
+    return source
