@@ -3,7 +3,7 @@ and checkpoint I/O, which it uses.
 
 to_hf:   a checkpoint's logical parameters -> the tpformer model of the task it trained
          (meta.json "task": pretraining, causal_lm or classification) -> save_pretrained, with a
-         tokenizer that AutoTokenizer loads when the run used a WordPiece vocabulary.
+         tokenizer that AutoTokenizer loads and that gives the run's ids.
 from_hf: a HF directory -> the tpformer model -> a step-0 checkpoint (fresh optimizer state)
          that `trainer.resume=<dir>` continues from at any layout.
 """
@@ -25,6 +25,7 @@ from tpformer.engine import parallelize
 from tpformer.engine.state import parameter_template
 from tpformer.interop.hf import load_hf_model, save_hf_checkpoint, task_of
 from tpformer.interop.hf_keys import read_hf_config
+from tpformer.interop.hf_tokenizer import export_tokenizer
 from tpformer.models import BertForSequenceClassification, GPTForCausalLM, TPModel, build_model
 from tpformer.parallel.context import ParallelContext
 
@@ -49,20 +50,16 @@ def load_checkpoint_model(checkpoint: Path, ctx: ParallelContext) -> TPModel:
 
 def to_hf(checkpoint: Path, out: Path) -> Path:
     """Write the checkpoint's model as a HF directory: BertForPreTraining, GPT2LMHeadModel or
-    BertForSequenceClassification (num_labels, id2label; regression for STS-B)."""
+    BertForSequenceClassification (num_labels, id2label; regression for STS-B), with a
+    tokenizer that AutoTokenizer loads and that gives the run's ids."""
     meta = store.read_meta(checkpoint)
     ctx = ParallelContext.single(device="cpu")
     model = load_checkpoint_model(checkpoint, ctx)
     labels = meta.get("id2label")
     id2label = {int(k): v for k, v in labels.items()} if isinstance(labels, dict) else None
-    save_hf_checkpoint(model, ctx, out, id2label=id2label)
     tokenizer = checkpoint / store.TOKENIZER_DIR
-    if (tokenizer / "vocab.txt").is_file():  # WordPiece: a tokenizer AutoTokenizer loads
-        from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # lazy module
-
-        BertTokenizerFast.from_pretrained(str(tokenizer)).save_pretrained(str(out))
-    else:  # a tpformer sentencepiece model travels as it is
-        store.copy_tokenizer(sorted(tokenizer.iterdir()) if tokenizer.is_dir() else [], out)
+    special_ids = export_tokenizer(tokenizer, out, model.config.arch)
+    save_hf_checkpoint(model, ctx, out, id2label=id2label, special_ids=special_ids)
     return out
 
 

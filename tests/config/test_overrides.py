@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpformer.config.overrides import check_overrides, unknown_key
-from tpformer.config.schema import Config, FinetuneConfig, PlanConfig
+from tpformer.config.schema import Config, FinetuneConfig, GenerateConfig, PlanConfig
 
 
 @pytest.mark.parametrize(
@@ -32,14 +32,26 @@ def test_an_unknown_key_names_the_closest_valid_one(key: str, message: str) -> N
         "hydra.run.dir=/tmp/x",
         "hydra/job_logging=disabled",
         "--multirun",
-        "parallel.tensor=1,2",
         "~trainer.compile",
         "parallel.precision=bf16",
-        "parallel.zero_stage=1,2",
     ],
 )
 def test_valid_overrides_and_hydras_own_pass(override: str) -> None:
     check_overrides([override], Config)
+
+
+@pytest.mark.parametrize("sweep", ["parallel.tensor=1,2", "parallel.zero_stage=1,2"])
+def test_a_sweep_passes_with_multirun_and_is_explained_without(sweep: str) -> None:
+    check_overrides(["--multirun", sweep], Config)
+    check_overrides(["-m", sweep], Config)
+    with pytest.raises(ValueError, match="Hydra reads the commas as a sweep"):
+        check_overrides([sweep], Config)
+
+
+def test_a_quoted_value_with_commas_and_parentheses_is_one_value() -> None:
+    check_overrides(['prompt="To be, or not (to be)"'], GenerateConfig)
+    with pytest.raises(ValueError, match="""quote it for the shell and Hydra: 'prompt="a \\(b"'"""):
+        check_overrides(["prompt=a (b"], GenerateConfig)
 
 
 @pytest.mark.parametrize(

@@ -314,9 +314,12 @@ def save_hf_checkpoint(
     directory: str | Path,
     *,
     id2label: dict[int, str] | None = None,
+    special_ids: dict[str, int | None] | None = None,
 ) -> None:
     """Write `model` as a HF directory that transformers' from_pretrained loads; a classifier
-    records num_labels, `id2label` (and label2id) and the regression problem type (1 label).
+    records num_labels, `id2label` (and label2id) and the regression problem type (1 label);
+    `special_ids` (pad/bos/eos_token_id, from the exported tokenizer) replace the config's
+    defaults (GPT-2's 50256 lies outside a smaller vocabulary).
 
     Every TP rank takes part in the gathers; global rank 0 writes through `save_pretrained`.
     """
@@ -326,7 +329,7 @@ def save_hf_checkpoint(
     state = to_hf_state_dict(model, ctx, architecture)
     if not ctx.is_main:
         return
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(special_ids or {})
     if architecture == "BertForSequenceClassification":
         extra["num_labels"] = model.num_labels
         if model.num_labels == 1:
