@@ -1,7 +1,7 @@
 """The configuration reference, generated from the schema: every key of every group with its
 type, allowed values, default and the attribute docstring written under the field in
-config/schema/. The docs build (docs/hooks.py) renders it, so the reference cannot drift from
-the code."""
+config/schema/. tools/render_docs.py writes it into docs/configuration.md (a test checks that it
+is fresh), so the reference cannot drift from the code."""
 
 from __future__ import annotations
 
