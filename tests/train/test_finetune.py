@@ -374,17 +374,6 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     assert f"has 6 tokens but model.vocab_size={len(SPECIAL_TOKENS) + len(WORDS)}" in result.stderr
 
 
-def test_a_gpt_init_is_refused_by_name(tmp_path: Path) -> None:
-    """A GPT-2 directory as init: one line saying fine-tuning needs BERT (not an internal enum
-    repr from the model registry)."""
-    from tests.inference.tiny_gpt2 import save_tiny_gpt2
-    from tpformer.convert import load_classifier
-
-    save_tiny_gpt2(tmp_path / "gpt")
-    with pytest.raises(ValueError, match="holds a gpt2 model; fine-tuning needs BERT"):
-        load_classifier(tmp_path / "gpt", ParallelContext.single(device="cpu"), num_labels=2)
-
-
 def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
     """Pretrain 2 steps on a corpus, then fine-tune from the checkpoint: the encoder is the
     pretrained one and the checkpoint's sentencepiece tokenizer is used."""

@@ -37,16 +37,32 @@ NORMAL, USER_DEFINED = 1, 4
 def sentencepiece_pipeline(model_file: Path) -> Any:
     """A `tokenizers.Tokenizer` that encodes as SentencePieceProcessor(model_file).encode."""
     from sentencepiece import sentencepiece_model_pb2
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE, Unigram
+    from tokenizers import Tokenizer, decoders
 
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated
     proto.ParseFromString(model_file.read_bytes())
-    pieces = list(proto.pieces)
-    spec, trainer = proto.normalizer_spec, proto.trainer_spec
-    user_defined = [p.piece for p in pieces if p.type == USER_DEFINED]
+    user_defined = [p.piece for p in proto.pieces if p.type == USER_DEFINED]
+    tokenizer = Tokenizer(_pieces_model(proto, model_file, bool(user_defined)))
+    spec = proto.normalizer_spec
+    tokenizer.normalizer = _normalizer(spec)
+    pre_tokenizer = _pre_tokenizer(spec, user_defined)
+    if pre_tokenizer is not None:
+        tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
+        if spec.add_dummy_prefix
+        else [decoders.Replace("▁", " ")]
+    )
+    return tokenizer
+
+
+def _pieces_model(proto: Any, model_file: Path, has_user_defined: bool) -> Any:
+    """BPE (merges ranked by the score of the merged piece, as SentencePiece merges) or
+    Unigram (the pieces' log-probabilities) over the model's pieces, ids unchanged."""
+    from tokenizers.models import BPE, Unigram
+
+    pieces, trainer = list(proto.pieces), proto.trainer_spec
     if trainer.model_type == 2:  # BPE
-        vocab = {p.piece: i for i, p in enumerate(pieces)}
         normal = {p.piece: (p.score, i) for i, p in enumerate(pieces) if p.type == NORMAL}
         ranked = sorted(
             (-score, i, token[:k], token[k:])
@@ -54,22 +70,26 @@ def sentencepiece_pipeline(model_file: Path) -> Any:
             for k in range(1, len(token))
             if token[:k] in normal and token[k:] in normal
         )
-        model: Any = BPE(
-            vocab=vocab,
+        return BPE(
+            vocab={p.piece: i for i, p in enumerate(pieces)},
             merges=[(left, right) for _, _, left, right in ranked],
             unk_token=trainer.unk_piece,
             fuse_unk=True,
             byte_fallback=trainer.byte_fallback,
-            ignore_merges=bool(user_defined),
+            ignore_merges=has_user_defined,
         )
-    elif trainer.model_type == 1:  # unigram
-        model = Unigram([(p.piece, p.score) for p in pieces], trainer.unk_id, trainer.byte_fallback)
-    else:
-        raise ValueError(
-            f"{model_file}: sentencepiece model type {trainer.model_type} cannot be exported; "
-            "tpformer trains bpe or unigram (data.tokenizer_type)"
-        )
-    tokenizer = Tokenizer(model)
+    if trainer.model_type == 1:  # unigram
+        return Unigram([(p.piece, p.score) for p in pieces], trainer.unk_id, trainer.byte_fallback)
+    raise ValueError(
+        f"{model_file}: sentencepiece model type {trainer.model_type} cannot be exported; "
+        "tpformer trains bpe or unigram (data.tokenizer_type)"
+    )
+
+
+def _normalizer(spec: Any) -> Any:
+    """SentencePiece's normalizer spec, in its order."""
+    from tokenizers import Regex, normalizers
+
     steps: list[Any] = []
     if spec.precompiled_charsmap:
         steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
@@ -82,23 +102,23 @@ def sentencepiece_pipeline(model_file: Path) -> Any:
         steps.append(normalizers.Replace(" ", "▁"))
     if spec.add_dummy_prefix:  # Metaspace would skip the prefix before a leading "▁"
         steps.append(normalizers.Replace(Regex(r"\A▁"), "▁▁"))
-    tokenizer.normalizer = normalizers.Sequence(steps)
+    return normalizers.Sequence(steps)
+
+
+def _pre_tokenizer(spec: Any, user_defined: list[str]) -> Any:
+    """The dummy prefix, and the user-defined pieces isolated (SentencePiece emits them whole
+    and never merges them); None when neither applies."""
+    from tokenizers import Regex, pre_tokenizers
+
     splits: list[Any] = []
     if spec.add_dummy_prefix:
         splits.append(
             pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=False)
         )
-    if user_defined:  # emitted whole, never merged
+    if user_defined:
         pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
         splits.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated"))
-    if splits:
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(splits)
-    tokenizer.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
-        if spec.add_dummy_prefix
-        else [decoders.Replace("▁", " ")]
-    )
-    return tokenizer
+    return pre_tokenizers.Sequence(splits) if splits else None
 
 
 def _bert_template(tokenizer: Any, cls_id: int, sep_id: int) -> None:
