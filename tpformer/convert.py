@@ -10,8 +10,9 @@ from_hf: a HF directory -> the tpformer model -> a step-0 checkpoint (fresh opti
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from tpformer.checkpoint import store
 from tpformer.checkpoint.source import (
@@ -124,16 +125,22 @@ def load_causal_lm(init: Path, ctx: ParallelContext) -> tuple[GPTForCausalLM, Pa
 
 
 def load_classifier(
-    init: Path, ctx: ParallelContext, *, num_labels: int
+    init: Path,
+    ctx: ParallelContext,
+    *,
+    num_labels: int,
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[BertForSequenceClassification, Path]:
     """BertForSequenceClassification at ctx's layout from a tpformer checkpoint (its encoder and
-    pooler; the classifier is freshly initialized) or a Hugging Face BERT directory. Returns the
-    model and its tokenizer location (the checkpoint's tokenizer/ or the HF directory)."""
+    pooler; the classifier is freshly initialized) or a Hugging Face BERT directory, with
+    `overrides` (model keys that shape no parameter, such as dropout) over its config. Returns
+    the model and its tokenizer location (the checkpoint's tokenizer/ or the HF directory)."""
     source = require_arch(read_model_source(init, "init"), Arch.bert, "init", "fine-tuning")
+    config = replace(source.config, **(overrides or {}))
     if source.kind == CHECKPOINT:
         model = cast(
             BertForSequenceClassification,
-            build_model(source.config, ctx, task="classification", num_labels=num_labels),
+            build_model(config, ctx, task="classification", num_labels=num_labels),
         )
         encoder = [(f"bert.{n}", p) for n, p in model.bert.named_parameters()]
         template = {"engine": parameter_template(encoder)}
@@ -142,5 +149,7 @@ def load_classifier(
             {n.removeprefix("bert."): template["engine"][f"param/{n}"] for n, _ in encoder}
         )
         return model, source.tokenizer_dir
-    classifier = load_hf_model(source.path, ctx, task="classification", num_labels=num_labels)
+    classifier = load_hf_model(
+        source.path, ctx, task="classification", num_labels=num_labels, overrides=overrides
+    )
     return cast(BertForSequenceClassification, classifier), source.path

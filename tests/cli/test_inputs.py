@@ -68,3 +68,24 @@ def test_given_model_keys_reads_presets_and_keys() -> None:
         "gpt2_small",
         {"dropout"},
     )
+
+
+def test_fine_tuning_sets_dropout_over_its_init_and_logs_it(checkpoint: Path) -> None:
+    """model.dropout / attention_dropout of tpformer-finetune replace init's (checkpoint or
+    Hugging Face directory); the rest of the model comes from init."""
+    from tpformer.cli.inputs import prepare_finetune
+    from tpformer.config.schema import FinetuneConfig
+    from tpformer.convert import load_classifier
+    from tpformer.parallel.context import ParallelContext
+
+    config = FinetuneConfig(task="sst2", init=str(checkpoint))  # type: ignore[arg-type]
+    config.model.dropout = 0.0
+    lines = prepare_finetune(config, [], Path("unused"))
+    assert lines[1:] == ["model.dropout=0.0 applied over its 0.2"]
+    for init in (checkpoint, checkpoint.parents[2] / "bert"):
+        model, _ = load_classifier(
+            init, ParallelContext.single(device="cpu"), num_labels=2,
+            overrides=config.model.given(),
+        )  # fmt: skip
+        assert (model.config.dropout, model.config.attention_dropout) == (0.0, 0.1)
+        assert model.config.hidden_size == 32

@@ -122,7 +122,14 @@ def prepare_finetune(config: FinetuneConfig, overrides: Sequence[str], run_dir: 
     )
     source = read_model_source(config.init, "init")
     require_arch(source, Arch.bert, "init", "fine-tuning")
-    return [f"model from the {source.kind} {source.path}: {describe(source.config)}"]
+    given = config.model.given()
+    for key, value in given.items():
+        if not 0 <= value < 1:
+            raise ValueError(f"model.{key}={value} must be in [0, 1)")
+    lines = [f"model from the {source.kind} {source.path}: {describe(source.config)}"]
+    return lines + [
+        f"model.{k}={v} applied over its {getattr(source.config, k)}" for k, v in given.items()
+    ]
 
 
 def prepare_generate(config: GenerateConfig, overrides: Sequence[str], run_dir: Path) -> list[str]:

@@ -22,7 +22,7 @@ from tpformer.cli.launch import launch_local
 from tpformer.config.renamed import check_renamed
 from tpformer.config.schema import Config
 from tpformer.config.store import to_config
-from tpformer.config.validate import validate
+from tpformer.config.validate import check_choices, validate
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv
@@ -166,6 +166,7 @@ def _checked_config(
     relaunch on N local ranks), the config validated at the layout of this world (or of the N
     ranks a relaunch starts)."""
     config = to_config(cfg)
+    check_choices(config)  # every key's range and choices, before reading any file
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     read = prepare(config, list(hydra_cfg.overrides.task), run_dir) if prepare else []

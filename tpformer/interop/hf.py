@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -241,12 +242,18 @@ def _rule_keys(rule: Rule) -> tuple[str, ...]:
 
 
 def load_hf_model(
-    directory: str | Path, ctx: ParallelContext, *, task: str | None = None, **kwargs: Any
+    directory: str | Path,
+    ctx: ParallelContext,
+    *,
+    task: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> TPModel:
     """Build the tpformer model of a HF directory at ctx's layout and load its weights.
 
     `task` defaults to the checkpoint's own (BertForMaskedLM -> pretraining, ...); classifiers
-    take num_labels from the checkpoint unless given.
+    take num_labels from the checkpoint unless given; `overrides` replace model config keys that
+    shape no parameter (dropout).
     """
     from tpformer.models import build_model
 
@@ -258,7 +265,7 @@ def load_hf_model(
             f"architecture {architecture!r} in {directory}/config.json is not "
             f"supported; supported: {sorted(SUPPORTED)}"
         )
-    config = model_config_from_hf(hf)
+    config = replace(model_config_from_hf(hf), **(overrides or {}))
     task = task or SUPPORTED[architecture][1]
     if task == "classification" and "num_labels" not in kwargs:
         kwargs["num_labels"] = len(hf.get("id2label") or {0: 0, 1: 1})

@@ -270,7 +270,9 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     """Load the model and the task's splits, parallelize; the loop runs it."""
     t, data = config.trainer, config.data
     task = get_task(config.task)
-    model, tokenizer_path = load_classifier(Path(config.init), ctx, num_labels=task.num_labels)
+    model, tokenizer_path = load_classifier(
+        Path(config.init), ctx, num_labels=task.num_labels, overrides=config.model.given()
+    )
     micro = _micro_batch(config, ctx, model.config.num_layers)
     tokenizer = Tokenizer(tokenizer_path)
     tokenizer.check_vocab(model.config.vocab_size)

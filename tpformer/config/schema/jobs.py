@@ -50,6 +50,22 @@ class PlanConfig(Config):
 
 
 @dataclass
+class FinetuneModelConfig:
+    """The model keys fine-tuning may set over its init's; every other one (the shape) comes
+    from init, as from_pretrained takes it from config.json."""
+
+    dropout: float | None = None
+    """Dropout on embeddings and residual branches (null: init's)."""
+    attention_dropout: float | None = None
+    """Dropout on attention probabilities (null: init's)."""
+
+    def given(self) -> dict[str, float]:
+        """The keys set (not null), as ModelConfig fields over init's."""
+        keys = {"dropout": self.dropout, "attention_dropout": self.attention_dropout}
+        return {k: v for k, v in keys.items() if v is not None}
+
+
+@dataclass
 class FinetuneConfig:
     """tpformer-finetune: one GLUE task from a tpformer checkpoint or a Hugging Face BERT."""
 
@@ -57,6 +73,7 @@ class FinetuneConfig:
     """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli."""
     init: str = MISSING
     """A tpformer checkpoint directory (checkpoints/stepN) or a Hugging Face BERT directory."""
+    model: FinetuneModelConfig = field(default_factory=FinetuneModelConfig)
     data: GlueDataConfig = field(default_factory=GlueDataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
