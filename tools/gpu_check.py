@@ -9,8 +9,9 @@ on the device before the timed steps. tpformer runs in one process (TP=1) with
 parallel.rng=fast, bf16 compute with fp32 master weights and fused AdamW, eager and
 torch.compile'd, with no, selective and full recomputation; Hugging Face `BertForPreTraining`
 runs with attn_implementation="sdpa", bf16 autocast and fused AdamW. Model FLOPs (the same
-formula for both, tpformer.planner.flops.flops_per_step with the MLM head over every token)
-over the measured step time give TFLOP/s; MFU divides by the device's datasheet peak (bf16 dense;
+count credited to both, tpformer.models.costs.step_flops: the work the task needs, the MLM head
+on the labeled rows) over the measured step time give TFLOP/s; MFU divides by the device's
+datasheet peak (bf16 dense;
 --peak-tflops for other devices). Peak memory is torch.cuda.max_memory_allocated per contender.
 """
 
@@ -31,8 +32,8 @@ from tpformer.engine.parallelize import parallelize
 from tpformer.interop.hf_keys import hf_config_from_model
 from tpformer.layers.sequence import labeled_positions
 from tpformer.models import build_model
+from tpformer.models.costs import step_flops
 from tpformer.parallel.context import ParallelContext
-from tpformer.planner.flops import flops_per_step
 from tpformer.train.metrics import peak_tflops
 
 Batch = dict[str, torch.Tensor]
@@ -184,7 +185,8 @@ def throughput_rows(args: argparse.Namespace, device: torch.device) -> list[Row]
             config = model_config(name, seq, args.tiny)
             batch = max(1, args.tokens // seq)
             batches = synthetic_batches(config, batch, seq, args.steps, device)
-            flops = flops_per_step(config, samples=batch, seq=seq, head_tokens=batch * seq)
+            labeled = sum(int((b["mlm_labels"] != -100).sum()) for b in batches) / len(batches)
+            flops = step_flops(config, samples=batch, seq=seq, head_tokens=labeled)
             contenders: list[tuple[str, Callable[[], Callable[[int, Batch], torch.Tensor]]]] = [
                 (label, partial(tpformer_step, config, device, "bf16", compiled=c, recompute=r))
                 for label, c, r in VARIANTS

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.models.costs import step_flops
 from tpformer.planner.candidate import Candidate, StackProfile, Workload, enumerate_candidates
 from tpformer.planner.cluster import Cluster, load_preset, resolve_cluster
 from tpformer.planner.search import Evaluated, evaluate, tie_ranked
@@ -289,18 +290,17 @@ def allowed(run: PublishedRun, c: Candidate) -> bool:
 
 
 def paper_flops(work: Workload) -> float:
-    """Model FLOPs per step by the paper's formula, 96 B s l h^2 (1 + s / 6h + V / 16 l h)
-    (with the recomputed forward)."""
-    m, s = work.model, work.seq
-    h, n_layers = m.hidden_size, m.num_layers
-    return (
-        96
-        * work.global_batch
-        * s
-        * n_layers
-        * h
-        * h
-        * (1 + s / (6 * h) + m.vocab_size / (16 * n_layers * h))
+    """Model FLOPs per step as the papers count them (Narayanan et al. 2021, eq. 3:
+    96 B s l h^2 (1 + s / 6h + V / 16 l h)): the one count of models/costs.py with every
+    layer's forward recomputed; tests/planner/test_published.py holds it to the closed form."""
+    m = work.model
+    return step_flops(
+        m,
+        samples=work.global_batch,
+        seq=work.seq,
+        head_tokens=work.global_batch * work.seq,
+        task="causal_lm",
+        recomputed_layers=m.num_layers,
     )
 
 

@@ -23,6 +23,7 @@ from published_runs import (  # tools/published_runs.py: a reference, not the pa
     ZERO_TABLE_1,
     cluster,
     megatron_matmul_efficiency,
+    paper_flops,
     reproduce,
     stated_layout,
     table_4_layer,
@@ -204,3 +205,14 @@ def test_model_states_match_the_zero_papers_table(params: float) -> None:
             grads_whole = stage < 2
             extra = 2 * params / (1 if grads_whole else dp)
             assert ours.total - state.total == pytest.approx(extra, abs=2)
+
+
+@pytest.mark.parametrize("run", MEGATRON_TABLE_1, ids=lambda r: f"{r.params_b}B")
+def test_the_paper_flop_count_is_the_one_cost_model_with_recomputation(run) -> None:  # type: ignore[no-untyped-def]
+    """Narayanan et al. 2021, eq. 3, closed form, equals models/costs.step_flops with every
+    layer's forward recomputed (their runs' full recomputation)."""
+    work = workload(run)
+    m, s, b = work.model, work.seq, work.global_batch
+    h, layers, v = m.hidden_size, m.num_layers, m.vocab_size
+    closed = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    assert math.isclose(paper_flops(work), closed, rel_tol=1e-12)

@@ -20,7 +20,7 @@ from tpformer.config.schema import (
 from tpformer.engine.units import bucket_elements
 from tpformer.parallel.layout import divisors
 from tpformer.planner.partition import best_split, equal_split
-from tpformer.planner.split import layer_unit_costs
+from tpformer.planner.split import head_per_layer, layer_unit_costs
 
 
 @dataclass(frozen=True)
@@ -200,11 +200,7 @@ class Candidate:
             return equal_split(work.model.num_layers, self.pp * self.chunks)
         return list(
             _balanced_split(
-                work.model.hidden_size,
-                work.model.intermediate_size,
-                work.seq,
-                work.model.vocab_size,
-                work.head_fraction,
+                head_per_layer(work.model, work.seq, work.head_fraction),
                 work.model.num_layers,
                 self.pp,
             )
@@ -212,17 +208,8 @@ class Candidate:
 
 
 @lru_cache(maxsize=4096)
-def _balanced_split(
-    hidden: int,
-    intermediate: int,
-    seq: int,
-    vocab: int,
-    head_fraction: float,
-    layers: int,
-    stages: int,
-) -> tuple[int, ...]:
-    costs = layer_unit_costs(hidden, intermediate, vocab, seq, head_fraction, layers)
-    return tuple(best_split(costs, stages))
+def _balanced_split(head: float, layers: int, stages: int) -> tuple[int, ...]:
+    return tuple(best_split(layer_unit_costs(head, layers), stages))
 
 
 def candidate_of(config: Config, dp: int) -> Candidate:

@@ -10,6 +10,7 @@ import torch
 
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.layers.embedding import padded_vocab_size
+from tpformer.models.costs import layer_params
 from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
@@ -97,13 +98,6 @@ class StageParams:
         return self.embedding + self.layers + self.head
 
 
-def layer_params(work: Workload, tp: int) -> int:
-    """One layer's parameters on one TP rank: QKV, FFN-in and their biases and the two output
-    matrices are split; LayerNorms and the output biases are replicated."""
-    h, f = work.model.hidden_size, work.model.intermediate_size
-    return (4 * h * h + 3 * h + 2 * h * f + f) // tp + 6 * h
-
-
 def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) -> list[StageParams]:
     """Per rank, each stage (or those `only` names): the word embedding (vocab-parallel) on the
     first (and, tied, on the last when pipelined), position/segment embeddings, the layers of
@@ -119,7 +113,7 @@ def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) ->
         embedding = word + m.max_position_embeddings * h
         head = 2 * h
     split = c.split(work)
-    per_layer = layer_params(work, c.tp)
+    per_layer = layer_params(work.model, c.tp)
     stages = []
     for r in range(c.pp) if only is None else only:
         layers = sum(split[r :: c.pp]) * per_layer

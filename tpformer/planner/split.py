@@ -12,12 +12,12 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig, ParallelConfig
+from tpformer.models.costs import head_flops_per_token, layer_flops_per_token
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.parallel.link_timing import allreduce_bandwidth, median_seconds
 from tpformer.parallel.monitor import CommMonitor
 from tpformer.parallel.pipeline.stage import pipelined
-from tpformer.planner.flops import head_flops_per_token, layer_flops_per_token
 from tpformer.planner.partition import (
     ReplicatedStage,
     StageCosts,
@@ -49,26 +49,20 @@ class SplitChoice:
 
 
 def flop_costs(config: ModelConfig, seq: int, head_fraction: float) -> StageCosts:
-    """Costs in layer units from the planner's FLOP counts (step_time): each layer 1, the
+    """Costs in layer units from the one FLOP count (models/costs.py): each layer 1, the
     output head its FLOPs over the share of tokens it runs on; the embedding lookup has no
     matmul."""
-    return layer_unit_costs(
-        config.hidden_size,
-        config.intermediate_size,
-        config.vocab_size,
-        seq,
-        head_fraction,
-        config.num_layers,
-    )
+    return layer_unit_costs(head_per_layer(config, seq, head_fraction), config.num_layers)
 
 
-def layer_unit_costs(
-    hidden: int, intermediate: int, vocab: int, seq: int, head_fraction: float, layers: int
-) -> StageCosts:
-    layer = layer_flops_per_token(hidden, intermediate, seq)
-    return StageCosts(
-        [1.0] * layers, head=head_fraction * head_flops_per_token(hidden, vocab) / layer
-    )
+def head_per_layer(config: ModelConfig, seq: int, head_fraction: float) -> float:
+    """The vocabulary head's FLOPs per sample token, in layers."""
+    layer = layer_flops_per_token(config.hidden_size, config.intermediate_size, seq)
+    return head_fraction * head_flops_per_token(config) / layer
+
+
+def layer_unit_costs(head: float, layers: int) -> StageCosts:
+    return StageCosts([1.0] * layers, head=head)
 
 
 def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:

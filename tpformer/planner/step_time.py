@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpformer.layers.embedding import padded_vocab_size
+from tpformer.models.costs import step_flops
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
-from tpformer.planner.flops import flops_per_step
 from tpformer.planner.memory import (
     activation_parts,
     exact_attention_dropout,
@@ -32,7 +32,7 @@ class TimePrediction:
     data_comm: float
     optimizer: float
     model_flops: float
-    """FLOPs of one step as metrics.flops_per_step counts them (no recomputation)."""
+    """FLOPs of one step as the loop's MFU counts them (models/costs.py, no recomputation)."""
 
     def tokens_per_s(self, work: Workload) -> float:
         return work.global_batch * work.seq / self.step
@@ -268,11 +268,14 @@ def _optimizer_time(work: Workload, c: Candidate, cl: Cluster, params: float) ->
 
 
 def model_flops(work: Workload) -> float:
-    return flops_per_step(
+    """The step's FLOPs as the loop's MFU counts them (models/costs.py, no recomputation)."""
+    task = "pretraining" if work.nsp else "causal_lm"
+    return step_flops(
         work.model,
         samples=work.global_batch,
         seq=work.seq,
         head_tokens=work.global_batch * work.seq * work.head_fraction,
+        task=task,
     )
 
 

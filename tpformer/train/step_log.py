@@ -11,9 +11,9 @@ from collections.abc import Callable
 import torch
 
 from tpformer.config.schema import LoopConfig
+from tpformer.models.costs import step_flops
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
-from tpformer.planner.flops import flops_per_step
 from tpformer.progress import Progress
 from tpformer.train.metrics import MetricsWriter, RankTimes, peak_tflops
 from tpformer.train.task import StepResult, TrainingTask, UnreadStep
@@ -100,11 +100,13 @@ class StepLog:
         names = [k for k in window[0] if k not in HOST_KEYS]
         tokens = sum(w["tokens"] for w in window) / len(window)
         samples = self.task.global_batch
-        flops = flops_per_step(
+        flops = step_flops(
             self.task.model_config,
             samples=samples,
             seq=max(1, round(tokens / samples)),
             head_tokens=int(tokens * self.task.objective.head_fraction),
+            task=self.task.meta["task"],
+            num_labels=int(self.task.meta.get("num_labels", 2)),
         )
         tflops = flops / step_time / 1e12 / self.ctx.layout.world_size
         last = window[-1]

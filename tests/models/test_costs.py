@@ -1,0 +1,110 @@
+"""The one cost model (models/costs.py) against PyTorch's own FLOP counter: a real forward and
+backward of every preset's shape (two layers: the count is linear in the layer count), for
+BERT pretraining (MLM on the labeled rows, NSP), GPT causal LM and BERT classification.
+
+`executed_flops` equals FlopCounterMode exactly. The MFU the loop logs (`step_flops`) counts
+the work the task needs instead, and differs in three stated ways: the real vocabulary rather
+than the padded one (padding rows), BERT's labeled rows rather than the gathered ones (each
+sample's labeled positions padded to the batch's largest count, rounded up to 8 for fewer
+distinct shapes), and the fused attention backward's recomputation of QK^T. FlopCounterMode
+has no formula for the CPU flash-attention kernel; the test registers PyTorch's own sdpa
+formulas for it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
+
+from tpformer.config.presets import PRESETS
+from tpformer.layers.embedding import padded_vocab_size
+from tpformer.models import build_model
+from tpformer.models.costs import executed_flops, layer_params, step_flops
+from tpformer.parallel.context import ParallelContext
+from tpformer.train.objectives import objective_for
+
+SAMPLES, SEQ = 2, 16
+
+aten = torch.ops.aten
+if aten._scaled_dot_product_flash_attention_for_cpu not in flop_registry:
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+    def _cpu_sdpa(q, k, v, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+        return sdpa_flop_count(q, k, v)
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+    def _cpu_sdpa_backward(grad, q, k, v, *args, out_shape=None, **kwargs):  # type: ignore[no-untyped-def]
+        return sdpa_backward_flop_count(grad, q, k, v)
+
+
+def _batch(task: str, vocab: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    ids = torch.randint(5, vocab, (SAMPLES, SEQ), generator=generator)
+    if task == "causal_lm":
+        return {"input_ids": ids}
+    batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}
+    if task == "classification":
+        return {**batch, "labels": torch.tensor([0, 1])}
+    labels = torch.full_like(ids, -100)
+    labels[:, 1:SEQ:5] = ids[:, 1:SEQ:5]  # 3 labeled rows per sample
+    return {**batch, "mlm_labels": labels, "nsp_labels": torch.tensor([0, 1])}
+
+
+def _counted(config, task: str) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    """(FlopCounterMode's FLOPs of one forward + backward, the labeled rows of the batch, the
+    rows the head gathered)."""
+    ctx = ParallelContext.single(device="cpu")
+    extra = {"num_labels": 2} if task == "classification" else {}
+    model = build_model(config, ctx, task=task, **extra)
+    objective = objective_for(task)
+    batch = objective.host_inputs(_batch(task, config.vocab_size, torch.Generator().manual_seed(0)))
+    counts = torch.tensor(objective.counts(batch), dtype=torch.float64)
+    with FlopCounterMode(display=False) as counter:
+        objective(model, batch, counts)[0].backward()
+    if task != "pretraining":
+        return float(counter.get_total_flops()), 0.0, 0.0
+    labeled = float((batch["mlm_labels"] != -100).sum())
+    return float(counter.get_total_flops()), labeled, float(batch["mlm_positions"].numel())
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_step_flops_equal_pytorchs_count_of_every_preset(name: str) -> None:
+    config = replace(PRESETS[name], num_layers=2, dropout=0.0, attention_dropout=0.0)
+    task = "pretraining" if config.arch == "bert" else "causal_lm"
+    measured, labeled, gathered = _counted(config, task)
+    if task == "causal_lm":
+        labeled = gathered = SAMPLES * SEQ
+    padded = padded_vocab_size(config.vocab_size, 1, config.pad_vocab_to)
+    common = {"samples": SAMPLES, "seq": SEQ, "task": task}
+    executed = executed_flops(config, head_rows=gathered, padded_vocab=padded, **common)
+    assert executed == measured
+    needed = step_flops(config, head_tokens=labeled, **common)
+    h, v = config.hidden_size, config.vocab_size
+    head = 2 * (h * h if task == "pretraining" else 0)
+    padding = 3 * gathered * 2 * h * (padded - v) + 3 * (gathered - labeled) * (head + 2 * h * v)
+    recomputed_scores = 0.5 * SAMPLES * SEQ * 4 * SEQ * h * config.num_layers
+    assert executed - needed == padding + recomputed_scores
+
+
+def test_classification_flops_count_the_pooler_and_classifier() -> None:
+    config = replace(PRESETS["bert_tiny"], dropout=0.0, attention_dropout=0.0)
+    measured, _, _ = _counted(config, "classification")
+    padded = padded_vocab_size(config.vocab_size, 1, config.pad_vocab_to)
+    common = {"samples": SAMPLES, "seq": SEQ, "task": "classification"}
+    assert executed_flops(config, head_rows=0, padded_vocab=padded, **common) == measured
+
+
+@pytest.mark.parametrize("name", ["bert_base", "gpt2_small"])
+def test_layer_params_count_a_built_layer(name: str) -> None:
+    config = replace(PRESETS[name], num_layers=1)
+    task = "pretraining" if config.arch == "bert" else "causal_lm"
+    model = build_model(config, ParallelContext.single(device="cpu"), task=task, initialize=False)
+    block = next(iter(model.blocks()))
+    assert layer_params(config, 1) == sum(p.numel() for p in block.parameters())

@@ -1,0 +1,102 @@
+"""The one count of a model's work and size: the FLOPs of a layer, a head and a training step,
+and the parameters of a layer, on one TP rank. The loop's MFU, the planner's step time and
+memory, the pipeline's balanced split, gpu_check and the published-run check all call it.
+
+FLOPs count the matmuls (2 per multiply-add) and attention's two batched products, as
+`torch.utils.flop_counter.FlopCounterMode` does; a backward costs twice its forward, and a
+recomputed layer adds its forward once more. Elementwise work (norms, activations, dropout,
+softmax, the loss) is not counted. `tests/models/test_costs.py` holds `step_flops` to
+FlopCounterMode on a real forward and backward of every preset's shape.
+"""
+
+from __future__ import annotations
+
+from tpformer.config.schema import ModelConfig
+
+TASKS = ("pretraining", "causal_lm", "classification")
+
+
+def layer_flops_per_token(hidden: int, intermediate: int, seq: int) -> int:
+    """Forward FLOPs of one transformer layer per token: the QKV, output and two MLP matmuls,
+    and attention's QK^T and PV over `seq` keys (every key, as the fused kernels compute
+    them; a causal mask does not halve the count)."""
+    return 2 * (4 * hidden * hidden + 2 * hidden * intermediate) + 4 * seq * hidden
+
+
+def head_flops_per_token(config: ModelConfig, vocab: int | None = None) -> int:
+    """Forward FLOPs of the vocabulary head per token it runs on: BERT's transform and the
+    projection, GPT's projection; `vocab` rows (default the real vocabulary; the executed
+    count passes the padded one)."""
+    h, v = config.hidden_size, vocab or config.vocab_size
+    return 2 * (h * h + h * v) if config.arch == "bert" else 2 * h * v
+
+
+def pooled_flops_per_sample(config: ModelConfig, task: str, num_labels: int = 2) -> int:
+    """Forward FLOPs of the per-sample heads: BERT's pooler and its NSP/SOP (2 classes) or
+    classifier (num_labels) on the first token; GPT has none."""
+    if config.arch != "bert" or task == "causal_lm":
+        return 0
+    h = config.hidden_size
+    classes = 2 if task == "pretraining" else num_labels
+    return 2 * (h * h + h * classes)
+
+
+def step_flops(
+    config: ModelConfig,
+    *,
+    samples: int,
+    seq: int,
+    head_tokens: float,
+    task: str = "pretraining",
+    num_labels: int = 2,
+    recomputed_layers: float = 0.0,
+    vocab: int | None = None,
+) -> float:
+    """FLOPs of one training step over `samples` sequences of `seq` tokens: the layers over
+    every token, the vocabulary head over `head_tokens` (BERT: the masked ones), the
+    per-sample heads, forward + backward (3x forward), plus the forward of
+    `recomputed_layers` layers again (activation recomputation; 0 for the MFU, which counts
+    the work the task needs)."""
+    if task not in TASKS:
+        raise ValueError(f"task={task!r}; one of {TASKS}")
+    layer = samples * seq * layer_flops_per_token(config.hidden_size, config.intermediate_size, seq)
+    forward = (
+        config.num_layers * layer
+        + head_tokens * head_flops_per_token(config, vocab)
+        + samples * pooled_flops_per_sample(config, task, num_labels)
+    )
+    return 3.0 * forward + recomputed_layers * layer
+
+
+def executed_flops(
+    config: ModelConfig,
+    *,
+    samples: int,
+    seq: int,
+    head_rows: float,
+    padded_vocab: int,
+    task: str = "pretraining",
+    num_labels: int = 2,
+) -> float:
+    """What the step executes, as FlopCounterMode counts it, beside the work `step_flops`
+    credits: the head over the rows it gathers (`head_rows`: BERT's labeled positions padded
+    per batch) and the padded vocabulary, and the fused attention backward's recomputation of
+    QK^T (half an attention forward per layer)."""
+    attention = samples * seq * 4 * seq * config.hidden_size
+    needed = step_flops(
+        config,
+        samples=samples,
+        seq=seq,
+        head_tokens=head_rows,
+        task=task,
+        num_labels=num_labels,
+        vocab=padded_vocab,
+    )
+    return needed + 0.5 * attention * config.num_layers
+
+
+def layer_params(config: ModelConfig, tp: int) -> int:
+    """One layer's parameters on one TP rank: QKV, FFN-in and their biases and the two output
+    matrices are split; the LayerNorms and the output biases are replicated."""
+    h, f = config.hidden_size, config.intermediate_size
+    return (4 * h * h + 3 * h + 2 * h * f + f) // tp + 6 * h
