@@ -72,12 +72,23 @@ def time_collectives(
     dist.destroy_process_group()
 
 
-def median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
-    """Median wall time of `repeats` calls of fn."""
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU, whose ops run as called)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """Median wall time of `repeats` calls of fn, after one untimed call (lazy init, the
+    allocator's first blocks); the device is synchronized before and after each, so on a GPU
+    the time is the kernels' and not their launch."""
+    fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
@@ -90,11 +101,5 @@ def allreduce_bandwidth(handle: GroupHandle, device: torch.device, numel: int = 
     x = torch.ones(numel, device=device)
     group = process_group(handle)
 
-    def reduce() -> None:
-        dist.all_reduce(x, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    reduce()
-    seconds = median_seconds(reduce)
+    seconds = median_seconds(lambda: dist.all_reduce(x, group=group), device)
     return 2 * (handle.size - 1) / handle.size * x.nbytes / seconds

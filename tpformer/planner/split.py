@@ -67,7 +67,8 @@ def layer_unit_costs(head: float, layers: int) -> StageCosts:
 
 def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
     """Forward+backward seconds of the embedding, each block and the head on one micro-batch
-    (median of 3), and the activation's transfer time at LINK_BYTES_PER_S."""
+    (median of 3 after a warm-up, the device synchronized around each), and the activation's
+    transfer time at LINK_BYTES_PER_S."""
     parts = pipelined(model)
     blocks = list(parts.blocks())
     mask = parts.block_mask(**sample)
@@ -80,12 +81,13 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
         return out
 
     x = parts.embed(**sample).detach()
-    embedding = median_seconds(lambda: through(lambda _: parts.embed(**sample), None))
+    device = x.device
+    embedding = median_seconds(lambda: through(lambda _: parts.embed(**sample), None), device)
     layers = []
     for block in blocks:
-        layers.append(median_seconds(lambda: through(lambda inp: block(inp, mask), x)))  # noqa: B023 - timed now
+        layers.append(median_seconds(lambda: through(lambda inp: block(inp, mask), x), device))  # noqa: B023 - timed now
         x = block(x, mask).detach()
-    head = median_seconds(lambda: through(lambda inp: parts.head(inp, **sample), x))
+    head = median_seconds(lambda: through(lambda inp: parts.head(inp, **sample), x), device)
     model.zero_grad(set_to_none=True)
     return StageCosts(layers, embedding, head, x.nbytes / LINK_BYTES_PER_S)
 
