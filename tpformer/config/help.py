@@ -56,7 +56,9 @@ def _keys(cls: type, prefix: str, width: int) -> list[str]:
     for f in dataclasses.fields(cls):
         hint = typing.get_type_hints(cls)[f.name]
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            continue  # a group: listed on its own
+            if prefix:  # a section of a group (trainer.profile): its keys in line
+                lines += _keys(hint, f"{prefix}{f.name}.", width)
+            continue  # at the top level, a group: listed on its own
         head = f"  {prefix}{f.name} = {format_value(default_of(f))}"
         values = allowed_values(cls, f).replace("`", "")
         meaning = " ".join(docs.get(f.name, "").split())

@@ -17,6 +17,7 @@ from tpformer.config.schema import (
     ClusterConfig,
     DataConfig,
     EvalLMConfig,
+    FinetuneModelConfig,
     FinetuneTrainerConfig,
     GenerateConfig,
     GlueDataConfig,
@@ -40,7 +41,11 @@ PRETRAIN_GROUPS: dict[str, type] = {
 }
 """tpformer-pretrain's groups (tpformer-plan adds `plan`)."""
 
-FINETUNE_GROUPS: dict[str, type] = {"data": GlueDataConfig, "trainer": FinetuneTrainerConfig}
+FINETUNE_GROUPS: dict[str, type] = {
+    "model": FinetuneModelConfig,
+    "data": GlueDataConfig,
+    "trainer": FinetuneTrainerConfig,
+}
 INFERENCE_COMMANDS: dict[str, type] = {
     "tpformer-generate": GenerateConfig,
     "tpformer-eval-lm": EvalLMConfig,
@@ -108,19 +113,28 @@ def allowed_values(cls: type, f: Field[typing.Any]) -> str:
 
 def group_table(group: str, cls: type) -> str:
     """One row per key of `cls` (a command's top level: its own keys, not its groups)."""
-    docs = field_docstrings(cls)
     rows = ["| key | default | values | meaning |", "|---|---|---|---|"]
+    return "\n".join(rows + _rows(group, cls))
+
+
+def _rows(group: str, cls: type) -> list[str]:
+    """The table rows of cls's keys under `group`; a section of a group (trainer.profile)
+    adds its keys in line, a command's groups (at the top level) have their own tables."""
+    docs = field_docstrings(cls)
+    rows = []
     for f in dataclasses.fields(cls):
-        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
-            f.default_factory
-        ):
-            continue  # a group: it has its own table
-        meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
         key = f"{group}.{f.name}" if group else f.name
+        section = f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+            f.default_factory
+        )
+        if section:
+            rows += _rows(key, f.default_factory) if group else []  # type: ignore[arg-type]
+            continue
+        meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
         rows.append(
             f"| `{key}` | {format_value(default_of(f))} | {allowed_values(cls, f)} | {meaning} |"
         )
-    return "\n".join(rows)
+    return rows
 
 
 def config_reference_markdown() -> str:

@@ -20,6 +20,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.pipedream import PipeDreamRunner
 from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.parallel.pipeline.stage import PipelineStage
+from tpformer.parallel.regions import region
 
 Batch = dict[str, Tensor]
 
@@ -68,7 +69,8 @@ class _StepUpdate:
     engine: ZeroEngine
 
     def update(self) -> dict[str, Tensor]:
-        return self.engine.queue_step()
+        with region("optimizer"):
+            return self.engine.queue_step()
 
     def drain(self) -> None:
         return None
@@ -95,10 +97,11 @@ class LocalStepRunner(_StepUpdate):
         totals = torch.zeros(len(objective.names), dtype=torch.float64, device=self.ctx.device)
         for i, (key, batch) in enumerate(parts):
             rng.set_position(step, key)
-            with torch.set_grad_enabled(train):
+            with torch.set_grad_enabled(train), region(f"forward {i}"):
                 values = objective(self.model, batch, counts)
             if train:  # values[0] is this rank's share of the global mean: the engine sums
-                self.engine.backward(values[0], sync=i == len(parts) - 1)
+                with region(f"backward {i}"):
+                    self.engine.backward(values[0], sync=i == len(parts) - 1)
             totals += torch.stack([v.detach().double() for v in values])
         return totals
 

@@ -63,6 +63,10 @@ class FlightRecorder:
         self._seq[name] = seq
         self.calls.append(CollectiveCall(seq, op, name, ranks, shape, _call_site()))
 
+    def group_name(self, group: dist.ProcessGroup | None) -> str:
+        """The group's role (tp, dp, pp, ...; world) as reports call it."""
+        return self._describe(group)[0]
+
     def name_group(self, group: dist.ProcessGroup, name: str) -> None:
         """Call the group by its role (tp, dp, pp, control) in reports; one process group in
         several roles (the world as TP and control group) gets both names."""

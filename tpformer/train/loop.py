@@ -31,9 +31,11 @@ from tpformer.data.steps import StepInput, StepLoader, StepSource, prepare_step
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.control import agree_any
+from tpformer.parallel.regions import region
 from tpformer.progress import Progress, progress
 from tpformer.train.checkpointing import STOP_RECORD, Checkpointer
 from tpformer.train.metrics import MetricsWriter
+from tpformer.train.profiling import StepProfiler
 from tpformer.train.schedule import lr_at
 from tpformer.train.step_log import StepLog, step_metrics
 from tpformer.train.task import BestCheckpoint, StepResult, TrainingTask, UnreadStep
@@ -172,13 +174,18 @@ class Trainer:
             self.evaluate(first)  # stopped by SIGTERM at an evaluation step: evaluate it now
         bar = self._progress(first)
         loader = self._loader(first)
+        profiler = StepProfiler(
+            self.loop.profile, self.run_dir, self.ctx.rank, self.ctx.device, first
+        )
         step, reason, saved = first - 1, "done", None
         try:
             steps = iter(loader)
             for step in range(first, task.max_steps):
                 lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
                 self.engine.set_lr(lr)
-                result = self.queue_step(next(steps), train=True)
+                with region("data wait"):
+                    prepared = next(steps)
+                result = self.queue_step(prepared, train=True)
                 host = {"lr": lr, "data_wait_s": loader.wait_s}
                 steps_log.add(UnreadStep(result, self.runner.update(), host))
                 last = step + 1 == task.max_steps
@@ -191,10 +198,12 @@ class Trainer:
                 if not preempted and (self._due_for_eval(step + 1) or last or timed_out):
                     self.evaluate(step + 1)  # on SIGTERM the save comes first (30 s grace)
                 reason, saved = self._stop_or_save(step + 1, preempted, timed_out, last, saved)
+                profiler.step()
                 if reason != "done":
                     break
-        finally:  # stop the workers on every path (a worker that outlives us blocks exit)
+        finally:  # stop the workers (one that outlives us blocks exit) and the profiler
             loader.close()
+            profiler.close()
         self._finish(bar, reason, step + 1, saved)
         return records
 

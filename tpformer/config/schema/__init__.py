@@ -49,6 +49,7 @@ from tpformer.config.schema.trainer import (
     FinetuneTrainerConfig,
     LauncherConfig,
     LoopConfig,
+    ProfileConfig,
     TrainerConfig,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "PlanConfig",
     "PlanOptions",
     "Precision",
+    "ProfileConfig",
     "Range",
     "Recompute",
     "RngMode",

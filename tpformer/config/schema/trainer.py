@@ -8,6 +8,23 @@ from tpformer.config.schema.choices import Logger, ranged
 
 
 @dataclass
+class ProfileConfig:
+    """A torch.profiler trace of a window of steps (docs: Logging and progress)."""
+
+    start: int = ranged(0, 0)
+    """First traced step, counted as the progress bar counts (0: no profiling)."""
+    steps: int = ranged(3, 1)
+    """Steps traced from `start`."""
+    warmup: int = ranged(1, 0)
+    """Steps before `start` the profiler runs untraced (its own start-up cost stays out)."""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """Global ranks that trace ([]: every rank); each writes <run dir>/profile/rank<R>.*."""
+    memory: bool = True
+    """On CUDA, also a memory snapshot of the window (rank<R>_memory.pickle, for
+    pytorch.org/memory_viz) and the profiler's per-operator memory."""
+
+
+@dataclass
 class LoopConfig:
     """What the one training loop does around the steps, for pretraining and fine-tuning alike."""
 
@@ -21,6 +38,8 @@ class LoopConfig:
     straggler_threshold: float = ranged(0.2, 0)
     """The progress display names the slowest rank when its own step time (waits for peers
     excluded) exceeds the ranks' median by more than this fraction."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """A torch.profiler trace of a window of steps (trainer.profile.start=N; 0: off)."""
     loggers: list[Logger] = field(default_factory=lambda: [Logger.tensorboard])
     """Where the scalars of metrics.jsonl also go: tensorboard (<run dir>/tensorboard), wandb
     (Weights & Biases, with the composed config; pip install 'tpformer[wandb]'; WANDB_PROJECT,

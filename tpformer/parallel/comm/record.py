@@ -15,6 +15,7 @@ from torch import Tensor
 
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.monitor import CommMonitor
+from tpformer.parallel.regions import mark, recording
 
 
 class CollectiveCounts(Counter):
@@ -99,15 +100,18 @@ def record(
     monitor: CommMonitor | None = None,
 ) -> None:
     """One call of `op` on the handle's group (None: the world) over a full tensor of
-    `full_bytes`: counted for `count_collectives` and kept in the hang report's recorder of
-    the handle's context (or `monitor`'s, for a call on the world)."""
+    `full_bytes`: counted for `count_collectives`, kept in the hang report's recorder of
+    the handle's context (or `monitor`'s, for a call on the world) and labelled in a profiler
+    trace ("tpformer/all_reduce tp")."""
     if traced():
         return
     size = handle.size if handle is not None else 1
     monitor = monitor if monitor is not None else handle.monitor if handle is not None else None
+    group = handle.group if handle is not None else None
     if monitor is not None:
-        group = handle.group if handle is not None else None
         monitor.recorder.record(op, group, tuple(x.shape) if x is not None else ())
+    if recording():
+        mark(f"{op} {monitor.recorder.group_name(group)}" if monitor is not None else op)
     sent = _RING_PASSES.get(op, 0) * full_bytes * (size - 1) / size
     for counter in active_counters:
         counter[op] += 1

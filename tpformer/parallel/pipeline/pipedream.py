@@ -36,6 +36,7 @@ from tpformer.parallel.pipeline.schedule import (
     replica_backwards_per_update,
 )
 from tpformer.parallel.pipeline.stage import PipelineStage
+from tpformer.parallel.regions import region
 
 
 class StageOptimizer(Protocol):
@@ -232,11 +233,12 @@ class PipeDreamRunner(PipelineRunner):
         for action in pipedream_step(
             self.stage.stages, self.micro, self.stage.rank, self.steps, self.replicas, self.replica
         ):
-            if action.kind == "F":
-                key, batch = parts[action.micro - first]
-                self._forward(action.micro, step, key, batch, values, totals, activations)
-            else:
-                self._backward(action.micro, gradients)
+            with region(f"{action.kind} micro {action.micro}"):
+                if action.kind == "F":
+                    key, batch = parts[action.micro - first]
+                    self._forward(action.micro, step, key, batch, values, totals, activations)
+                else:
+                    self._backward(action.micro, gradients)
         self.steps += 1
         for work in [*self.carried, *activations]:  # their receivers posted them this step
             work.wait()

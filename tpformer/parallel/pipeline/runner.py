@@ -23,6 +23,7 @@ from tpformer.parallel.comm import Pending, process_group, recv, send_async
 from tpformer.parallel.context import GroupHandle, ParallelContext
 from tpformer.parallel.pipeline.schedule import Action, actions_for, virtual_stage
 from tpformer.parallel.pipeline.stage import PipelineStage
+from tpformer.parallel.regions import region
 
 Batch = dict[str, Tensor]
 Values = Callable[[object, Batch], list[Tensor]]
@@ -115,10 +116,11 @@ class PipelineRunner:
             step, parts, torch.zeros(n_values, dtype=torch.float64, device=self.ctx.device)
         )
         for index, action in enumerate(actions):
-            if action.kind == "F":
-                self._forward_action(action, state, values, train=train)
-            else:
-                self._backward_action(action, state, backward, last=index == last_backward)
+            with region(f"{action.kind} micro {action.micro} chunk {action.chunk}"):
+                if action.kind == "F":
+                    self._forward_action(action, state, values, train=train)
+                else:
+                    self._backward_action(action, state, backward, last=index == last_backward)
         for work in state.sends:
             work.wait()
         return state.totals
