@@ -19,16 +19,6 @@ from tpformer.layers.dropout import dropout_mask_bytes
 GPU_PRESETS = {"H100": "h100_node", "H200": "h100_node", "A100": "a100_node"}
 """Device name fragment -> the preset whose constants `cluster=auto` uses on that device."""
 
-KNOWN_PEAKS = {
-    ("H200", "bf16"): 989.0,
-    ("H100", "bf16"): 989.0,
-    ("A100", "bf16"): 312.0,
-    ("H200", "fp32"): 67.0,
-    ("H100", "fp32"): 67.0,
-    ("A100", "fp32"): 19.5,
-}
-"""Dense peak TFLOP/s per GPU by (name fragment, dtype), for MFU when nothing is given."""
-
 GB = 1e9
 
 GEMM_TILES = ((256, 128), (128, 256), (128, 128))

@@ -11,16 +11,16 @@ from typing import Any
 
 import torch
 
-from tpformer.planner.cluster import KNOWN_PEAKS
+from tpformer import device_peaks
 
 
 def peak_tflops(given: float, precision: str) -> float:
-    """trainer.peak_tflops, or the datasheet peak of a known GPU, or 0 (MFU not shown)."""
+    """trainer.peak_tflops, or the datasheet peak of a known GPU (device_peaks.py), or 0 (MFU
+    not shown)."""
     if given > 0 or not torch.cuda.is_available():
         return given
-    name = torch.cuda.get_device_name()
-    dtype = "fp32" if precision == "fp32" else "bf16"
-    return next((v for (gpu, d), v in KNOWN_PEAKS.items() if gpu in name and d == dtype), 0.0)
+    props = torch.cuda.get_device_properties()
+    return device_peaks.peak_tflops(props.name, props.multi_processor_count, precision)
 
 
 @dataclass(frozen=True)
