@@ -1,247 +1,170 @@
-"""GPU acceptance run: throughput, MFU and peak memory of BERT pretraining steps on one device,
-next to Hugging Face measured in the same run, and a bf16/fp16 loss check against fp32.
+"""GPU acceptance run, right on its first try: throughput, MFU and peak memory of BERT
+pretraining steps on one device next to Hugging Face measured in the same run, a precision
+check against fp32 with thresholds, and with several devices the multi-GPU leg (gpu_check_leg.py).
 
-    PYTHONPATH=. python tools/gpu_check.py                 # one GPU: bert_base/large, seq 128/512
-    PYTHONPATH=. python tools/gpu_check.py --device cpu --tiny   # the same code on a tiny model
+    PYTHONPATH=. python tools/gpu_check.py --budget-s 600      # what fits in 10 minutes
+    PYTHONPATH=. python tools/gpu_check.py --device cpu --tiny # the same code on a tiny model
+    PYTHONPATH=. python tools/gpu_check.py --device cpu --tiny --world 2   # + the layout leg
 
-Needs only torch and transformers (no Hydra, no datasets): batches are synthetic token ids made
-on the device before the timed steps. tpformer runs in one process (TP=1) with
-parallel.rng=fast, bf16 compute with fp32 master weights and fused AdamW, eager and
-torch.compile'd, with no, selective and full recomputation; Hugging Face `BertForPreTraining`
-runs with attn_implementation="sdpa", bf16 autocast and fused AdamW. Model FLOPs (the same
-count credited to both, tpformer.models.costs.step_flops: the work the task needs, the MLM head
-on the labeled rows) over the measured step time give TFLOP/s; MFU divides by the device's
-datasheet peak (bf16 dense;
---peak-tflops for other devices). Peak memory is torch.cuda.max_memory_allocated per contender.
+Needs only torch and transformers (no Hydra, no datasets). Every contender runs in a process
+of its own (nothing of an earlier contender's model, optimizer state or compiled graphs
+survives into the next, and its peak memory is its own), in the order of the quick look first:
+bert_base seq 128 tpformer compiled and Hugging Face, then the other variants and shapes.
+tpformer runs at TP=1 with parallel.rng=fast, bf16 compute with fp32 master weights and fused
+AdamW, eager and torch.compile'd, with no, selective and full recomputation; Hugging Face
+`BertForPreTraining` runs with attn_implementation="sdpa", bf16 autocast and fused AdamW.
+
+Headline: tokens/s. MFU credits both sides with the same FLOPs, the work the task needs
+(`tpformer.models.costs.step_flops`: the MLM head on the labeled rows), over the device's dense
+bf16 peak (`tpformer.device_peaks`, by SKU; --peak-tflops to override). Each row is printed and
+appended to --out (JSON lines) as it finishes, so a run cut off by its time slot keeps every
+finished row. Memory in GiB (2^30 bytes). Exit 1 when the precision check exceeds its thresholds
+or a layout of the multi-GPU leg differs from the one-device run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import subprocess
+import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-from tpformer.config.presets import preset
-from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig, Precision, Recompute
-from tpformer.engine.parallelize import parallelize
-from tpformer.interop.hf_keys import hf_config_from_model
-from tpformer.layers.sequence import labeled_positions
-from tpformer.models import build_model
-from tpformer.models.costs import step_flops
-from tpformer.parallel.context import ParallelContext
-from tpformer.train.metrics import peak_tflops
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-Batch = dict[str, torch.Tensor]
-VOCAB = 30522
-VARIANTS = [  # (label, torch.compile, recompute)
-    ("tpformer eager", False, "none"),
+from tools.gpu_check_steps import measure_contender, precision_gaps
+
+VARIANTS = [  # (label, torch.compile, recompute), the quick look's first
     ("tpformer compiled", True, "none"),
+    ("tpformer eager", False, "none"),
     ("tpformer compiled + selective", True, "selective"),
     ("tpformer compiled + full", True, "full"),
 ]
 HF_LABEL = "HF BertForPreTraining sdpa"
-HF_LABEL = "HF BertForPreTraining sdpa"
 TOKENS_PER_STEP = 32768
 """Tokens per step on a GPU: micro-batch 256 at seq 128, 64 at seq 512."""
+PRECISION_LIMITS = {"bf16": 2e-2, "fp16": 5e-3}
+"""Largest relative loss gap to fp32 over the precision check's steps (dropout 0, the same
+batches): set by hand from the bf16/fp16 rounding of bert_small's losses, not yet from a GPU
+run; the CPU's bf16 gap over the tiny check is about 2e-4."""
+FIRST_GUESS_S = {"cuda": 90.0, "cpu": 20.0}
+"""Wall time assumed for a contender before one was measured (process start, compile, steps)."""
 
 
 @dataclass
-class Row:
+class Contender:
     model: str
     seq: int
     batch: int
-    contender: str
-    step_s: float
-    tokens_per_s: float
-    tflops: float
-    mfu: float
-    peak_gb: float
+    label: str
+    compiled: bool
+    recompute: str
+    hf: bool
+    steps: int
+    warmup: int
+    device: str
+    tiny: bool
+    peak_tflops: float
 
 
-def synthetic_batches(config: ModelConfig, batch: int, seq: int, n: int, device: torch.device):
-    """n MLM+NSP batches on the device: 15% of the tokens labeled, the last quarter of each
-    sample's second segment padded away for one sample in four."""
-    g = torch.Generator(device="cpu").manual_seed(0)
+def contenders(args: argparse.Namespace) -> list[Contender]:
+    """Every contender, the quick look first (the first shape's compiled tpformer and HF)."""
     out = []
-    for _ in range(n):
-        ids = torch.randint(5, config.vocab_size, (batch, seq), generator=g)
-        types = torch.zeros(batch, seq, dtype=torch.long)
-        types[:, seq // 2 :] = 1
-        mask = torch.ones(batch, seq, dtype=torch.long)
-        mask[::4, seq - seq // 4 :] = 0
-        labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, -100)
-        labels[mask == 0] = -100
-        nsp = torch.randint(0, 2, (batch,), generator=g)
-        parts = {
-            "input_ids": ids,
-            "token_type_ids": types,
-            "attention_mask": mask,
-            "mlm_labels": labels,
-            "nsp_labels": nsp,
-            "mlm_positions": labeled_positions(labels),  # made on the host, as the loader does
-        }
-        out.append({k: v.to(device, non_blocking=True) for k, v in parts.items()})
-    return out
-
-
-def tpformer_step(
-    config: ModelConfig,
-    device: torch.device,
-    precision: str,
-    *,
-    compiled: bool,
-    recompute: str,
-    lr: float = 1e-4,
-    rng: str = "fast",
-) -> Callable[[int, Batch], torch.Tensor]:
-    """One training step of tpformer at TP=1: forward, backward, queued update."""
-    ctx = ParallelContext.single(seed=1234, device=device, rng=rng)
-    model = build_model(config, ctx, task="pretraining").train()
-    parallel = ParallelConfig(precision=Precision(precision), recompute=Recompute(recompute))
-    wrapped = parallelize(
-        model, parallel, OptimConfig(lr=lr, warmup_steps=0), ctx, compile_blocks=compiled
-    )
-
-    def step(i: int, batch: Batch) -> torch.Tensor:
-        ctx.rng.set_position(i, 0)
-        loss = model(**batch).loss
-        wrapped.engine.backward(loss)
-        wrapped.engine.queue_step()
-        return loss.detach()
-
-    return step
-
-
-def hf_step(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype | None, lr: float = 1e-4
-) -> Callable[[int, Batch], torch.Tensor]:
-    """Hugging Face BertForPreTraining as its users train it: SDPA attention, autocast to
-    `dtype` (None: fp32), fused AdamW on a GPU."""
-    from transformers import BertForPreTraining
-
-    hf_config = hf_config_from_model(config, "BertForPreTraining")
-    hf_config._attn_implementation = "sdpa"
-    torch.manual_seed(1234)
-    model = BertForPreTraining(hf_config).to(device).train()
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-
-    def step(i: int, batch: Batch) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model(
-                input_ids=batch["input_ids"],
-                token_type_ids=batch["token_type_ids"],
-                attention_mask=batch["attention_mask"],
-                labels=batch["mlm_labels"],
-                next_sentence_label=batch["nsp_labels"],
-            ).loss
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    return step
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure(
-    step: Callable[[int, Batch], torch.Tensor],
-    batches: list[Batch],
-    device: torch.device,
-    warmup: int,
-) -> tuple[float, float]:
-    """(seconds per step over the batches after `warmup` steps, peak memory in GB)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    for i in range(warmup):
-        step(i, batches[i % len(batches)])
-    _sync(device)
-    start = time.perf_counter()
-    for i, batch in enumerate(batches):
-        step(warmup + i, batch)
-    _sync(device)
-    seconds = (time.perf_counter() - start) / len(batches)
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan
-    return seconds, peak
-
-
-def throughput_rows(args: argparse.Namespace, device: torch.device) -> list[Row]:
-    rows = []
-    # --peak-tflops, else the datasheet bf16 peak of a known GPU (0 elsewhere: MFU not shown)
-    peak = peak_tflops(args.peak_tflops, "bf16") if device.type == "cuda" else args.peak_tflops
     for name in args.models:
         for seq in args.seqs:
-            config = model_config(name, seq, args.tiny)
             batch = max(1, args.tokens // seq)
-            batches = synthetic_batches(config, batch, seq, args.steps, device)
-            labeled = sum(int((b["mlm_labels"] != -100).sum()) for b in batches) / len(batches)
-            flops = step_flops(config, samples=batch, seq=seq, head_tokens=labeled)
-            contenders: list[tuple[str, Callable[[], Callable[[int, Batch], torch.Tensor]]]] = [
-                (label, partial(tpformer_step, config, device, "bf16", compiled=c, recompute=r))
+            common = {"model": name, "seq": seq, "batch": batch, "steps": args.steps,
+                      "warmup": args.warmup, "device": args.device, "tiny": args.tiny,
+                      "peak_tflops": args.peak_tflops}  # fmt: skip
+            shape = [
+                Contender(label=label, compiled=c, recompute=r, hf=False, **common)
                 for label, c, r in VARIANTS
                 if args.compile or not c
             ]
-            contenders.append((HF_LABEL, partial(hf_step, config, device, torch.bfloat16)))
-            for label, make in contenders:
-                step = make()
-                seconds, peak_gb = measure(step, batches, device, args.warmup)
-                tflops = flops / seconds / 1e12
-                rows.append(
-                    Row(
-                        name,
-                        seq,
-                        batch,
-                        label,
-                        seconds,
-                        batch * seq / seconds,
-                        tflops,
-                        tflops / peak if peak else math.nan,
-                        peak_gb,
-                    )
-                )
-                del step
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-    return rows
-
-
-def loss_check(args: argparse.Namespace, device: torch.device) -> list[tuple[str, float, float]]:
-    """(precision, largest relative loss difference to fp32, final loss) over args.loss_steps
-    steps of tpformer on the same batches; fp16 (with its loss scaler) on a GPU only."""
-    config = model_config("bert_tiny" if args.tiny else "bert_small", 128, args.tiny)
-    seq = 32 if args.tiny else 128
-    batches = synthetic_batches(config, 8 if args.tiny else 32, seq, args.loss_steps, device)
-    curves = {}
-    precisions = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
-    for precision in precisions:
-        step = tpformer_step(config, device, precision, compiled=False, recompute="none", lr=1e-3)
-        curves[precision] = [step(i, b).float() for i, b in enumerate(batches)]
-    fp32 = torch.stack(curves["fp32"]).cpu()
-    out = []
-    for precision in precisions[1:]:
-        other = torch.stack(curves[precision]).cpu()
-        out.append((precision, float(((other - fp32).abs() / fp32).max()), float(other[-1])))
-    out.insert(0, ("fp32", 0.0, float(fp32[-1])))
+            hf = Contender(label=HF_LABEL, compiled=False, recompute="none", hf=True, **common)
+            out += [shape[0], hf, *shape[1:]]
     return out
 
 
-def model_config(name: str, seq: int, tiny: bool) -> ModelConfig:
-    config = preset(name, vocab_size=512 if tiny else VOCAB)
-    return replace(config, max_position_embeddings=max(config.max_position_embeddings, seq))
+def run_child(mode: str, spec: dict, timeout_s: float) -> dict | None:
+    """Run this script as `--<mode> SPEC` in a process of its own; its JSON result, or None
+    when it failed or ran out of time (its stderr tail is shown)."""
+    command = [sys.executable, __file__, f"--{mode}", json.dumps(spec)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"  {spec.get('label', mode)}: over {timeout_s:.0f} s, stopped", flush=True)
+        return None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        print(f"  {spec.get('label', mode)} failed:\n{done.stderr[-2000:]}", flush=True)
+        return None
+    return dict(json.loads(lines[-1].removeprefix("RESULT ")))
 
 
-def main(argv: list[str] | None = None) -> list[Row]:
+def print_row(row: dict, hf: dict | None) -> None:
+    mfu = "-" if math.isnan(row["mfu"]) else f"{row['mfu']:.1%}"
+    peak = "-" if math.isnan(row["peak_gib"]) else f"{row['peak_gib']:.2f}"
+    ratio = f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}" if hf else "-"
+    print(
+        f"{row['model']:<11}{row['seq']:>5}{row['batch']:>6}  {row['label']:<32}"
+        f"{row['tokens_per_s']:>11.0f}{row['step_s'] * 1e3:>9.1f}{row['tflops']:>9.2f}"
+        f"{mfu:>7}{peak:>9}{ratio:>7}",
+        flush=True,
+    )
+
+
+def throughput(args: argparse.Namespace, started: float) -> list[dict]:
+    print(
+        f"\n{'model':<11}{'seq':>5}{'batch':>6}  {'contender':<32}{'tokens/s':>11}"
+        f"{'step ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>9}{'vs HF':>7}"
+    )
+    rows: list[dict] = []
+    estimate = FIRST_GUESS_S[torch.device(args.device).type]
+    for contender in contenders(args):
+        left = args.budget_s - (time.perf_counter() - started)
+        if left < estimate:
+            print(f"  {contender.model} {contender.seq} {contender.label}: skipped (budget)")
+            continue
+        start = time.perf_counter()
+        row = run_child("contender", asdict(contender), timeout_s=left)
+        estimate = max(estimate, time.perf_counter() - start)
+        if row is None:
+            continue
+        rows.append(row)
+        with open(args.out, "a") as out:
+            out.write(json.dumps(row) + "\n")
+        same = [
+            r
+            for r in rows
+            if (r["model"], r["seq"], r["label"]) == (row["model"], row["seq"], HF_LABEL)
+        ]
+        print_row(row, same[0] if same and not row["hf"] else None)
+    return rows
+
+
+def precision_check(args: argparse.Namespace) -> bool:
+    spec = {"device": args.device, "tiny": args.tiny, "steps": args.loss_steps}
+    result = run_child("precision", spec, timeout_s=600)
+    if result is None:
+        return False
+    print(f"\nprecision check ({args.loss_steps} steps, dropout 0, the same batches):")
+    ok = True
+    for precision, gap in result["gaps"].items():
+        limit = PRECISION_LIMITS.get(precision)
+        passed = limit is None or gap <= limit
+        ok &= passed
+        verdict = "" if limit is None else f" (limit {limit:.0e}: {'pass' if passed else 'FAIL'})"
+        print(f"  {precision}: largest relative loss gap to fp32 {gap:.2e}{verdict}")
+    return ok
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tiny", action="store_true", help="bert_tiny, seq 32, a few steps")
@@ -253,6 +176,12 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--loss-steps", type=int, default=None)
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--peak-tflops", type=float, default=0.0)
+    parser.add_argument("--budget-s", type=float, default=3600.0, help="wall time to fit in")
+    parser.add_argument("--out", default="gpu_check.jsonl", help="JSON lines, appended")
+    parser.add_argument("--world", type=int, default=0, help="multi-GPU leg ranks (0: GPUs)")
+    parser.add_argument("--leg-rngs", default="exact,fast", help="the leg's parallel.rng runs")
+    parser.add_argument("--contender", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     tiny = args.tiny
     args.models = args.models or (["bert_tiny"] if tiny else ["bert_base", "bert_large"])
@@ -261,31 +190,31 @@ def main(argv: list[str] | None = None) -> list[Row]:
     args.steps = args.steps or (2 if tiny else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 5)
     args.loss_steps = args.loss_steps or (5 if tiny else 50)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.contender:  # a child: one contender, one JSON line
+        row = measure_contender(Contender(**json.loads(args.contender)))
+        print("RESULT " + json.dumps(row), flush=True)
+        return 0
+    if args.precision:
+        print("RESULT " + json.dumps({"gaps": precision_gaps(**json.loads(args.precision))}))
+        return 0
+    started = time.perf_counter()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device: {name}; torch {torch.__version__}")
+    print(f"device: {name}; torch {torch.__version__}; rows -> {args.out}", flush=True)
+    throughput(args, started)
+    ok = precision_check(args)
+    world = args.world or (torch.cuda.device_count() if device.type == "cuda" else 0)
+    if world > 1:
+        from tools.gpu_check_leg import layout_leg
 
-    rows = throughput_rows(args, device)
-    print(
-        f"\n{'model':<11}{'seq':>5}{'batch':>6}  {'contender':<32}{'step ms':>9}{'tokens/s':>11}"
-        f"{'TFLOP/s':>9}{'MFU':>7}{'peak GB':>9}{'vs HF':>7}"
-    )
-    for row in rows:
-        hf = next(
-            r for r in rows if (r.model, r.seq, r.contender) == (row.model, row.seq, HF_LABEL)
-        )
-        mfu = "-" if math.isnan(row.mfu) else f"{row.mfu:.1%}"
-        peak = "-" if math.isnan(row.peak_gb) else f"{row.peak_gb:.2f}"
-        print(
-            f"{row.model:<11}{row.seq:>5}{row.batch:>6}  {row.contender:<32}"
-            f"{row.step_s * 1e3:>9.1f}{row.tokens_per_s:>11.0f}{row.tflops:>9.2f}"
-            f"{mfu:>7}{peak:>9}{row.tokens_per_s / hf.tokens_per_s:>7.2f}"
-        )
-    print(f"\nloss check ({args.loss_steps} steps, same batches, rng fast):")
-    for precision, worst, final in loss_check(args, device):
-        print(f"  {precision}: final loss {final:.4f}, largest relative gap to fp32 {worst:.2e}")
-    return rows
+        ok &= layout_leg(args, world, started)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

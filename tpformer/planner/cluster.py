@@ -7,10 +7,13 @@ import bisect
 import json
 import math
 import os
+import typing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no stubs
 
 from tpformer.config import CONF_DIR
 from tpformer.config.schema import ClusterConfig
@@ -166,11 +169,19 @@ def load_preset(name: str) -> ClusterConfig:
     if not path.exists():
         valid = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ValueError(f"cluster={name}: no such preset; valid presets are {valid}")
-    from omegaconf import OmegaConf  # here: the planner also runs where Hydra is not installed
+    return _typed_cluster(yaml.safe_load(path.read_text()) or {}, path)
 
-    return OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(path))
-    )  # type: ignore[return-value]
+
+def _typed_cluster(values: dict[str, Any], path: Path) -> ClusterConfig:
+    """A preset's YAML values as ClusterConfig, each cast to its field's type (PyYAML, which
+    transformers brings, reads 1e-3 as a string): the startup report prices a run with the
+    preset where Hydra and OmegaConf are not installed (the GPU image)."""
+    hints = typing.get_type_hints(ClusterConfig)
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        raise ValueError(f"{path}: {unknown} are not cluster keys")
+    casts: dict[Any, Any] = {float: float, int: int, str: str}
+    return ClusterConfig(**{k: casts.get(hints[k], lambda v: v)(v) for k, v in values.items()})
 
 
 def device_kind() -> str:
