@@ -361,10 +361,12 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     result = _cli(["task=sst5", f"init={hf}", f"data.glue_dir={glue}"], tmp_path)
     assert result.returncode == 2
     assert "error: task=sst5 is not one of cola, sst2, mrpc" in result.stderr
-    result = _cli(
-        ["task=sst2", f"init={hf}", f"data.glue_dir={glue}", f"data.cache_dir={tmp_path}"], tmp_path
-    )
-    assert result.returncode != 0 and "SST-2/train.tsv is missing" in result.stderr
+    args = ["task=sst2", f"init={hf}", f"data.glue_dir={glue}", f"data.cache_dir={tmp_path}"]
+    result = _cli(args, tmp_path)
+    assert result.returncode == 2 and f"data.glue_dir={glue}: no such file" in result.stderr
+    glue.mkdir()
+    result = _cli(args, tmp_path)
+    assert result.returncode == 2 and "SST-2/train.tsv is missing" in result.stderr
     (hf / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, "extra"]) + "\n")
     write_sst2(glue, train=8, dev=8)
     result = _cli(

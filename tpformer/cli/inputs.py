@@ -21,6 +21,7 @@ from tpformer.config.schema import (
     GenerateConfig,
     ModelConfig,
 )
+from tpformer.data.glue.tasks import split_file
 from tpformer.inference.text import has_tokenizer
 
 COMPATIBLE_KEYS = ("dropout", "attention_dropout", "init_std")
@@ -120,6 +121,8 @@ def prepare_finetune(config: FinetuneConfig, overrides: Sequence[str], run_dir: 
         data__dev_file=d.dev_file,
         data__test_file=d.test_file,
     )
+    if d.glue_dir and not d.train_file:
+        split_file(d.glue_dir, config.task, "train")
     source = read_model_source(config.init, "init")
     require_arch(source, Arch.bert, "init", "fine-tuning")
     given = config.model.given()

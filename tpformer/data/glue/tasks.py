@@ -79,6 +79,18 @@ def get_task(name: str) -> GlueTask:
     return TASKS[name]
 
 
+def split_file(glue_dir: str | Path, task_name: str, split: str) -> Path:
+    """glue_dir/<TASK>/<split>.tsv, or FileNotFoundError naming it and the layout expected."""
+    task = get_task(task_name)
+    path = Path(glue_dir).expanduser() / task.directory / f"{split}.tsv"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: data.glue_dir must hold the GLUE layout "
+            f"<TASK>/{{train,{','.join(task.dev_splits)}}}.tsv for task={task_name}"
+        )
+    return path
+
+
 def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, Any]:
     """{"text_a", "text_b", "label", "index"} of one split; labels are ids (or floats for STS-B)
     and are absent from test splits. Errors name the file and the column."""
@@ -87,12 +99,7 @@ def read_split(glue_dir: Path, task_name: str, split: str) -> dict[str, Any]:
     quiet_datasets_off_a_terminal()
 
     task = get_task(task_name)
-    path = Path(glue_dir).expanduser() / task.directory / f"{split}.tsv"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} is missing: data.glue_dir must hold the GLUE layout "
-            f"<TASK>/{{train,{','.join(task.dev_splits)}}}.tsv for task={task_name}"
-        )
+    path = split_file(glue_dir, task_name, split)
     headerless = task.columns is not None and not split.startswith("test")
     options: dict[str, Any] = (
         {"column_names": list(task.columns or ()), "header": None} if headerless else {}
