@@ -5,7 +5,8 @@ A sentencepiece model (tpformer's own, BPE or unigram) becomes a `tokenizers` pi
 from its model proto, step for step as SentencePiece encodes: its precompiled normalizer, the
 extra-whitespace rule, the whitespace escape and dummy prefix, its pieces and scores (BPE merges
 ranked by the score of the merged piece), and the user-defined pieces ([CLS], [SEP], [MASK])
-kept whole. A WordPiece directory is written by BertTokenizerFast; Hugging Face tokenizer files
+kept whole. The sentencepiece model travels too (data.tokenizer=<export> continues pretraining
+with it). A WordPiece directory is written by BertTokenizerFast; Hugging Face tokenizer files
 brought in by an import travel as they are.
 """
 
@@ -156,6 +157,7 @@ def export_tokenizer(source: Path, out: Path, arch: str) -> dict[str, int | None
         if arch == "bert":  # segment ids, as BERT was trained with them
             inputs.insert(1, "token_type_ids")
         fast = PreTrainedTokenizerFast(tokenizer_object=pipeline, model_input_names=inputs, **roles)
+        _copy(source, out, [source / SP_FILE])  # tpformer's own Tokenizer reads the model
     elif any((source / f).is_file() for f in HF_FILES):  # an imported Hugging Face tokenizer
         _copy(source, out, [f for f in source.iterdir() if f.is_file()])
         fast = AutoTokenizer.from_pretrained(str(out))
