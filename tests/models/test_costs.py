@@ -108,3 +108,19 @@ def test_layer_params_count_a_built_layer(name: str) -> None:
     model = build_model(config, ParallelContext.single(device="cpu"), task=task, initialize=False)
     block = next(iter(model.blocks()))
     assert layer_params(config, 1) == sum(p.numel() for p in block.parameters())
+
+
+@pytest.mark.parametrize("name", ["bert_tiny", "gpt2_small"])
+def test_embedding_and_head_params_count_a_built_model(name: str) -> None:
+    """Every parameter of a built model (TP=1) is the embedding, the layers or the head."""
+    from tpformer.models.costs import embedding_params, head_params
+
+    config = replace(PRESETS[name], num_layers=2)
+    task = "pretraining" if config.arch == "bert" else "causal_lm"
+    model = build_model(config, ParallelContext.single(device="cpu"), task=task, initialize=False)
+    counted = (
+        embedding_params(config, 1)
+        + config.num_layers * layer_params(config, 1)
+        + head_params(config, 1, nsp=task == "pretraining")
+    )
+    assert counted == sum(p.numel() for p in model.parameters())  # the tied word embedding once

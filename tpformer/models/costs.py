@@ -1,6 +1,7 @@
 """The one count of a model's work and size: the FLOPs of a layer, a head and a training step,
-and the parameters of a layer, on one TP rank. The loop's MFU, the planner's step time and
-memory, the pipeline's balanced split, gpu_check and the published-run check all call it.
+and the parameters of a layer, the embedding and the head on one TP rank. The loop's MFU, the
+planner's step time and memory, the pipeline's balanced split, gpu_check and the published-run
+check all call it.
 
 FLOPs count the matmuls (2 per multiply-add) and attention's two batched products, as
 `torch.utils.flop_counter.FlopCounterMode` does; a backward costs twice its forward, and a
@@ -12,6 +13,7 @@ FlopCounterMode on a real forward and backward of every preset's shape.
 from __future__ import annotations
 
 from tpformer.config.schema import ModelConfig
+from tpformer.layers.embedding import padded_vocab_size
 
 TASKS = ("pretraining", "causal_lm", "classification")
 
@@ -100,3 +102,34 @@ def layer_params(config: ModelConfig, tp: int) -> int:
     matrices are split; the LayerNorms and the output biases are replicated."""
     h, f = config.hidden_size, config.intermediate_size
     return (4 * h * h + 3 * h + 2 * h * f + f) // tp + 6 * h
+
+
+def word_embedding_params(config: ModelConfig, tp: int) -> int:
+    """The vocabulary-parallel word embedding on one TP rank (padded rows included)."""
+    return padded_vocab_size(config.vocab_size, tp, config.pad_vocab_to) // tp * config.hidden_size
+
+
+def embedding_params(config: ModelConfig, tp: int) -> int:
+    """The embedding stage on one TP rank: the word embedding, positions, BERT's segments and
+    its LayerNorm."""
+    h = config.hidden_size
+    positions = config.max_position_embeddings * h
+    if config.arch == "bert":
+        return (
+            word_embedding_params(config, tp)
+            + positions
+            + max(config.type_vocab_size, 1) * h
+            + 2 * h
+        )
+    return word_embedding_params(config, tp) + positions
+
+
+def head_params(config: ModelConfig, tp: int, *, nsp: bool) -> int:
+    """The head on one TP rank, without the tied word embedding: BERT's transform, LayerNorm
+    and vocabulary bias (vocabulary-parallel), and its pooler and NSP classifier; GPT's final
+    LayerNorm."""
+    h = config.hidden_size
+    if config.arch != "bert":
+        return 2 * h
+    vocab = padded_vocab_size(config.vocab_size, tp, config.pad_vocab_to) // tp
+    return (h * h + h) + 2 * h + vocab + ((h * h + h) + 2 * h + 2 if nsp else 0)

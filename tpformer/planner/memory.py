@@ -10,7 +10,12 @@ import torch
 
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.layers.embedding import padded_vocab_size
-from tpformer.models.costs import layer_params
+from tpformer.models.costs import (
+    embedding_params,
+    head_params,
+    layer_params,
+    word_embedding_params,
+)
 from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
@@ -103,15 +108,9 @@ def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) ->
     first (and, tied, on the last when pipelined), position/segment embeddings, the layers of
     its split, the head."""
     m = work.model
-    h = m.hidden_size
-    vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
-    word = vocab * h
-    if m.arch == "bert":
-        embedding = word + m.max_position_embeddings * h + max(m.type_vocab_size, 1) * h + 2 * h
-        head = (h * h + h) + 2 * h + vocab + ((h * h + h) + 2 * h + 2 if work.nsp else 0)
-    else:
-        embedding = word + m.max_position_embeddings * h
-        head = 2 * h
+    word = word_embedding_params(m, c.tp)
+    embedding = embedding_params(m, c.tp)
+    head = head_params(m, c.tp, nsp=work.nsp)
     split = c.split(work)
     per_layer = layer_params(work.model, c.tp)
     stages = []
