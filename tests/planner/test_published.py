@@ -124,12 +124,19 @@ def test_megatron_weak_scaling_within_the_model_error(run) -> None:
     assert abs(math.log(r.ratio)) <= math.log(1 + tolerance), (run, r.ratio)
 
 
-def test_megatron_first_choices() -> None:
-    """The first choice among the 2021 options is the published split, or predicted within
-    5% of it, on 9 of the 10 rows; on 39.1B the planner prefers TP=4 x PP=4 and predicts the
-    published TP=8 x PP=2 9% slower (within the model's error; see docs/planner.md)."""
-    far = {r.run.params_b for r in map(reproduce, MEGATRON_TABLE_1) if r.margin > 0.05}
-    assert far <= {39.1}
+def test_megatron_first_choices_two_sided() -> None:
+    """The planner's first choice against Table 1's published split, counted both ways (a
+    published split predicted faster than the first choice is a disagreement too): the first
+    choice is the published split on 4 of the 10 rows and predicts it within 5% either way on
+    6. The other four are within the model's 10% tie, where the rule picks the simplest layout
+    (fewer pipeline stages) over a faster one: 39.1B (the published TP=8 x PP=2 predicted 9.0%
+    slower than TP=4 x PP=4), 145.6B, 310.1B and 1T (the published deeper pipelines predicted
+    8.1%, 5.9% and 8.9% faster than the chosen PP=6, 10 and 48)."""
+    results = {r.run.params_b: r for r in map(reproduce, MEGATRON_TABLE_1)}
+    assert {b for b, r in results.items() if r.first_is_published} == {3.6, 7.5, 18.4, 76.1}
+    close = {b for b, r in results.items() if abs(r.margin) <= 0.05}
+    assert close == {1.7, 3.6, 7.5, 18.4, 76.1, 529.6}
+    assert all(abs(r.margin) <= MODEL_ERROR for r in results.values())
 
 
 def test_the_2022_stack_is_fitted_to_one_layer_and_predicts_the_other_four() -> None:
@@ -149,12 +156,13 @@ def test_the_2022_stack_is_fitted_to_one_layer_and_predicts_the_other_four() -> 
 def test_korthikanti_iterations_fit_and_are_within_the_model_error(run) -> None:
     """Table 5 at Table 3's layouts, full recomputation and SP + selective: every run fits
     80 GB, iteration time within MODEL_ERROR (measured 0.98-1.07), and the first choice with
-    the run's options is the published split or predicted within 5% of it."""
+    the run's options is the published tensor x pipeline split, its predicted time within 5%
+    either way of the published layout's (micro-batch and schedule may differ: 1T, 4.2%)."""
     r = reproduce(run)
     assert r.published.fits, run
     assert r.published.candidate.schedule == run.schedule
     assert abs(math.log(r.ratio)) <= math.log(1 + MODEL_ERROR), (run, r.ratio)
-    assert r.first_is_published or r.margin <= 0.05, (run, r.first.candidate, r.margin)
+    assert r.first_is_published and abs(r.margin) <= 0.05, (run, r.first.candidate, r.margin)
 
 
 def test_zero3_and_ptdp_runs_fit_and_keep_their_order() -> None:
@@ -216,3 +224,32 @@ def test_the_paper_flop_count_is_the_one_cost_model_with_recomputation(run) -> N
     h, layers, v = m.hidden_size, m.num_layers, m.vocab_size
     closed = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
     assert math.isclose(paper_flops(work), closed, rel_tol=1e-12)
+
+
+STATED_RANGES = {  # (table, fitted plateau): predicted / published throughput, docs/planner.md
+    ("table 1", True): (0.955, 1.106),
+    ("table 1", False): (1.010, 1.213),
+    ("table 2 ptdp", True): (1.062, 1.087),
+    ("table 2 ptdp", False): (1.149, 1.191),
+    ("table 2 zero-3", True): (0.866, 1.148),
+    ("table 2 zero-3", False): (0.873, 1.163),
+    ("table 5", True): (0.984, 1.066),
+    ("table 5", False): (1.078, 1.133),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fitted", [True, False])
+def test_the_fitted_plateau_s_share_of_the_agreement(fitted: bool) -> None:
+    """The error per table with the GEMM plateau fitted to Table 4's baseline layer and with
+    today's measured one, as docs/planner.md states them (to the third decimal)."""
+    tables = {
+        "table 1": MEGATRON_TABLE_1,
+        "table 2 ptdp": [r for r in MEGATRON_TABLE_2 if r.scheme != "zero-3"],
+        "table 2 zero-3": [r for r in MEGATRON_TABLE_2 if r.scheme == "zero-3"],
+        "table 5": KORTHIKANTI_TABLE_5,
+    }
+    for name, runs in tables.items():
+        ratios = [reproduce(run, fitted=fitted).ratio for run in runs]
+        low, high = STATED_RANGES[(name, fitted)]
+        assert (round(min(ratios), 3), round(max(ratios), 3)) == (low, high), name

@@ -96,6 +96,8 @@ def format_result(
         "",
         f"{tied} layout(s) tied with the fastest (predicted within the model's "
         f"{MODEL_ERROR:.0%}), simplest first: measure before trusting the order",
+        f"rule: the fastest sets the bar; within {MODEL_ERROR:.0%} of it the simplest wins "
+        "(lower ZeRO stage, no offload, less recomputation, fewer pipeline stages, then time)",
         f"run #1: {launch_line(best.candidate, cl, base)}",
         f"confirm the top {len(confirm)} tensor x pipeline splits (20 steps each):",
         *(f"  {line}" for line in confirm_lines(confirm, cl, base)),
