@@ -16,10 +16,17 @@ import dataclasses
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from hydra import compose, initialize_config_dir
 
-from tpformer.cli.plan_output import entry_json, format_evaluation, format_result, result_json
+from tpformer.cli.plan_output import (
+    dry_run_lines,
+    entry_json,
+    format_evaluation,
+    format_result,
+    result_json,
+)
 from tpformer.cli.shell import console_script
 from tpformer.config.overrides import check_overrides
 from tpformer.config.schema import PlanConfig
@@ -35,6 +42,9 @@ from tpformer.planner.search import (
     evaluate,
     search,
 )
+
+if TYPE_CHECKING:
+    from tpformer.train.dry_run import DryRun
 
 LAYOUT_KEYS = (
     "parallel.tensor",
@@ -97,6 +107,21 @@ def evaluate_given(
         (i for i, e in enumerate(result.ranked, 1) if e.candidate == chosen.candidate), None
     )
     return chosen, place
+
+
+def _dry_runs(config: PlanConfig, result: PlanResult, chosen: Evaluated) -> list[DryRun]:
+    """plan.dry_run: the chosen layout's step for plan.dry_run_ranks (default: the first rank
+    of the first and of the last pipeline stage) of the cluster's world."""
+    from tpformer.train.dry_run import dry_run  # the model and engine stack: only when asked
+
+    c, world = chosen.candidate, result.cluster.world_size
+    at = at_layout(config, c.tp, c.pp, result.work.global_batch)
+    layout = resolve_layout(c.tp, c.dp, world, c.pp, c.cp)
+    ranks = list(config.plan.dry_run_ranks) or sorted({0, layout.rank_of(c.pp - 1, 0, 0)})
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad:
+        raise ValueError(f"plan.dry_run_ranks={bad}: the cluster has ranks 0-{world - 1}")
+    return [dry_run(c.apply(at), world, rank) for rank in ranks]
 
 
 def _refuse_replicated_stages(config: PlanConfig) -> None:
@@ -184,13 +209,17 @@ def plan(
         )
     base = _user_overrides(overrides)
     keys = given_layout_keys(overrides)
-    if keys or config.plan.evaluate:
+    if keys or config.plan.evaluate or config.plan.dry_run:
         chosen, place = evaluate_given(config, result, device_type=device_type)
+        runs = _dry_runs(config, result, chosen) if config.plan.dry_run else []
         if as_json:
             data = result_json(result, config.plan.top, base, every=every)
             data["evaluated"] = {**entry_json(chosen, result), "rank": place}
+            if runs:
+                data["dry_run"] = [dataclasses.asdict(r) for r in runs]
             return json.dumps(data, indent=1)
-        return format_evaluation(result, chosen, place, keys, base, model_name, seconds)
+        text = format_evaluation(result, chosen, place, keys, base, model_name, seconds)
+        return "\n".join([text, *dry_run_lines(result, chosen, runs)]) if runs else text
     if as_json:
         return json.dumps(result_json(result, config.plan.top, base, every=every), indent=1)
     return format_result(result, config.plan.top, base, model_name, seconds)

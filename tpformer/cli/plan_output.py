@@ -4,10 +4,11 @@ confirmation runs, the JSON for tools, and the evaluation of a given layout."""
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from tpformer.planner.candidate import Candidate
 from tpformer.planner.cluster import Cluster
-from tpformer.planner.memory import stage_params
+from tpformer.planner.memory import predict_stage_memory, stage_params
 from tpformer.planner.search import (
     GB,
     MODEL_ERROR,
@@ -17,6 +18,9 @@ from tpformer.planner.search import (
     distinct_splits,
     why_not,
 )
+
+if TYPE_CHECKING:
+    from tpformer.train.dry_run import DryRun
 
 
 def launch_line(c: Candidate, cluster: Cluster, base: list[str], layout: bool = True) -> str:
@@ -226,3 +230,34 @@ def format_evaluation(
         f"run the best: {launch_line(best.candidate, cl, base)}",
     ]
     return "\n".join(lines)
+
+
+STEPS_NOTE = "fake backend, meta device, the second of two steps"
+
+
+def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> list[str]:
+    """Per dry-run rank: what the real step held and sent, next to the planner's prediction for
+    the rank's stage (memory in MB: params, grads, optimizer; the step's own allocations next
+    to the predicted activations and buffers), its FLOPs and its collectives per group."""
+    c = chosen.candidate
+    lines = ["", f"dry run ({STEPS_NOTE}) of {c.label()} on {result.cluster.world_size} ranks:"]
+    for run in runs:
+        (predicted,) = predict_stage_memory(result.work, c, result.cluster, only=[run.stage])
+        step = predicted.activations + predicted.buffers
+        rows = [
+            ("params", run.params, predicted.params),
+            ("grads", run.grads, predicted.grads),
+            ("optimizer", run.optimizer, predicted.optimizer),
+            ("step allocations", run.step_peak, step),
+        ]
+        lines.append(f"  rank {run.rank} (stage {run.stage}), {run.seconds:.1f} s:")
+        lines += [
+            f"    {name:<17}{measured / 1e6:>12,.1f} MB  planner {want / 1e6:>12,.1f} MB"
+            for name, measured, want in rows
+        ]
+        lines.append(f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)")
+        lines += [
+            f"    {name:<24} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent"
+            for name, (calls, sent) in run.collectives.items()
+        ]
+    return lines

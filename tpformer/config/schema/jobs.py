@@ -40,6 +40,12 @@ class PlanOptions:
     evaluate: bool = False
     """Price the configured layout (parallel.*, trainer.micro_batch_size) and rank it against
     the best, instead of searching; on whenever a layout key is given on the command line."""
+    dry_run: bool = False
+    """Also run the configured layout's real training step for chosen ranks on this CPU (the
+    fake process-group backend, the meta device: no data, any world size) and print what each
+    holds and sends next to the planner's prediction (implies plan.evaluate)."""
+    dry_run_ranks: list[int] = field(default_factory=list)
+    """Global ranks of plan.dry_run ([]: the first rank of the first and of the last stage)."""
 
 
 @dataclass

@@ -9,7 +9,6 @@ from torch import Tensor
 from tpformer.parallel.comm.record import (
     Pending,
     Timed,
-    active_counters,
     process_group,
     record,
     waiting,
@@ -21,8 +20,6 @@ def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> Pending:
     """Point-to-point send of x to group rank `peer` (a pipeline neighbour); keep x alive until
     the returned work is waited on. `tag` tells gloo's messages apart; NCCL matches by order."""
     record("send", handle, x)
-    for counter in active_counters:
-        counter.bytes["send"] += x.nbytes
     group = process_group(handle)
     work = dist.isend(x.contiguous(), dst=dist.get_global_rank(group, peer), group=group, tag=tag)
     return Timed(work, x.device, handle)
@@ -61,8 +58,6 @@ def ring_shift_async(
     attention. `wait()` returns the received tensor. Counted as a "send" of x's bytes. `tag`
     keeps two rings in flight apart on gloo (keys and their gradients); NCCL matches by order."""
     record("send", handle, x)
-    for counter in active_counters:
-        counter.bytes["send"] += x.nbytes
     group = process_group(handle)
     step = -1 if reverse else 1
     dst = dist.get_global_rank(group, (handle.rank + step) % handle.size)

@@ -26,6 +26,9 @@ class CollectiveCounts(Counter):
     def __init__(self) -> None:
         super().__init__()
         self.bytes: dict[str, float] = cast("dict[str, float]", Counter())  # float bytes
+        self.by_group: Counter[str] = Counter()
+        """Calls per "op group" ("all_reduce tp", "send pp", ...; the group as reports call it)."""
+        self.group_bytes: dict[str, float] = cast("dict[str, float]", Counter())
 
 
 active_counters: list[CollectiveCounts] = []
@@ -113,6 +116,13 @@ def record(
     if recording():
         mark(f"{op} {monitor.recorder.group_name(group)}" if monitor is not None else op)
     sent = _RING_PASSES.get(op, 0) * full_bytes * (size - 1) / size
+    if op == "send" and x is not None:  # point to point: the whole tensor, once
+        sent = float(x.nbytes)
+    if not active_counters:
+        return
+    where = f"{op} {monitor.recorder.group_name(group) if monitor is not None else 'world'}"
     for counter in active_counters:
         counter[op] += 1
         counter.bytes[op] += sent
+        counter.by_group[where] += 1
+        counter.group_bytes[where] += sent

@@ -1,0 +1,170 @@
+"""A dry run: the real training step of one rank of a job of any size, traced on this CPU.
+
+The rank's ParallelContext is built on PyTorch's `fake` process-group backend (every
+collective completes at once, for any world size), the model, the engine and every batch on the
+`meta` device (shapes and dtypes, no storage), and two real steps run through the trainer as
+the accelerator runs them: parallel.rng=fast, the generic collective paths (gloo_shortcuts off),
+synthetic batches of the configured shapes. What the rank holds and does is measured from the
+real objects: parameters, gradients and optimizer state (the engine's memory_report), the peak
+of everything else the step allocates (activations and temporaries, from the storages the
+step's operators create and free), the FLOPs (FlopCounterMode) and the calls and bytes of each
+collective per process group. Any operation that reads a device value on the host raises on
+meta, so a dry run also proves the step never waits for the device.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from tpformer.config.schema import Config, DataSource, Logger
+from tpformer.data.steps import prepare_step
+from tpformer.parallel.comm import count_collectives
+from tpformer.parallel.context import ParallelContext
+
+META = torch.device("meta")
+STEPS = 2
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the storages the operators inside it create that are still alive, and their
+    peak: a storage counts from the op that made it until it is freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self._seen.discard(key)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = id(storage)
+                if key not in self._seen:
+                    self._seen.add(key)
+                    self.live += storage.nbytes()
+                    weakref.finalize(storage, self._free, key, storage.nbytes())
+                    self.peak = max(self.peak, self.live)
+        return out
+
+
+@dataclass
+class DryRun:
+    """What one rank of the layout holds and does over a step (bytes, FLOPs)."""
+
+    rank: int
+    stage: int
+    params: int
+    grads: int
+    optimizer: int
+    step_peak: int
+    """Peak of what the step allocates beyond the model state: activations, temporaries and
+    the communication buffers it creates."""
+    flops_per_step: float
+    collectives: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """{"op group": (calls per step, bytes this rank sends per step)}."""
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.step_peak
+
+
+def dry_config(config: Config) -> Config:
+    """The run as a dry run takes it: synthetic batches of its shapes, fast randomness, the
+    generic collectives, nothing written."""
+    return replace(
+        config,
+        parallel=replace(config.parallel, rng="fast", gloo_shortcuts=False),  # type: ignore[arg-type]
+        data=replace(config.data, source=DataSource.synthetic, num_workers=0),
+        trainer=replace(
+            config.trainer,
+            max_steps=STEPS,
+            loggers=list[Logger](),
+            progress=False,
+            save_every=0,
+            async_save=False,
+        ),
+    )
+
+
+def dry_run(config: Config, world_size: int, rank: int) -> DryRun:
+    """Two steps of `rank` of a `world_size`-rank job of `config` on meta and the fake backend."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg as fake_pg  # registers "fake"
+
+    from tpformer.train.pretraining import pretraining_trainer
+
+    started = time.perf_counter()
+    config = dry_config(config)
+    p = config.parallel
+    if not isinstance(p.tensor, int) or not isinstance(p.pipeline, int):
+        raise ValueError(
+            f"a dry run runs one layout: give parallel.tensor and parallel.pipeline as integers "
+            f"(got {p.tensor}, {p.pipeline}; tpformer-plan without plan.dry_run chooses them)"
+        )
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=fake_pg.FakeStore())
+    try:
+        ctx = ParallelContext.create(
+            p.tensor,
+            p.data,
+            device=META,
+            rng="fast",
+            gloo_shortcuts=False,
+            sequence_parallel=p.sequence_parallel,
+            pipeline=int(p.pipeline),
+            context=p.context,
+        )
+        with tempfile.TemporaryDirectory() as run_dir:
+            trainer = pretraining_trainer(config, ctx, Path(run_dir))
+            report = _measure(trainer, ctx)
+        report.seconds = time.perf_counter() - started
+        return report
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
+    """The last of STEPS steps measured: its model state after backward (gradients) and after
+    the update (optimizer state), its peak allocations, FLOPs and collectives."""
+    engine = trainer.engine
+    for step in range(STEPS - 1):
+        trainer.queue_step(_prepared(trainer, step), train=True)
+        trainer.runner.update()
+    prepared = _prepared(trainer, STEPS - 1)
+    live = LiveBytes()
+    with count_collectives() as counts, FlopCounterMode(display=False) as flops, live:
+        trainer.queue_step(prepared, train=True)
+        grads = engine.memory_report().grads
+        trainer.runner.update()
+    state = engine.memory_report()
+    by_group: Counter[str] = Counter(counts.by_group)
+    return DryRun(
+        rank=ctx.rank,
+        stage=ctx.pp.rank,
+        params=state.params,
+        grads=max(grads, state.grads),
+        optimizer=state.optimizer,
+        step_peak=live.peak,
+        flops_per_step=float(flops.get_total_flops()),
+        collectives={k: (n, counts.group_bytes[k]) for k, n in sorted(by_group.items())},
+    )
+
+
+def _prepared(trainer: Any, step: int) -> Any:
+    return prepare_step(trainer.task.train_batches, trainer.task.objective, step)
