@@ -248,7 +248,7 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
             ("params", run.params, predicted.params),
             ("grads", run.grads, predicted.grads),
             ("optimizer", run.optimizer, predicted.optimizer),
-            ("step allocations", run.step_peak, step),
+            ("step allocations*", run.step_peak, step),
         ]
         lines.append(f"  rank {run.rank} (stage {run.stage}), {run.seconds:.1f} s:")
         lines += [
@@ -256,6 +256,10 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
             for name, measured, want in rows
         ]
         lines.append(f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)")
+        lines.append(
+            "    * every storage the step creates, at its peak, against the predicted "
+            "activations + buffers: not yet reconciled (docs/planner.md)"
+        )
         lines += [
             f"    {name:<24} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent"
             for name, (calls, sent) in run.collectives.items()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from tpformer.config.schema import ModelConfig
 from tpformer.layers.dropout import assign_dropout_sites
 from tpformer.models.base import TPModel
@@ -39,7 +41,8 @@ def build_model(
     if cls is None:
         valid = [t for a, t in TASKS if a == config.arch]
         raise ValueError(f"a {config.arch} model has no {task} task; its tasks: {', '.join(valid)}")
-    model = cls(config, ctx, **kwargs)
+    with torch.device(ctx.device):  # made where they run: on meta (a dry run), no host copy
+        model = cls(config, ctx, **kwargs)
     built = dict(model.named_parameters())
     model.to(ctx.device)
     for name, param in model.named_parameters():  # a move to another kind of device (meta)

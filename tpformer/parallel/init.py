@@ -103,6 +103,8 @@ def initialize_parameters(
     """
     layer_norm_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.LayerNorm)}
     for name, param in module.named_parameters():
+        if param.device.type == "meta":  # shapes only (a dry run): no values to set
+            continue
         method = param_info(param).init
         if method is None:
             if id(param) in layer_norm_weights:
