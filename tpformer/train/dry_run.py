@@ -30,6 +30,7 @@ from tpformer.config.schema import Config, DataSource, Logger
 from tpformer.data.steps import prepare_step
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.fake_world import fake_world
 
 META = torch.device("meta")
 STEPS = 2
@@ -105,9 +106,6 @@ def dry_config(config: Config) -> Config:
 
 def dry_run(config: Config, world_size: int, rank: int) -> DryRun:
     """Two steps of `rank` of a `world_size`-rank job of `config` on meta and the fake backend."""
-    import torch.distributed as dist
-    import torch.testing._internal.distributed.fake_pg as fake_pg  # registers "fake"
-
     from tpformer.train.pretraining import pretraining_trainer
 
     started = time.perf_counter()
@@ -118,8 +116,7 @@ def dry_run(config: Config, world_size: int, rank: int) -> DryRun:
             f"a dry run runs one layout: give parallel.tensor and parallel.pipeline as integers "
             f"(got {p.tensor}, {p.pipeline}; tpformer-plan without plan.dry_run chooses them)"
         )
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=fake_pg.FakeStore())
-    try:
+    with fake_world(rank, world_size):
         ctx = ParallelContext.create(
             p.tensor,
             p.data,
@@ -133,10 +130,8 @@ def dry_run(config: Config, world_size: int, rank: int) -> DryRun:
         with tempfile.TemporaryDirectory() as run_dir:
             trainer = pretraining_trainer(config, ctx, Path(run_dir))
             report = _measure(trainer, ctx)
-        report.seconds = time.perf_counter() - started
-        return report
-    finally:
-        dist.destroy_process_group()
+    report.seconds = time.perf_counter() - started
+    return report
 
 
 def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
