@@ -36,8 +36,7 @@ DEFAULT_TASK = {"bert": "pretraining", "gpt": "causal_lm"}
 
 def load_checkpoint_model(checkpoint: Path, ctx: ParallelContext) -> TPModel:
     """The model a checkpoint trained, at ctx's layout, with its saved parameters."""
-    store.verify(checkpoint)
-    meta = store.read_meta(checkpoint)
+    meta = store.verify(checkpoint)
     config = saved_model_config(meta, checkpoint)
     task = str(meta.get("task", DEFAULT_TASK[config.arch]))
     extra = {"num_labels": int(meta["num_labels"])} if task == "classification" else {}
@@ -95,7 +94,7 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
         if (hf_dir / f).is_file()
     ]
     return store.save(
-        out_root / "checkpoints",
+        out_root / store.CHECKPOINTS,
         0,
         {"engine": engine},
         ctx,

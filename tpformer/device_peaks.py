@@ -5,6 +5,7 @@ peak instead where a device is not listed."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -16,7 +17,7 @@ class DevicePeak:
     fp32: float
     """Non-tensor-core fp32 TFLOP/s."""
     names: tuple[str, ...]
-    """Fragments of torch.cuda.get_device_name() that identify it (all must appear)."""
+    """Words of torch.cuda.get_device_name() that identify it (all must appear)."""
     sms: int = 0
     """Its SM count, where the name alone does not tell SKUs apart (0: not used)."""
 
@@ -36,11 +37,11 @@ PEAKS = (  # the most specific first
 
 def device_peak(name: str, sms: int = 0) -> DevicePeak | None:
     """The datasheet row of a device called `name` (torch.cuda.get_device_name) with `sms`
-    SMs (its multi_processor_count), or None for a device not listed."""
+    SMs (its multi_processor_count), or None for a device not listed. Fragments match whole
+    words of the name (split at spaces and hyphens: "L4" is not "L40S")."""
+    words = set(re.split(r"[\s\-]+", name))
     for peak in PEAKS:
-        if all(fragment in name for fragment in peak.names) and peak.sms in (0, sms):
-            if peak.names == ("L4",) and "L40" in name:
-                continue
+        if set(peak.names) <= words and peak.sms in (0, sms):
             return peak
     return None
 

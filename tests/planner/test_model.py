@@ -5,6 +5,7 @@ warnings."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,19 @@ def test_fast_rng_is_priced_as_the_fused_attention_kernel() -> None:
     auto = Workload(model, 128, 8, "fp32", 0.15)
     assert not fused_attention(auto, cpu)
     assert predict_memory(auto, c, cpu) == predict_memory(replace(auto, rng="exact"), c, cpu)
+
+
+def test_cluster_presets_load_as_hydra_composes_them() -> None:
+    """load_preset reads the YAML with PyYAML (the GPU image has no OmegaConf): every preset
+    gives the ClusterConfig that OmegaConf's typed merge gives."""
+    from omegaconf import OmegaConf
+
+    from tpformer.config.schema import ClusterConfig
+    from tpformer.config.store import CONF_DIR
+    from tpformer.planner.cluster import load_preset
+
+    presets = sorted((Path(CONF_DIR) / "cluster").glob("*.yaml"))
+    assert len(presets) >= 4
+    for path in presets:
+        typed = OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(path))
+        assert load_preset(path.stem) == OmegaConf.to_object(typed), path.stem

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 2
 """2: the loss scaler and non-finite count moved into the engine's state (engine.loss_scale)."""
 META = "meta.json"
+CHECKPOINTS = "checkpoints"
+"""Where a run directory keeps its checkpoints (trainer.resume=auto looks there)."""
+LATEST = "latest"
+"""The marker file naming the newest complete checkpoint directory."""
 
 
 MODEL_KEYS = ("arch", "num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size")
@@ -183,7 +187,7 @@ def _complete(
     os.replace(tmp, final)
     marker = root / ".latest.tmp"
     marker.write_text(final.name)
-    os.replace(marker, root / "latest")
+    os.replace(marker, root / LATEST)
     complete = sorted(p for p in root.glob("step*") if (p / META).exists())
     for old in complete[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -200,7 +204,7 @@ def copy_tokenizer(files: Sequence[Path], target: Path) -> None:
 def _candidates(root: Path) -> list[Path]:
     """Checkpoints under root with a meta.json: the `latest` marker's first, then newest first."""
     complete = sorted((p for p in root.glob("step*") if (p / META).exists()), reverse=True)
-    marker = root / "latest"
+    marker = root / LATEST
     named = root / marker.read_text().strip() if marker.is_file() else None
     return ([named] if named in complete else []) + [p for p in complete if p != named]
 

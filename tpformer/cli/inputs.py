@@ -28,9 +28,6 @@ COMPATIBLE_KEYS = ("dropout", "attention_dropout", "init_std")
 """Model keys a resumed run may change over its checkpoint's: they shape no parameter, and a
 loaded model is not initialized."""
 
-CHECKPOINTS = "checkpoints"
-"""Where a run directory keeps its checkpoints (trainer.resume=auto looks there)."""
-
 
 def given_model_keys(overrides: Sequence[str]) -> tuple[str | None, set[str]]:
     """(the preset named by model=..., the keys named by model.KEY=...) on the command line."""
@@ -50,7 +47,7 @@ def resumed_checkpoint(config: Config, run_dir: Path) -> Path | None:
     if choice == "none":
         return None
     if choice == "auto":
-        return store.newest_checkpoint(run_dir / CHECKPOINTS)
+        return store.newest_checkpoint(run_dir / store.CHECKPOINTS)
     return read_model_source(choice, "trainer.resume").path
 
 
@@ -125,10 +122,7 @@ def prepare_finetune(config: FinetuneConfig, overrides: Sequence[str], run_dir: 
         split_file(d.glue_dir, config.task, "train")
     source = read_model_source(config.init, "init")
     require_arch(source, Arch.bert, "init", "fine-tuning")
-    given = config.model.given()
-    for key, value in given.items():
-        if not 0 <= value < 1:
-            raise ValueError(f"model.{key}={value} must be in [0, 1)")
+    given = config.model.given()  # its range was checked with every other key's
     lines = [f"model from the {source.kind} {source.path}: {describe(source.config)}"]
     return lines + [
         f"model.{k}={v} applied over its {getattr(source.config, k)}" for k, v in given.items()

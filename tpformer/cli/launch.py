@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+from tpformer.checkpoint import store
+
 log = logging.getLogger(__name__)
 
 
@@ -75,7 +77,7 @@ def _after_preemption(signal_name: str, run_dir: Path, started: float) -> int:
             stop.get("checkpoint") or "(run complete)",
         )
         return 0
-    latest = run_dir / "checkpoints" / "latest"
+    latest = run_dir / store.CHECKPOINTS / store.LATEST
     kept = (
         f"the latest checkpoint is {latest.read_text().strip()}"
         if latest.is_file()

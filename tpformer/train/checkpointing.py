@@ -47,7 +47,7 @@ class Checkpointer:
 
     @property
     def root(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.run_dir / store.CHECKPOINTS
 
     def save(
         self,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import tempfile
 import time
 import weakref
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -148,7 +147,6 @@ def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
         grads = engine.memory_report().grads
         trainer.runner.update()
     state = engine.memory_report()
-    by_group: Counter[str] = Counter(counts.by_group)
     return DryRun(
         rank=ctx.rank,
         stage=ctx.pp.rank,
@@ -157,7 +155,7 @@ def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
         optimizer=state.optimizer,
         step_peak=live.peak,
         flops_per_step=float(flops.get_total_flops()),
-        collectives={k: (n, counts.group_bytes[k]) for k, n in sorted(by_group.items())},
+        collectives={k: (n, counts.group_bytes[k]) for k, n in sorted(counts.by_group.items())},
     )
 
 

@@ -60,9 +60,9 @@ class FinetuneModelConfig:
     """The model keys fine-tuning may set over its init's; every other one (the shape) comes
     from init, as from_pretrained takes it from config.json."""
 
-    dropout: float | None = None
+    dropout: float | None = ranged(None, 0, 1, hi_open=True)
     """Dropout on embeddings and residual branches (null: init's)."""
-    attention_dropout: float | None = None
+    attention_dropout: float | None = ranged(None, 0, 1, hi_open=True)
     """Dropout on attention probabilities (null: init's)."""
 
     def given(self) -> dict[str, float]:
