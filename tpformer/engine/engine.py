@@ -375,6 +375,14 @@ class ZeroEngine:
         optimizer = masters + optimizer_state_bytes(self.optimizer, views)
         return MemoryBytes(self.params.nbytes(), self.grads.nbytes(), optimizer)
 
+    def working_bytes(self) -> int:
+        """Bytes of the working buffers held now beside the model state: ZeRO 2-3's whole
+        gradient buckets (pooled, kept once made) and ZeRO-3's gathered parameters (what the
+        planner calls buffers; train/dry_run.py samples it through a step)."""
+        gathered = getattr(self.params, "gathered_bytes", None)
+        pooled = self.pool.nbytes if self.stage >= 2 else 0  # else the gradients themselves
+        return pooled + (gathered() if gathered is not None else 0)
+
     def __repr__(self) -> str:
         return (
             f"ZeroEngine(stage={self.stage}, buckets={len(self.buckets)}, "

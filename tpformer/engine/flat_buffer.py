@@ -110,10 +110,16 @@ class BufferPool:
 
     def __init__(self) -> None:
         self._free: dict[tuple[int, torch.dtype, torch.device], list[Tensor]] = {}
+        self.nbytes = 0
+        """Bytes of every buffer it made (in use or waiting): they are never freed."""
 
     def take(self, numel: int, dtype: torch.dtype, device: torch.device, *, zero: bool) -> Tensor:
         stack = self._free.get((numel, dtype, device))
-        buf = stack.pop() if stack else torch.empty(numel, dtype=dtype, device=device)
+        if stack:
+            buf = stack.pop()
+        else:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self.nbytes += buf.nbytes
         return buf.zero_() if zero else buf
 
     def give(self, buf: Tensor | None) -> None:

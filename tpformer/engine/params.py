@@ -246,3 +246,8 @@ class PartitionedParams:
 
     def nbytes(self) -> int:
         return sum(s.numel() * s.element_size() for s in self.shard)
+
+    def gathered_bytes(self) -> int:
+        """Bytes of the whole parameters gathered now (storages resized past the allocator's
+        view of a step's operators)."""
+        return sum(f.untyped_storage().nbytes() for f in self.flat)

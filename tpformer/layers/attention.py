@@ -141,6 +141,8 @@ class ParallelSelfAttention(nn.Module):
     def _fused_core(
         q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float
     ) -> Tensor:
+        if q.is_meta:
+            return accelerator_sdpa(q, k, v, mask, causal, dropout_p)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
         )
@@ -159,3 +161,22 @@ class ParallelSelfAttention(nn.Module):
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         probs = self.dropout(torch.softmax(scores, dim=-1), head_offset=self.head_offset)
         return torch.matmul(probs, v)
+
+
+def accelerator_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float
+) -> Tensor:
+    """The fused kernel CUDA's SDPA picks, called by name: on the meta device (dry runs,
+    train/dry_run.py) SDPA takes its math path, which keeps the [b, h, s, s] probabilities that
+    no accelerator run keeps. Flash for 16-bit without a mask; otherwise memory-efficient
+    attention, with a boolean mask turned into an additive bias as SDPA turns it."""
+    if mask is None and q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, causal)[0]
+    bias = None
+    if mask is not None:
+        zeros = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+        bias = zeros.masked_fill(~mask, float("-inf")).expand(*q.shape[:3], k.shape[-2])
+    causal = causal and mask is None
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, dropout_p, causal
+    )[0]

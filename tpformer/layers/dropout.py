@@ -128,7 +128,10 @@ class ParallelDropout(nn.Module):
         on_host = x.device.type == "cpu" or torch.compiler.is_compiling()
         draw = keep_mask if on_host else _fused_keep_mask()
         rng = self.rng
-        keep = draw(rng.step_key, rng.first_sample, self.site_key, positions, shape, self.p)
+        if x.is_meta:  # a dry run (train/dry_run.py): what the fused kernel allocates
+            keep = torch.empty(shape, dtype=torch.bool, device=x.device)
+        else:
+            keep = draw(rng.step_key, rng.first_sample, self.site_key, positions, shape, self.p)
         keep = keep.view(x.shape)
         scale = 1.0 / (1.0 - self.p)
         if dropout_mask_bytes(x.device.type, x.dtype) == 4:

@@ -53,6 +53,15 @@ def first_token(hidden: Tensor, tp: GroupHandle, sequence_parallel: bool) -> Ten
     return from_first_rank(hidden[:, 0], tp) if sequence_parallel else hidden[:, 0]
 
 
+def labeled_width(seq: int, mask_prob: float, *, special: int = 3, multiple: int = 8) -> int:
+    """P of `labeled_positions` for a batch of full samples of `seq` tokens, `special` of them
+    not maskable ([CLS] a [SEP] b [SEP]): data/masking.py labels round(mask_prob x maskable) of
+    each, and the width rounds that up to `multiple`. What the BERT head gathers per sample (the
+    planner's activation memory)."""
+    most = max(1, round(mask_prob * (seq - special)))
+    return min(seq, -(-most // multiple) * multiple)
+
+
 def labeled_positions(labels: Tensor, *, ignore_index: int = -100, multiple: int = 8) -> Tensor:
     """[b, P]: each sequence's labeled positions, ascending, then unlabeled ones as padding (their
     labels are ignored), P the batch's largest count rounded up to `multiple` (fewer distinct

@@ -10,6 +10,7 @@ import torch
 
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.layers.embedding import padded_vocab_size
+from tpformer.layers.sequence import labeled_width
 from tpformer.models.costs import (
     embedding_params,
     head_params,
@@ -195,16 +196,20 @@ def activation_parts(
         context=c.cp,
         attention_dropout=exact_dropout,
     )
-    s = s // c.cp
-    sbh = s * b * m.hidden_size
+    local = s // c.cp
+    sbh = local * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
-    rows = s * b * work.head_fraction
-    if m.arch == "bert":  # LayerNorm input and dropout mask; transform, GELU, LayerNorm inputs
+    if m.arch == "bert":  # embedding: LayerNorm input, dropout mask. head: the encoder's
+        # output (kept whole by the pooler's view of its first token); on every TP and CP
+        # rank the gathered labeled rows, the transform's and GELU's outputs, the LayerNorm's
+        # output, and the fp32 softmax of the logits (the loss keeps no logits)
         embedding = sbh * (i + mask_bytes) / q
-        head = rows * (3 * m.hidden_size * i + vocab * (i + 4))
-    else:  # dropout mask; final LayerNorm input, logits and their fp32 softmax
+        rows = b * labeled_width(s, work.head_fraction)
+        head = sbh * i / q + rows * (4 * m.hidden_size * i + 4 * vocab)
+    else:  # embedding: dropout mask. head: the final LayerNorm's input (a sequence chunk under
+        # SP) and output (whole: the vocabulary projection's input), the fp32 softmax
         embedding = sbh * mask_bytes / q
-        head = sbh * i / q + rows * vocab * (i + 4)
+        head = sbh * i / q + sbh * i + local * b * vocab * 4
     return layer, embedding, head
 
 
@@ -250,6 +255,8 @@ def predict_stage_memory(
         fused_attention(work, cluster),
         exact_attention_dropout(work, cluster),
     )
+    q = c.tp if c.sequence_parallel else 1
+    boundary = work.seq // c.cp * c.micro_batch * work.model.hidden_size * work.itemsize / q
     split = c.split(work)
     mixed = work.precision != "fp32"
     stages = []
@@ -272,6 +279,11 @@ def predict_stage_memory(
         else:
             acts = alive * (layers * layer + (embedding if r == 0 else 0))
         acts += head if r == c.pp - 1 else 0
+        if c.pp > 1:  # each chunk's output sent on, kept for its backward (the last virtual
+            # stage's is the loss), and the gradient received for the backward under way
+            sent = alive if r < c.pp - 1 else alive * (c.chunks - 1) // c.chunks
+            received = 1 if r < c.pp - 1 or c.chunks > 1 else 0
+            acts += (sent + received) * boundary
         host = 0.0
         optimizer, params_bytes = float(state.optimizer), float(state.params)
         if c.cpu_offload != "none":
@@ -279,6 +291,10 @@ def predict_stage_memory(
         if c.cpu_offload == "optimizer+params":
             host, params_bytes = host + params_bytes, 0.0
         whole_grads, gathered = working_params(work, c, params, layers)
+        if c.grad_accum > 1 and not work.stack.gather_per_bucket:
+            # tpformer's ZeRO-2/3: a later micro-batch's reduce-scatter lands in a pooled
+            # shard-size buffer per bucket in flight, then is added to the shard
+            whole_grads += whole_grads / c.replicas
         buffers = (work.stack.grad_bytes * whole_grads if c.zero_stage >= 2 else 0) + (
             work.itemsize * gathered if c.zero_stage == 3 else 0
         )

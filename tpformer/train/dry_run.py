@@ -19,11 +19,12 @@ import time
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 from tpformer.config.schema import Config, DataSource, Logger
 from tpformer.data.steps import prepare_step
@@ -35,32 +36,88 @@ META = torch.device("meta")
 STEPS = 2
 
 
-class LiveBytes(TorchDispatchMode):
-    """The bytes of the storages the operators inside it create that are still alive, and their
-    peak: a storage counts from the op that made it until it is freed."""
+class StepMeter(TorchDispatchMode):
+    """What the operators inside it allocate and compute.
 
-    def __init__(self) -> None:
+    live     bytes of the storages they allocated that are still alive (a storage counts from
+             the op that allocated it, an output that is no view of an input and not written
+             into one, until it is freed)
+    held     the most alive when a backward pass is called: what the forwards in flight keep
+             for backward (the planner's activations)
+    buffers  the most `working()` said: buffers the engine keeps out of the operators' sight
+             (pooled gradient buckets, storages resized for a gather)
+    peak     the most of live + working at once
+    flops    by FlopCounterMode's formulas, without its module tracker, whose backward hooks
+             keep every recomputed activation alive to the end of the step
+    """
+
+    def __init__(self, working: Callable[[], int] = lambda: 0) -> None:
         super().__init__()
+        self.working = working
+        self.buffers = 0
         self.live = 0
         self.peak = 0
+        self.held = 0
+        self.flops = 0
         self._seen: set[int] = set()
+        self._backward = torch.autograd.backward
+
+    def __enter__(self) -> StepMeter:
+        # every backward (Tensor.backward too) goes through torch.autograd.backward; checkpoint's
+        # recomputation inside it runs outside the graph task, so the engine's own state cannot
+        # tell where a backward starts
+        def backward(*args: Any, **kwargs: Any) -> None:
+            self.held = max(self.held, self.live)
+            self._sample()
+            self._backward(*args, **kwargs)
+
+        torch.autograd.backward = backward  # type: ignore[assignment]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.autograd.backward = self._backward
+        super().__exit__(*exc)
 
     def _free(self, key: int, nbytes: int) -> None:
         self.live -= nbytes
         self._seen.discard(key)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                key = id(storage)
-                if key not in self._seen:
-                    self._seen.add(key)
-                    self.live += storage.nbytes()
-                    weakref.finalize(storage, self._free, key, storage.nbytes())
-                    self.peak = max(self.peak, self.live)
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        for t, fresh in zip(outputs, _fresh_returns(func, len(outputs)), strict=True):
+            if fresh and isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                self._allocated(t.untyped_storage())
         return out
+
+    def _allocated(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.live += storage.nbytes()
+            weakref.finalize(storage, self._free, key, storage.nbytes())
+            self._sample()
+
+    def _sample(self) -> None:
+        working = self.working()
+        self.buffers = max(self.buffers, working)
+        self.peak = max(self.peak, self.live + working)
+
+
+def _fresh_returns(func: Any, count: int) -> list[bool]:
+    """Which of an operator's `count` outputs are new storages: those its schema does not
+    alias to an input (views, in-place and out= results do). c10d's collectives write into
+    tensors they are given, though their schemas do not say so."""
+    if func.namespace == "c10d":
+        return [False] * count
+    returns = func._schema.returns
+    if len(returns) == 1 and count != 1:  # one Tensor[] return
+        return [returns[0].alias_info is None] * count
+    return [r.alias_info is None for r in returns][:count] + [False] * (count - len(returns))
 
 
 @dataclass
@@ -72,9 +129,14 @@ class DryRun:
     params: int
     grads: int
     optimizer: int
+    activations: int
+    """The most the step's operators hold when a backward is called: what the forwards in
+    flight keep for backward."""
+    buffers: int
+    """The engine's working buffers at their most (engine.working_bytes)."""
     step_peak: int
-    """Peak of what the step allocates beyond the model state: activations, temporaries and
-    the communication buffers it creates."""
+    """Peak of what the step allocates beyond the model state: activations, temporaries,
+    the engine's buffers and the communication buffers it creates."""
     flops_per_step: float
     collectives: dict[str, tuple[int, float]] = field(default_factory=dict)
     """{"op group": (calls per step, bytes this rank sends per step)}."""
@@ -141,8 +203,8 @@ def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
         trainer.queue_step(_prepared(trainer, step), train=True)
         trainer.runner.update()
     prepared = _prepared(trainer, STEPS - 1)
-    live = LiveBytes()
-    with count_collectives() as counts, FlopCounterMode(display=False) as flops, live:
+    meter = StepMeter(engine.working_bytes)
+    with count_collectives() as counts, meter:
         trainer.queue_step(prepared, train=True)
         grads = engine.memory_report().grads
         trainer.runner.update()
@@ -153,8 +215,10 @@ def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
         params=state.params,
         grads=max(grads, state.grads),
         optimizer=state.optimizer,
-        step_peak=live.peak,
-        flops_per_step=float(flops.get_total_flops()),
+        activations=meter.held,
+        buffers=meter.buffers,
+        step_peak=meter.peak,
+        flops_per_step=float(meter.flops),
         collectives={k: (n, counts.group_bytes[k]) for k, n in sorted(counts.by_group.items())},
     )
 

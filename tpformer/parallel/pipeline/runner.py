@@ -58,7 +58,11 @@ class _StepState:
     totals: Tensor
     inputs: dict[tuple[int, int], Tensor | None] = field(default_factory=dict)
     outputs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
+    sent: dict[tuple[int, int], Pending] = field(default_factory=dict)
+    """Output sends by slot, waited at the slot's backward: its gradient came back, so the
+    output arrived long before, and the output's storage goes with its backward."""
     sends: list[Pending] = field(default_factory=list)
+    """Gradient sends (and outputs in evaluation), waited at the end of the step."""
 
 
 class PipelineRunner:
@@ -121,7 +125,7 @@ class PipelineRunner:
                     self._forward_action(action, state, values, train=train)
                 else:
                     self._backward_action(action, state, backward, last=index == last_backward)
-        for work in state.sends:
+        for work in [*state.sent.values(), *state.sends]:
             work.wait()
         return state.totals
 
@@ -152,14 +156,16 @@ class PipelineRunner:
                 state.totals += torch.stack([t.detach().double() for t in vals])
                 y = vals[0]
         if vs < last_v:
-            state.sends.append(
-                send_async(
-                    y.detach(),
-                    self.next(action.micro),
-                    self.activations,
-                    self._tag(0, action.micro, vs + 1, m),
-                )
+            sent = send_async(
+                y.detach(),
+                self.next(action.micro),
+                self.activations,
+                self._tag(0, action.micro, vs + 1, m),
             )
+            if train:
+                state.sent[(action.micro, action.chunk)] = sent
+            else:
+                state.sends.append(sent)
         if train:
             state.inputs[(action.micro, action.chunk)] = x
             state.outputs[(action.micro, action.chunk)] = y
@@ -181,16 +187,19 @@ class PipelineRunner:
                 self.gradients,
                 self._tag(1, action.micro, vs, m),
             )
+            state.sent.pop(slot).wait()
         backward(y, grad, last)
         if vs > 0:
-            state.sends.append(
-                send_async(
-                    _grad_of(x),
-                    self.prev(action.micro),
-                    self.gradients,
-                    self._tag(1, action.micro, vs - 1, m),
-                )
+            sent = send_async(
+                _grad_of(x),
+                self.prev(action.micro),
+                self.gradients,
+                self._tag(1, action.micro, vs - 1, m),
             )
+            if self.ctx.device.type == "cpu":  # gloo: a wait blocks until the peer receives
+                state.sends.append(sent)
+            else:  # NCCL: a wait orders the streams; the gradient is freed after the send
+                sent.wait()
 
     def actions(self, micro: int, *, train: bool) -> list[Action]:
         """This stage's actions for a step of `micro` micro-batches (forwards only if not
