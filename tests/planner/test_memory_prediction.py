@@ -1,6 +1,8 @@
 """The planner's memory per rank against a real training step: the engine's accounted model
-state (memory_report) plus the peak of saved activations alive, for the layouts the planner
-enumerates on 1, 2 and 4 gloo ranks."""
+state (memory_report) plus the activations the step holds when each backward is called
+(planner/measure.StepMeter: what autograd saved, the outputs a pipeline stage keeps for their
+backward and the gradient it received), for the layouts the planner enumerates on 1, 2 and 4
+gloo ranks."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import torch
 from tests.dist import run_distributed
 from tpformer.config.presets import preset
 from tpformer.config.schema import Config, DataConfig, OptimConfig, TrainerConfig
+from tpformer.data.steps import prepare_step
 from tpformer.parallel.context import ParallelContext
 from tpformer.planner.candidate import Candidate, Workload, enumerate_candidates
 from tpformer.planner.cluster import load_preset, resolve_cluster
-from tpformer.planner.measure import PeakSavedActivations
+from tpformer.planner.measure import StepMeter
 from tpformer.planner.memory import predict_memory
 from tpformer.train.pretraining import pretraining_trainer
 
@@ -70,11 +73,13 @@ def _measure(ctx: ParallelContext, layouts: list[Candidate], run_dir: str) -> li
         directory = Path(run_dir) / str(i)
         directory.mkdir(parents=True, exist_ok=True)
         trainer = pretraining_trainer(c.apply(base_config()), mesh, directory)
-        meter = PeakSavedActivations()
-        with meter.active():
-            trainer.run_step(0, trainer.task.train_batches, train=True)
+        trainer.run_step(0, trainer.task.train_batches, train=True)  # the model state made
         trainer.engine.step()
-        out.append(float(trainer.engine.memory_report().total + meter.peak))
+        prepared = prepare_step(trainer.task.train_batches, trainer.task.objective, 1)
+        with StepMeter() as meter:
+            trainer.queue_step(prepared, train=True)
+        trainer.engine.step()
+        out.append(float(trainer.engine.memory_report().total + meter.held))
     return out
 
 
@@ -132,8 +137,10 @@ def test_predicted_memory_matches_four_ranks(tmp_path: Path) -> None:
 
 
 def _whole_gradient_peaks(ctx: ParallelContext, bucket_mbs: list[float], run_dir: str) -> list:
-    """ZeRO-2 at dp=2 (two micro-batches per step): the most bytes of whole (unreduced)
-    gradient buffers held at once during a step, per parallel.bucket_mb."""
+    """ZeRO-2 at dp=2 (two micro-batches per step): the bytes of the engine's pooled gradient
+    buffers after a step (whole buckets, and the shard-size buffers the second micro-batch's
+    reductions land in; the pool keeps as many as were in use at once), per
+    parallel.bucket_mb."""
     from dataclasses import replace
 
     logging.disable(logging.INFO)
@@ -144,28 +151,20 @@ def _whole_gradient_peaks(ctx: ParallelContext, bucket_mbs: list[float], run_dir
         directory = Path(run_dir) / str(i)
         directory.mkdir(parents=True, exist_ok=True)
         trainer = pretraining_trainer(config, ctx, directory)
-        grads, seen = trainer.engine.grads, [0]
-
-        def count(param: torch.Tensor, grads=grads, seen=seen) -> None:
-            held = sum(w.numel() * w.element_size() for w in grads.whole if w is not None)
-            seen[0] = max(seen[0], held)
-
-        for p in trainer.model.parameters():
-            p.register_post_accumulate_grad_hook(count)
         trainer.run_step(0, trainer.task.train_batches, train=True)
         trainer.engine.step()
-        peaks.append(seen[0])
+        peaks.append(trainer.engine.working_bytes())
     return peaks
 
 
 BUCKETED = Candidate(1, 1, 2, 1, 2, zero_stage=2)
 
 
-def test_zero2_whole_gradients_as_the_engine_holds_them(tmp_path: Path) -> None:
-    """The planner's ZeRO-2 buffers against the engine's peak of whole gradient buffers in a
-    real step of two micro-batches: one bucket per block (the root's and two layers': equal)
-    and parallel.bucket_mb=0.05 (three buckets of at most the cap or one larger parameter: an
-    upper bound, 1.46x here, where the largest bucket is one 64 x 256 matrix)."""
+def test_zero2_gradient_buffers_as_the_engine_holds_them(tmp_path: Path) -> None:
+    """The planner's ZeRO-2 buffers against the engine's pooled gradient buffers after a real
+    step of two micro-batches: one bucket per block (the root's and two layers'; equal, measured
+    777,228 B both) and parallel.bucket_mb=0.05 (three buckets of at most the cap or one larger
+    parameter: an upper bound, 1.06x here)."""
     from dataclasses import replace
 
     bucket_mbs = [0.0, 0.05]

@@ -237,18 +237,19 @@ STEPS_NOTE = "fake backend, meta device, the second of two steps"
 
 def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> list[str]:
     """Per dry-run rank: what the real step held and sent, next to the planner's prediction for
-    the rank's stage (memory in MB: params, grads, optimizer; the step's own allocations next
-    to the predicted activations and buffers), its FLOPs and its collectives per group."""
+    the rank's stage (memory in MB by category; the step's peak, which adds its temporaries, next
+    to what the planner predicts beside its overhead), its FLOPs and its collectives per group."""
     c = chosen.candidate
     lines = ["", f"dry run ({STEPS_NOTE}) of {c.label()} on {result.cluster.world_size} ranks:"]
     for run in runs:
         (predicted,) = predict_stage_memory(result.work, c, result.cluster, only=[run.stage])
-        step = predicted.activations + predicted.buffers
         rows = [
             ("params", run.params, predicted.params),
             ("grads", run.grads, predicted.grads),
             ("optimizer", run.optimizer, predicted.optimizer),
-            ("step allocations*", run.step_peak, step),
+            ("activations", run.activations, predicted.activations),
+            ("buffers", run.buffers, predicted.buffers),
+            ("step peak*", run.step_peak, predicted.activations + predicted.buffers),
         ]
         lines.append(f"  rank {run.rank} (stage {run.stage}), {run.seconds:.1f} s:")
         lines += [
@@ -257,8 +258,8 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
         ]
         lines.append(f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)")
         lines.append(
-            "    * every storage the step creates, at its peak, against the predicted "
-            "activations + buffers: not yet reconciled (docs/planner.md)"
+            "    * the peak of activations, buffers and the step's temporaries; the planner "
+            f"covers temporaries by its overhead ({result.cluster.overhead / 1e9:g} GB)"
         )
         lines += [
             f"    {name:<24} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent"

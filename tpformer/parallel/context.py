@@ -307,7 +307,7 @@ class ParallelContext:
         fake backend of a dry run, the world group: its collectives complete at once.)"""
         if self.layout.world_size == 1:
             return None
-        if dist.get_backend() == "fake":
+        if _fake_world():
             return dist.group.WORLD
         return dist.new_group(backend="gloo")
 
@@ -368,12 +368,18 @@ def _own_group(groups: list[list[int]], rank: int, shortcuts: bool) -> GroupHand
     return mine
 
 
+def _fake_world() -> bool:
+    """The default group is a dry run's (parallel/fake_world.py: the fake backend for every
+    device type)."""
+    return str(dist.get_backend()).endswith(":fake")
+
+
 def _control_group(rank: int, world: int) -> GroupHandle:
     """The world on gloo: the default group when it is gloo (or the fake backend of a dry run,
     whose collectives complete at once), else a gloo twin of it."""
     if world == 1:
         return GroupHandle.single()
-    on_host = dist.get_backend() in ("gloo", "fake")
+    on_host = dist.get_backend() == "gloo" or _fake_world()
     group = dist.group.WORLD if on_host else dist.new_group(backend="gloo")
     assert group is not None
     return GroupHandle(group=group, rank=rank, size=world)

@@ -15,7 +15,10 @@ def fake_world(rank: int, world_size: int) -> Iterator[None]:
     """The default process group, on the fake backend, for the block."""
     import torch.testing._internal.distributed.fake_pg as fake_pg  # registers the backend
 
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=fake_pg.FakeStore())
+    # named for the meta device too: batched point-to-point (ring attention) looks the
+    # backend up by the tensors' device
+    backends = "cpu:fake,cuda:fake,meta:fake"
+    dist.init_process_group(backends, rank=rank, world_size=world_size, store=fake_pg.FakeStore())
     try:
         yield
     finally:

@@ -206,10 +206,10 @@ def activation_parts(
         embedding = sbh * (i + mask_bytes) / q
         rows = b * labeled_width(s, work.head_fraction)
         head = sbh * i / q + rows * (4 * m.hidden_size * i + 4 * vocab)
-    else:  # embedding: dropout mask. head: the final LayerNorm's input (a sequence chunk under
-        # SP) and output (whole: the vocabulary projection's input), the fp32 softmax
+    else:  # embedding: dropout mask. head: the final LayerNorm's input and output (the
+        # vocabulary projection's input, kept as the sequence chunk under SP), the fp32 softmax
         embedding = sbh * mask_bytes / q
-        head = sbh * i / q + sbh * i + local * b * vocab * 4
+        head = 2 * sbh * i / q + local * b * vocab * 4
     return layer, embedding, head
 
 
@@ -278,7 +278,8 @@ def predict_stage_memory(
             )
         else:
             acts = alive * (layers * layer + (embedding if r == 0 else 0))
-        acts += head if r == c.pp - 1 else 0
+        if r == c.pp - 1:  # 1F1B runs the loss's backward right after its forward
+            acts += head * (alive if c.schedule == "gpipe" else 1)
         if c.pp > 1:  # each chunk's output sent on, kept for its backward (the last virtual
             # stage's is the loss), and the gradient received for the backward under way
             sent = alive if r < c.pp - 1 else alive * (c.chunks - 1) // c.chunks
