@@ -5,19 +5,23 @@ Exact: the model state of every rank (parameters, gradients, optimizer state wit
 master copy) equals the planner's per-stage prediction in every layout below (under ZeRO,
 within the few bytes by which the engine pads each flat bucket to a multiple of dp), and so do
 the engine's working buffers (ZeRO-2/3's pooled gradient buckets, ZeRO-3's gathered
-parameters). Activations (what the step holds when each backward is called) are within
-ACTIVATIONS of the planner's, which leaves out the small tensors it does not price: LayerNorm
-statistics, the attention's log-sum-exp, the batch's integer tensors, BERT's pooler and NSP
-head (measured: 0.1-2.0% over on these tiny shapes, the same bytes being a smaller share at
-real sizes). The executed FLOPs of one rank at TP=1 equal the cost model's count. Not held:
-the PipeDream schedule, whose stashed weight versions the planner does not price."""
+parameters) and the bytes the rank sends in each process group per step (planner/traffic.py;
+but for the few bytes of scalars it does not price). Activations (what the step holds when
+each backward is called) are within ACTIVATIONS of the planner's, which leaves out the small
+tensors it does not price: LayerNorm statistics, the attention's log-sum-exp, the batch's
+integer tensors, BERT's pooler and NSP head (measured: 0.1-2.0% over on these tiny shapes,
+the same bytes being a smaller share at real sizes). The executed FLOPs of one rank at TP=1
+equal the cost model's count. Not held: the PipeDream schedule, whose stashed weight versions
+the planner does not price."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
 
+from tests.train.test_trainer import REPO
 from tpformer.config.presets import preset
 from tpformer.config.schema import Config, DataConfig, ParallelConfig, TrainerConfig
 from tpformer.layers.embedding import padded_vocab_size
@@ -26,10 +30,14 @@ from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.candidate import Workload, candidate_of
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.memory import predict_stage_memory
+from tpformer.planner.traffic import priced, priced_keys, step_traffic
 from tpformer.train.dry_run import dry_run
 
 ACTIVATIONS = (0.0, 0.025)
 """Measured activations over the planner's: at least equal, at most 2.5% above."""
+SCALARS = 64
+"""Bytes per call the planner does not price: the sample and token counts, the loss totals and
+the gradient norm each rank reduces (at most 40 bytes per call measured)."""
 
 GRID = [  # (world, rank, layers, parallel keys)
     (1, 0, 2, {}),
@@ -67,20 +75,46 @@ def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
 
 @pytest.mark.parametrize("arch", ["bert", "gpt"])
 @pytest.mark.parametrize(("world", "rank", "layers", "keys"), GRID)
-def test_a_ranks_memory_is_the_planners(
+def test_a_ranks_memory_and_traffic_are_the_planners(
     arch: str, world: int, rank: int, layers: int, keys: dict
 ) -> None:
     config = _config(arch, layers, **keys)
+    p = config.parallel
+    layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)  # type: ignore[arg-type]
+    _assert_as_planned(config, world, rank, 8 * layout.dp)
+
+
+PUBLISHED = ["t2-529.6B-zero-3-640", "t5-22B-sp-selective-8"]
+"""The largest published run that dry-runs in seconds (Narayanan et al.'s 530B under ZeRO-3 on
+640 GPUs: 12 s), and a TP=8 one with sequence parallelism and selective recomputation."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_a_published_run_is_as_planned(name: str) -> None:
+    sys.path.insert(0, str(REPO / "tools"))
+    from dry_run_published import config_of, runs  # tools/: the published runs' reference
+
+    run = runs()[name]
+    _assert_as_planned(config_of(run), run.gpus, 0, run.global_batch)
+
+
+def _assert_as_planned(config: Config, world: int, rank: int, global_batch: int) -> None:
+    """The dry run of `rank` against the planner on A100 nodes (the dry run stands for an
+    accelerator: fused attention, one-byte dropout masks)."""
     run = dry_run(config, world, rank)
     p = config.parallel
     layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)  # type: ignore[arg-type]
-    work = Workload.of(replace(config, parallel=replace(p, rng="fast")), 8 * layout.dp)
-    # the dry run stands for an accelerator: fused attention, one-byte dropout masks
-    gpu = replace(load_preset("a100_node"), gpus_per_node=world, nodes=1, calibration="none")
+    work = Workload.of(replace(config, parallel=replace(p, rng="fast")), global_batch)
+    per_node = min(8, world)
+    gpu = replace(
+        load_preset("a100_node"), gpus_per_node=per_node, nodes=world // per_node,
+        calibration="none",
+    )  # fmt: skip
     cluster = resolve_cluster(gpu, str(p.precision), cache_dir="/nonexistent")
-    (predicted,) = predict_stage_memory(
-        work, candidate_of(config, layout.dp), cluster, only=[layout.stage_of(rank)]
-    )
+    stage = layout.stage_of(rank)
+    candidate = candidate_of(config, layout.dp)
+    (predicted,) = predict_stage_memory(work, candidate, cluster, only=[stage])
     measured = (run.params, run.grads, run.optimizer, run.buffers)
     want = (predicted.params, predicted.grads, predicted.optimizer, predicted.buffers)
     # ZeRO pads each flat bucket to a multiple of dp elements; the planner divides evenly
@@ -88,8 +122,13 @@ def test_a_ranks_memory_is_the_planners(
     assert all(abs(m - w) <= padding for m, w in zip(measured, want)), (run, predicted)
     over = run.activations / predicted.activations - 1
     assert ACTIVATIONS[0] <= over <= ACTIVATIONS[1], (over, run, predicted)
+    traffic = step_traffic(work, candidate, stage)
     assert run.collectives or world == 1
-    assert all(calls > 0 for calls, _ in run.collectives.values())
+    for key, (calls, sent) in run.collectives.items():
+        expected = priced(traffic, key)
+        assert 0 <= sent - expected <= SCALARS * calls, (key, sent, expected, traffic)
+    unmatched = set(traffic) - {k for key in run.collectives for k in priced_keys(key)}
+    assert not unmatched, (unmatched, run.collectives)
 
 
 def test_one_ranks_flops_are_the_cost_models_executed_count() -> None:

@@ -18,6 +18,7 @@ from tpformer.planner.search import (
     distinct_splits,
     why_not,
 )
+from tpformer.planner.traffic import priced, step_traffic
 
 if TYPE_CHECKING:
     from tpformer.train.dry_run import DryRun
@@ -261,8 +262,10 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
             "    * the peak of activations, buffers and the step's temporaries; the planner "
             f"covers temporaries by its overhead ({result.cluster.overhead / 1e9:g} GB)"
         )
+        traffic = step_traffic(result.work, c, run.stage)
         lines += [
-            f"    {name:<24} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent"
+            f"    {name:<28} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent  planner "
+            f"{priced(traffic, name) / 1e6:>10,.1f} MB"
             for name, (calls, sent) in run.collectives.items()
         ]
     return lines

@@ -72,7 +72,13 @@ class SyntheticPretraining:
         ids[0], ids[half], ids[-1] = CLS, SEP, SEP
         special = torch.zeros(self.seq, dtype=torch.bool)
         special[[0, half, self.seq - 1]] = True
-        chosen = (torch.rand(self.seq, generator=g) < self.mask_prob) & ~special
+        # as data/masking.py: round(mask_prob x maskable) positions, so the head gathers the
+        # labeled rows a real batch has (labeled_width)
+        maskable = (~special).nonzero().flatten()
+        budget = max(1, round(self.mask_prob * maskable.numel()))
+        picked = maskable[torch.randperm(maskable.numel(), generator=g)[:budget]]
+        chosen = torch.zeros(self.seq, dtype=torch.bool)
+        chosen[picked] = True
         labels = torch.where(chosen, ids, torch.full_like(ids, -100))
         inputs = torch.where(chosen, torch.full_like(ids, MASK), ids)
         token_type = (torch.arange(self.seq) > half).long()

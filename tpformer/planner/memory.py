@@ -209,7 +209,8 @@ def activation_parts(
     else:  # embedding: dropout mask. head: the final LayerNorm's input and output (the
         # vocabulary projection's input, kept as the sequence chunk under SP), the fp32 softmax
         embedding = sbh * mask_bytes / q
-        head = 2 * sbh * i / q + local * b * vocab * 4
+        predicting = s - 1 if c.cp == 1 else local  # the last position predicts nothing
+        head = 2 * sbh * i / q + predicting * b * vocab * 4
     return layer, embedding, head
 
 

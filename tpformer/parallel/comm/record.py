@@ -84,6 +84,12 @@ def count_collectives() -> Iterator[CollectiveCounts]:
 _RING_PASSES = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1}
 
 
+def sent_bytes(op: str, full_bytes: float, size: int) -> float:
+    """What one rank of a `size`-rank group sends in a call of collective `op` over a full
+    tensor of `full_bytes`, under the ring model (the planner prices traffic with it too)."""
+    return _RING_PASSES.get(op, 0) * full_bytes * (size - 1) / size
+
+
 def traced() -> bool:
     """Inside a graph torch.compile is capturing (trainer.compile's blocks): the collectives
     below then issue PyTorch's functional collectives, which the graph holds and inductor
@@ -115,7 +121,7 @@ def record(
         monitor.recorder.record(op, group, tuple(x.shape) if x is not None else ())
     if recording():
         mark(f"{op} {monitor.recorder.group_name(group)}" if monitor is not None else op)
-    sent = _RING_PASSES.get(op, 0) * full_bytes * (size - 1) / size
+    sent = sent_bytes(op, full_bytes, size)
     if op == "send" and x is not None:  # point to point: the whole tensor, once
         sent = float(x.nbytes)
     if not active_counters:

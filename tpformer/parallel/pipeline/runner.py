@@ -45,6 +45,7 @@ def _duplicate_groups(ctx: ParallelContext) -> GroupHandle:
         group = dist.new_group(ranks)
         if ctx.rank in ranks:
             mine = GroupHandle(group, ranks.index(ctx.rank), len(ranks), monitor=ctx.monitor)
+            ctx.monitor.recorder.name_group(group, "pp_gradients")
     return mine
 
 

@@ -1,0 +1,150 @@
+"""The bytes one rank sends per step in each process group, as tpformer's engine issues them:
+what a dry run (train/dry_run.py) counts call by call, priced from the layout alone.
+
+Keys are "<op> <group>" with the group by its role (tp, dp, dp_cp, cp, pp, pp_gradients,
+pipeline_ends); bytes are what comm/record.py counts, the ring model's share of each call
+(`sent_bytes`). Left out: the scalars a step reduces besides its tensors (sample and token
+counts, loss totals, the gradient norm: a few bytes per call).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from tpformer.layers.embedding import padded_vocab_size
+from tpformer.layers.sequence import labeled_width
+from tpformer.parallel.comm.record import sent_bytes
+from tpformer.planner.candidate import Candidate, Workload
+from tpformer.planner.memory import stage_params
+from tpformer.planner.step_time import ring_block_elements, ring_bytes_per_layer
+
+Add = Callable[..., None]
+"""add(op, group, size, full bytes, calls=1): count calls of a collective."""
+
+
+def step_traffic(work: Workload, c: Candidate, stage: int) -> dict[str, float]:
+    """{"op group": bytes} one rank of pipeline stage `stage` sends per step."""
+    m, b, h, i = c.grad_accum, c.micro_batch, work.model.hidden_size, work.itemsize
+    local = work.seq // c.cp
+    act = local * b * h * i  # one micro-batch's hidden states, the whole (local) sequence
+    split = c.split(work)
+    layers = sum(split[stage :: c.pp])
+    first, last = stage == 0, stage == c.pp - 1
+    recomputed = layers if c.recompute == "full" else 0
+    out: Counter[str] = Counter()
+
+    def add(op: str, group: str, size: int, full: float, calls: float = 1) -> None:
+        """`calls` calls of `op` over `full` bytes in the group of that role and size."""
+        if size > 1:
+            out[f"{op} {group}"] += calls * sent_bytes(op, full, size)
+
+    if c.tp > 1:
+        _tensor_parallel(work, c, add, act, layers, recomputed, first=first, last=last)
+    if last and work.model.arch == "bert":  # the pooler's first token, from the rank holding it
+        if c.sequence_parallel and c.tp > 1:
+            add("broadcast", "tp", c.tp, b * h * i, m)
+        if c.cp > 1:
+            add("broadcast", "cp", c.cp, b * h * i, m)
+    if c.cp > 1:  # ring attention: keys and values around the ring, their gradients back
+        heads = work.model.num_heads
+        ring = ring_bytes_per_layer(b, heads, work.seq, h, tp=c.tp, cp=c.cp, itemsize=i)
+        block = ring_block_elements(b, heads, work.seq, h, tp=c.tp, cp=c.cp)
+        out["send cp"] += m * (layers * ring + recomputed * (c.cp - 1) * block * i)
+    if c.pp > 1:
+        chunk = act / (c.tp if c.sequence_parallel else 1)
+        sent = m * (c.chunks - (1 if last else 0))
+        received = m * (c.chunks - (1 if first else 0))
+        out["send pp"] += sent * chunk
+        out["send pp_gradients"] += received * chunk
+        if first or last:  # the tied word embedding's gradient, summed over both ends
+            vocab = padded_vocab_size(work.model.vocab_size, c.tp, work.model.pad_vocab_to)
+            add("all_reduce", "pipeline_ends", 2, 4 * vocab // c.tp * h)
+    _data_parallel(work, c, stage, add)
+    return {key: sent for key, sent in out.items() if sent}
+
+
+def _tensor_parallel(
+    work: Workload,
+    c: Candidate,
+    add: Add,
+    act: float,
+    layers: int,
+    recomputed: int,
+    *,
+    first: bool,
+    last: bool,
+) -> None:
+    """Per micro-batch: without SP two all-reduces forward and two backward per layer (and the
+    recomputed forward's), the vocabulary-parallel embedding's forward, the head's input
+    gradient and the loss's three row reductions; with SP each all-reduce becomes a
+    reduce-scatter and all-gathers (the column-parallel inputs gathered forward and again
+    backward), and the sequence-parallel parameters' gradients are summed once per step."""
+    m, t, h = c.grad_accum, c.tp, work.model.hidden_size
+    gpt = work.model.arch == "gpt"
+    # the loss's rows: every predicting position (under CP this rank's), BERT's labeled ones
+    local = work.seq // c.cp
+    predicting = work.seq - 1 if c.cp == 1 else local
+    rows = c.micro_batch * (predicting if gpt else labeled_width(work.seq, work.head_fraction))
+    head = act if gpt else c.micro_batch * labeled_width(work.seq, work.head_fraction) * h
+    head *= 1 if gpt else work.itemsize
+    if last:
+        add("all_reduce", "tp", t, 4 * rows, 3 * m)
+    if not c.sequence_parallel:
+        calls = 4 * layers + 2 * recomputed + (1 if first else 0)
+        add("all_reduce", "tp", t, act, m * calls)
+        if last:
+            add("all_reduce", "tp", t, head, m)
+        return
+    # GPT's head gathers its input as a column-parallel layer does; BERT's sums its labeled
+    # rows over the group (each held by one rank) and all-reduces their gradient
+    gathers = 6 * layers + 2 * recomputed + (1 if first else 0) + (2 if last and gpt else 0)
+    scatters = 4 * layers + 2 * recomputed + (1 if first else 0) + (1 if last and gpt else 0)
+    add("all_gather", "tp", t, act, m * gathers)
+    add("reduce_scatter", "tp", t, act, m * scatters)
+    if last and not gpt:
+        add("all_reduce", "tp", t, head, 2 * m)
+    marked = 6 * h * layers  # two LayerNorms and the two row-parallel biases of each layer
+    if first:  # the embeddings outside the vocabulary: positions (BERT: segments, LayerNorm)
+        marked += work.model.max_position_embeddings * h
+        marked += 0 if gpt else (work.model.type_vocab_size + 2) * h
+    if last and gpt:
+        marked += 2 * h  # the final LayerNorm
+    add("all_reduce", "tp", t, 4 * marked)
+
+
+def _data_parallel(work: Workload, c: Candidate, stage: int, add: Add) -> None:
+    """The gradients' fp32 buckets and the parameters by ZeRO stage, over the replicas (DP,
+    and CP whose ranks hold the same parameters): stage 0 all-reduces once per step, 1
+    reduce-scatters once and all-gathers the updated parameters, 2 reduce-scatters every
+    micro-batch, 3 also gathers every block's parameters for every forward and again for its
+    backward (the root's stay gathered through the step)."""
+    n, m = c.replicas, c.grad_accum
+    group = "dp_cp" if c.cp > 1 else "dp"
+    (params,) = stage_params(work, c, [stage])
+    grads = 4 * params.total
+    weights = work.itemsize * params.total
+    if c.zero_stage == 0:
+        add("all_reduce", group, n, grads)
+    elif c.zero_stage == 1:
+        add("reduce_scatter", group, n, grads)
+        add("all_gather", group, n, weights)
+    elif c.zero_stage == 2:
+        add("reduce_scatter", group, n, grads, m)
+        add("all_gather", group, n, weights)
+    else:
+        add("reduce_scatter", group, n, grads, m)
+        blocks = work.itemsize * params.layers
+        add("all_gather", group, n, weights + blocks, m)
+
+
+def priced_keys(counted: str) -> list[str]:
+    """The planner's keys for a counted "op group" (comm/record.py): a process group in several
+    roles is named by all of them ("all_reduce tp/control")."""
+    op, roles = counted.split(" ", 1)
+    return [f"{op} {role}" for role in roles.split("/")]
+
+
+def priced(traffic: dict[str, float], counted: str) -> float:
+    """The planner's bytes for a counted "op group"."""
+    return sum(traffic.get(key, 0.0) for key in priced_keys(counted))
