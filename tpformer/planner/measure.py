@@ -48,7 +48,7 @@ class StepMeter(TorchDispatchMode):
             self._sample()
             self._backward(*args, **kwargs)
 
-        torch.autograd.backward = backward  # type: ignore[assignment]
+        torch.autograd.backward = backward
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:

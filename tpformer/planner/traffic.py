@@ -9,7 +9,6 @@ counts, loss totals, the gradient norm: a few bytes per call).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 
 from tpformer.layers.embedding import padded_vocab_size
@@ -32,12 +31,15 @@ def step_traffic(work: Workload, c: Candidate, stage: int) -> dict[str, float]:
     layers = sum(split[stage :: c.pp])
     first, last = stage == 0, stage == c.pp - 1
     recomputed = layers if c.recompute == "full" else 0
-    out: Counter[str] = Counter()
+    out: dict[str, float] = {}
+
+    def count(key: str, sent: float) -> None:
+        out[key] = out.get(key, 0.0) + sent
 
     def add(op: str, group: str, size: int, full: float, calls: float = 1) -> None:
         """`calls` calls of `op` over `full` bytes in the group of that role and size."""
         if size > 1:
-            out[f"{op} {group}"] += calls * sent_bytes(op, full, size)
+            count(f"{op} {group}", calls * sent_bytes(op, full, size))
 
     if c.tp > 1:
         _tensor_parallel(work, c, add, act, layers, recomputed, first=first, last=last)
@@ -50,13 +52,13 @@ def step_traffic(work: Workload, c: Candidate, stage: int) -> dict[str, float]:
         heads = work.model.num_heads
         ring = ring_bytes_per_layer(b, heads, work.seq, h, tp=c.tp, cp=c.cp, itemsize=i)
         block = ring_block_elements(b, heads, work.seq, h, tp=c.tp, cp=c.cp)
-        out["send cp"] += m * (layers * ring + recomputed * (c.cp - 1) * block * i)
+        count("send cp", m * (layers * ring + recomputed * (c.cp - 1) * block * i))
     if c.pp > 1:
         chunk = act / (c.tp if c.sequence_parallel else 1)
         sent = m * (c.chunks - (1 if last else 0))
         received = m * (c.chunks - (1 if first else 0))
-        out["send pp"] += sent * chunk
-        out["send pp_gradients"] += received * chunk
+        count("send pp", sent * chunk)
+        count("send pp_gradients", received * chunk)
         if first or last:  # the tied word embedding's gradient, summed over both ends
             vocab = padded_vocab_size(work.model.vocab_size, c.tp, work.model.pad_vocab_to)
             add("all_reduce", "pipeline_ends", 2, 4 * vocab // c.tp * h)
