@@ -8,8 +8,9 @@ parallelism), Korthikanti et al. 2022 Table 5 (TP=8, full recomputation or SP + 
 first rank of the first and of the last pipeline stage, on the fake backend and the meta
 device, under tpformer's own stack on A100-80GB nodes (fused attention, fp32 gradient
 buckets, bf16). A micro-batch the paper does not state is 1, a schedule it does not state is
-1F1B. Prints a markdown table (GB per rank: measured / planner) and the seconds and the peak
-host memory of each dry run.
+1F1B. Prints a markdown table (GB per rank and TFLOP per step: measured / planner; the bytes
+sent per step in every process group against planner/traffic.py, as the largest gap of a group)
+and the seconds and the peak host memory of each dry run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.candidate import Workload, candidate_of
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.memory import predict_stage_memory
+from tpformer.planner.traffic import priced, rank_flops, step_traffic
 from tpformer.train.dry_run import DryRun, dry_run
 
 GB = 1e9
@@ -96,9 +98,16 @@ def compare(name: str, run: PublishedRun) -> list[str]:
                 (measured.buffers, want.buffers),
             )
         ]
+        candidate = candidate_of(config, layout.dp)
+        traffic = step_traffic(work, candidate, stage)
+        gaps = [sent - priced(traffic, k) for k, (_, sent) in measured.collectives.items()]
+        sent_gb = sum(sent for _, sent in measured.collectives.values()) / GB
+        flops = rank_flops(work, candidate, stage) / 1e12
         rows.append(
             f"| {name} | {stage} | {' | '.join(cells)} | {measured.step_peak / GB:.2f} | "
-            f"{measured.flops_per_step / 1e12:,.0f} | {seconds:.0f} | {rss:.2f} |"
+            f"{measured.flops_per_step / 1e12:,.0f} / {flops:,.0f} | "
+            f"{sent_gb:,.1f} in {len(gaps)} groups, {max(gaps, default=0):,.0f} B unpriced | "
+            f"{seconds:.0f} | {rss:.2f} |"
         )
         print(rows[-1], flush=True)
     return rows
@@ -106,8 +115,8 @@ def compare(name: str, run: PublishedRun) -> list[str]:
 
 HEADER = [
     "| run | stage | params | grads | optimizer | activations | buffers | step peak | "
-    "TFLOP per step | seconds | host GB |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    "TFLOP per step | GB sent per step (planner: equal but for) | seconds | host GB |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 

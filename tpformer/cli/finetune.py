@@ -3,6 +3,8 @@
 tpformer-finetune task=rte init=runs/bert/checkpoints/step00000500 data.glue_dir=glue
 tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=2
     launcher.nproc_per_node=2
+tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=8
+    dry_run.world=64    (the step of ranks 0 and 63 of a 64-rank job, on this CPU)
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import hydra
 from omegaconf import DictConfig
 
 from tpformer.cli.inputs import prepare_finetune
+from tpformer.cli.plan_output import measured_lines
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import FinetuneConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import validate_finetune
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import Layout
 from tpformer.train.finetuning import finetuning_trainer, write_results
 
 log = logging.getLogger("tpformer")
@@ -42,12 +46,33 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
     )
 
 
+def dry_runs(config: FinetuneConfig, layout: Layout) -> None:
+    """dry_run.world: the fine-tuning step of dry_run.ranks (default: the first rank of the
+    first and of the last stage) on this CPU, printed."""
+    from tpformer.train.dry_run import dry_run_finetune  # the model and engine stack
+
+    world = layout.world_size
+    ranks = list(config.dry_run.ranks) or sorted({0, layout.rank_of(layout.pp - 1, 0, 0)})
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad:
+        raise ValueError(
+            f"dry_run.ranks={bad}: a job of dry_run.world={world} has ranks 0-{world - 1}"
+        )
+    runs = [dry_run_finetune(config, world, rank) for rank in ranks]
+    print("\n".join(measured_lines(f"fine-tuning {config.task} on {world} ranks", runs)))
+
+
 @console_script
 @checked_overrides(FinetuneConfig, "tpformer-finetune", __doc__ or "", "finetune")
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="finetune")
 def main(cfg: DictConfig) -> None:
     run_entry_point(
-        cfg, "tpformer.cli.finetune", finetune, check=validate_finetune, prepare=prepare_finetune
+        cfg,
+        "tpformer.cli.finetune",
+        finetune,
+        check=validate_finetune,
+        prepare=prepare_finetune,
+        dry=dry_runs,
     )
 
 

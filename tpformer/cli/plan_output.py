@@ -18,7 +18,7 @@ from tpformer.planner.search import (
     distinct_splits,
     why_not,
 )
-from tpformer.planner.traffic import priced, step_traffic
+from tpformer.planner.traffic import priced, rank_flops, step_traffic
 
 if TYPE_CHECKING:
     from tpformer.train.dry_run import DryRun
@@ -257,7 +257,10 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
             f"    {name:<17}{measured / 1e6:>12,.1f} MB  planner {want / 1e6:>12,.1f} MB"
             for name, measured, want in rows
         ]
-        lines.append(f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)")
+        lines.append(
+            f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)  planner "
+            f"{rank_flops(result.work, c, run.stage):.4g}"
+        )
         lines.append(
             "    * the peak of activations, buffers and the step's temporaries; the planner "
             f"covers temporaries by its overhead ({result.cluster.overhead / 1e9:g} GB)"
@@ -266,6 +269,28 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
         lines += [
             f"    {name:<28} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent  planner "
             f"{priced(traffic, name) / 1e6:>10,.1f} MB"
+            for name, (calls, sent) in run.collectives.items()
+        ]
+    return lines
+
+
+def measured_lines(title: str, runs: list[DryRun]) -> list[str]:
+    """Per dry-run rank, what the step held (MB), computed and sent per process group."""
+    lines = [f"dry run ({STEPS_NOTE}) of {title}:"]
+    for run in runs:
+        lines.append(f"  rank {run.rank} (stage {run.stage}), {run.seconds:.1f} s:")
+        rows = [
+            ("params", run.params),
+            ("grads", run.grads),
+            ("optimizer", run.optimizer),
+            ("activations", run.activations),
+            ("buffers", run.buffers),
+            ("step peak", run.step_peak),
+        ]
+        lines += [f"    {name:<17}{value / 1e6:>14,.3f} MB" for name, value in rows]
+        lines.append(f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)")
+        lines += [
+            f"    {name:<28} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent"
             for name, (calls, sent) in run.collectives.items()
         ]
     return lines

@@ -173,6 +173,9 @@ def _checked_config(
     relaunch = not env.under_launcher and config.launcher.nproc_per_node > 1
     nproc = config.launcher.nproc_per_node
     world, local = (nproc, nproc) if relaunch else (env.world_size, env.local_world_size)
+    dry = dry_world(config)
+    if dry:  # the layout of the job the dry run stands for; nothing is launched
+        world, local, relaunch = dry, min(dry, 8), False
     layout, notes = _checked_layout(config, world, local, check)
     return config, layout, read + notes, relaunch
 
@@ -203,17 +206,24 @@ def _forget_run_dir(run_dir: Path) -> None:
         parent = parent.parent
 
 
+def dry_world(config: Any) -> int:
+    """The ranks of the job a dry run stands for (dry_run.world), 0 for a job that runs."""
+    dry = getattr(config, "dry_run", None)
+    return int(getattr(dry, "world", 0) or 0)
+
+
 def run_entry_point(
     cfg: DictConfig,
     module: str,
     job: Callable[[Any, ParallelContext, Path], None],
     check: Callable[..., None] = validate,
     prepare: Prepare | None = None,
+    dry: Callable[[Any, Layout], None] | None = None,
 ) -> None:
     """The body of a @hydra.main: relaunch on N ranks, or run `job` on this rank. `prepare`
     reads the job's inputs (its checkpoint's model, its files), the layout is resolved once,
     here, and `check` validates the typed config at that layout before any process group
-    exists."""
+    exists. With dry_run.world set, `dry(config, layout)` runs in this process instead."""
     _JobState.started = True
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -226,6 +236,12 @@ def run_entry_point(
         # OmegaConf's errors add lines of its internals (full_key, object_type) after the first
         shown = lines[:1] if isinstance(err, OmegaConfBaseException) else lines
         _fail(" ".join(shown) or type(err).__name__)
+    if dry is not None and dry_world(config):
+        try:
+            dry(config, layout)
+        except ValueError as err:
+            _fail(str(err))
+        return
     if relaunch:
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
         code = launch_local(

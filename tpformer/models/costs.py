@@ -97,6 +97,42 @@ def executed_flops(
     return needed + 0.5 * attention * config.num_layers
 
 
+def rank_executed_flops(
+    config: ModelConfig,
+    *,
+    samples: int,
+    seq: int,
+    layers: int,
+    tp: int = 1,
+    cp: int = 1,
+    recompute: str = "none",
+    head_rows: float = 0.0,
+    padded_vocab: int | None = None,
+    pooled: bool = False,
+    task: str = "pretraining",
+    num_labels: int = 2,
+) -> float:
+    """What one rank executes in a step, as FlopCounterMode counts it (a dry run's count):
+    `layers` layers over `samples` sequences, of which it holds seq / cp positions (each
+    against every key), their matmuls and heads split over `tp`; the fused attention backward's
+    recomputation of QK^T; the forward again of recomputed layers (full) or attention cores
+    (selective); the vocabulary head over `head_rows` rows (BERT's transform whole on every TP
+    rank, the projection split) and, with `pooled`, the per-sample heads (whole)."""
+    h, f = config.hidden_size, config.intermediate_size
+    tokens = samples * seq / cp
+    attention = tokens * 4 * seq * h / tp
+    forward = tokens * 2 * (4 * h * h + 2 * h * f) / tp + attention
+    again = {"full": forward, "selective": attention}.get(recompute, 0.0)
+    total = layers * (3 * forward + 0.5 * attention + again)
+    if head_rows:
+        vocab = padded_vocab or config.vocab_size
+        transform = 2 * h * h if config.arch == "bert" else 0
+        total += 3 * head_rows * (transform + 2 * h * vocab / tp)
+    if pooled:
+        total += 3 * samples * pooled_flops_per_sample(config, task, num_labels)
+    return total
+
+
 def layer_params(config: ModelConfig, tp: int) -> int:
     """One layer's parameters on one TP rank: QKV, FFN-in and their biases and the two output
     matrices are split; the LayerNorms and the output biases are replicated."""

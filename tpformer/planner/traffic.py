@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.layers.sequence import labeled_width
+from tpformer.models.costs import rank_executed_flops
 from tpformer.parallel.comm.record import sent_bytes
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.memory import stage_params
@@ -150,3 +151,25 @@ def priced_keys(counted: str) -> list[str]:
 def priced(traffic: dict[str, float], counted: str) -> float:
     """The planner's bytes for a counted "op group"."""
     return sum(traffic.get(key, 0.0) for key in priced_keys(counted))
+
+
+def rank_flops(work: Workload, c: Candidate, stage: int) -> float:
+    """FLOPs one rank of pipeline stage `stage` executes per step (models/costs.py's count of
+    its layers, and on the last stage its heads)."""
+    m = work.model
+    last = stage == c.pp - 1
+    samples = c.grad_accum * c.micro_batch
+    per_sample = labeled_width(work.seq, work.head_fraction) if m.arch == "bert" else 0
+    rows = samples * (per_sample or work.seq / c.cp)  # GPT: every position this rank holds
+    return rank_executed_flops(
+        m,
+        samples=samples,
+        seq=work.seq,
+        layers=sum(c.split(work)[stage :: c.pp]),
+        tp=c.tp,
+        cp=c.cp,
+        recompute=c.recompute,
+        head_rows=rows if last else 0.0,
+        padded_vocab=padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to),
+        pooled=last and m.arch == "bert",
+    )

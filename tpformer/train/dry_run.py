@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tpformer.config.schema import Config, DataSource, Logger
+from tpformer.config.schema import Config, DataSource, FinetuneConfig, Logger, ParallelConfig
 from tpformer.data.steps import prepare_step
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
@@ -60,31 +61,59 @@ class DryRun:
         return self.params + self.grads + self.optimizer + self.step_peak
 
 
-def dry_config(config: Config) -> Config:
-    """The run as a dry run takes it: synthetic batches of its shapes, fast randomness, the
-    generic collectives, nothing written."""
-    return replace(
-        config,
-        parallel=replace(config.parallel, rng="fast", gloo_shortcuts=False),  # type: ignore[arg-type]
-        data=replace(config.data, source=DataSource.synthetic, num_workers=0),
-        trainer=replace(
-            config.trainer,
-            max_steps=STEPS,
-            loggers=list[Logger](),
-            progress=False,
-            save_every=0,
-            async_save=False,
-        ),
+def _quiet(parallel: ParallelConfig, trainer: Any) -> tuple[ParallelConfig, Any]:
+    """A dry run's parallel and trainer keys: fast randomness, the generic collectives (as on
+    an accelerator), nothing logged or written."""
+    return (
+        replace(parallel, rng="fast", gloo_shortcuts=False),  # type: ignore[arg-type]
+        replace(trainer, loggers=list[Logger](), progress=False, save_every=0, async_save=False),
     )
 
 
+def dry_config(config: Config) -> Config:
+    """The pretraining run as a dry run takes it: synthetic batches of its shapes, two steps."""
+    parallel, trainer = _quiet(config.parallel, replace(config.trainer, max_steps=STEPS))
+    data = replace(config.data, source=DataSource.synthetic, num_workers=0)
+    return replace(config, parallel=parallel, data=data, trainer=trainer)
+
+
 def dry_run(config: Config, world_size: int, rank: int) -> DryRun:
-    """Two steps of `rank` of a `world_size`-rank job of `config` on meta and the fake backend."""
+    """Two pretraining steps of `rank` of a `world_size`-rank job of `config` on meta and the
+    fake backend."""
     from tpformer.train.pretraining import pretraining_trainer
 
-    started = time.perf_counter()
     config = dry_config(config)
-    p = config.parallel
+    return _dry_run(
+        lambda ctx, run_dir: pretraining_trainer(config, ctx, run_dir),
+        config.parallel,
+        world_size,
+        rank,
+    )
+
+
+def dry_run_finetune(config: FinetuneConfig, world_size: int, rank: int) -> DryRun:
+    """Two fine-tuning steps of `rank` of a `world_size`-rank job of `config`: its model (the
+    init's shape, no weights read onto meta) and its task's real batches."""
+    from tpformer.train.finetuning import finetuning_trainer
+
+    parallel, trainer = _quiet(config.parallel, config.trainer)
+    config = replace(config, parallel=parallel, trainer=trainer)
+    return _dry_run(
+        lambda ctx, run_dir: finetuning_trainer(config, ctx, run_dir),
+        config.parallel,
+        world_size,
+        rank,
+    )
+
+
+def _dry_run(
+    build: Callable[[ParallelContext, Path], Any],
+    p: ParallelConfig,
+    world_size: int,
+    rank: int,
+) -> DryRun:
+    """`build(ctx, run_dir)`'s trainer for `rank` on the fake backend and meta, measured."""
+    started = time.perf_counter()
     if not isinstance(p.tensor, int) or not isinstance(p.pipeline, int):
         raise ValueError(
             f"a dry run runs one layout: give parallel.tensor and parallel.pipeline as integers "
@@ -102,8 +131,7 @@ def dry_run(config: Config, world_size: int, rank: int) -> DryRun:
             context=p.context,
         )
         with tempfile.TemporaryDirectory() as run_dir:
-            trainer = pretraining_trainer(config, ctx, Path(run_dir))
-            report = _measure(trainer, ctx)
+            report = _measure(build(ctx, Path(run_dir)), ctx)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -35,6 +35,7 @@ from tpformer.config.schema.cluster import ClusterConfig
 from tpformer.config.schema.data import DataConfig, GlueDataConfig, LoaderConfig
 from tpformer.config.schema.jobs import (
     Config,
+    DryRunConfig,
     EvalLMConfig,
     FinetuneConfig,
     FinetuneModelConfig,
@@ -64,6 +65,7 @@ __all__ = [
     "DataConfig",
     "DataSource",
     "Decay",
+    "DryRunConfig",
     "EvalLMConfig",
     "FinetuneConfig",
     "FinetuneModelConfig",

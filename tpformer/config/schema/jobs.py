@@ -72,6 +72,19 @@ class FinetuneModelConfig:
 
 
 @dataclass
+class DryRunConfig:
+    """A dry run in place of the job: its real training step, for chosen ranks of a job of any
+    size, on this CPU (the fake process-group backend, the meta device), printing what each
+    rank holds, computes and sends (docs/planner.md, "Dry runs")."""
+
+    world: int = ranged(0, 0)
+    """Ranks of the job the dry run stands for (0: run the job itself); the layout keys
+    (parallel.*) are resolved for this world."""
+    ranks: list[int] = field(default_factory=list)
+    """Global ranks to dry-run ([]: the first rank of the first and of the last stage)."""
+
+
+@dataclass
 class FinetuneConfig:
     """tpformer-finetune: one GLUE task from a tpformer checkpoint or a Hugging Face BERT."""
 
@@ -85,6 +98,7 @@ class FinetuneConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: FinetuneTrainerConfig = field(default_factory=FinetuneTrainerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    dry_run: DryRunConfig = field(default_factory=DryRunConfig)
 
 
 @dataclass
