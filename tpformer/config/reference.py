@@ -16,6 +16,7 @@ from dataclasses import MISSING, Field
 from tpformer.config.schema import (
     ClusterConfig,
     DataConfig,
+    DryRunConfig,
     EvalLMConfig,
     FinetuneModelConfig,
     FinetuneTrainerConfig,
@@ -45,6 +46,7 @@ FINETUNE_GROUPS: dict[str, type] = {
     "model": FinetuneModelConfig,
     "data": GlueDataConfig,
     "trainer": FinetuneTrainerConfig,
+    "dry_run": DryRunConfig,
 }
 INFERENCE_COMMANDS: dict[str, type] = {
     "tpformer-generate": GenerateConfig,
