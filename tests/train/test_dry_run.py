@@ -61,6 +61,9 @@ GRID = [  # (world, rank, layers, parallel keys)
     (2, 0, 2, {"tensor": 2, "precision": "bf16"}),
     (1, 0, 4, {"recompute": "full"}),
     (2, 0, 2, {"recompute": "selective", "zero_stage": 3}),
+    (2, 0, 2, {"zero_stage": 1, "cpu_offload": "optimizer"}),
+    (2, 1, 2, {"zero_stage": 3, "cpu_offload": "optimizer+params"}),
+    (2, 0, 2, {"tensor": 2, "precision": "fp16"}),
     (2, 1, 2, {"context": 2}),
     (4, 3, 2, {"context": 2, "tensor": 2, "sequence_parallel": True}),
 ]
@@ -122,8 +125,13 @@ def _assert_as_planned(config: Config, world: int, rank: int, global_batch: int)
     stage = layout.stage_of(rank)
     candidate = candidate_of(config, layout.dp)
     (predicted,) = predict_stage_memory(work, candidate, cluster, only=[stage])
-    measured = (run.params, run.grads, run.optimizer, run.buffers)
-    want = (predicted.params, predicted.grads, predicted.optimizer, predicted.buffers)
+    # offloaded state is on the meta device too: the planner's host bytes join the rest
+    measured = (run.params + run.optimizer, run.grads, run.buffers)
+    want = (
+        predicted.params + predicted.optimizer + predicted.host,
+        predicted.grads,
+        predicted.buffers,
+    )
     # ZeRO pads each flat bucket to a multiple of dp elements; the planner divides evenly
     padding = 4 * layout.dp * 3 if p.zero_stage else 0
     assert all(abs(m - w) <= padding for m, w in zip(measured, want)), (run, predicted)

@@ -37,7 +37,7 @@ from tpformer.engine.grads import (
 )
 from tpformer.engine.memory import MemoryBytes, optimizer_state_bytes
 from tpformer.engine.optimizer import build_masters, build_optimizer
-from tpformer.engine.params import PartitionedParams, ReplicatedParams
+from tpformer.engine.params import PartitionedParams, ReplicatedParams, host_device
 from tpformer.engine.precision import LossScaler, compute_dtype
 from tpformer.engine.state import load_logical_state, logical_state
 from tpformer.engine.units import bucket_elements, split_units
@@ -108,7 +108,7 @@ class ZeroEngine:
         )
         self.sequence_grads = SequenceParallelGrads(self.buckets, ctx.tp, whole=self.whole_master)
         self.tied_grads = PipelineTiedGrads(self.buckets, ctx.pipeline_ends)
-        state_device = torch.device("cpu") if cpu_offload != "none" else ctx.device
+        state_device = host_device(ctx.device) if cpu_offload != "none" else ctx.device
         self._build_optimizer(optim, state_device)
         self._ready = [0] * len(self.buckets)
         if ctx.device.type == "cpu":  # see RowSparseLookup

@@ -36,6 +36,12 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def host_device(device: torch.device) -> torch.device:
+    """Where offloaded state lives: the host, or in a dry run (everything on the meta device,
+    train/dry_run.py) the meta device, which stands for every memory."""
+    return device if device.type == "meta" else torch.device("cpu")
+
+
 class ReplicatedParams:
     """Stages 0-2 (see the module docstring). `sharded_master`: the optimizer owns only this
     rank's chunk of each bucket (stages 1-2), so updates are all-gathered."""
@@ -132,7 +138,7 @@ class PartitionedParams:
         offload: bool,
     ) -> None:
         self.model, self.buckets, self.dp, self.device = model, buckets, dp, device
-        self.shard_device = torch.device("cpu") if offload else device
+        self.shard_device = host_device(device) if offload else device
         self.flat: list[Tensor] = []
         self.gathered = [False] * len(buckets)
         self.pending: list[PendingGather | None] = [None] * len(buckets)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tpformer.config.schema import ParallelConfig
+from tpformer.engine.params import host_device
 from tpformer.engine.units import model_blocks
 from tpformer.engine.wrapping import wrap_method
 from tpformer.parallel.random import RNGTracker, eager_island
@@ -47,7 +48,7 @@ def _recomputed(
             with rng.restored(state):
                 return fn(inner, *inner_rest)
 
-        args = (x.to("cpu", non_blocking=True) if offload else x, *rest)
+        args = (x.to(host_device(device), non_blocking=True) if offload else x, *rest)
         return checkpoint(replay, *args, use_reentrant=False, preserve_rng_state=False)
 
     return run
