@@ -49,8 +49,9 @@ class DryRun:
     buffers: int
     """The engine's working buffers at their most (engine.working_bytes)."""
     step_peak: int
-    """Peak of what the step allocates beyond the model state: activations, temporaries,
-    the engine's buffers and the communication buffers it creates."""
+    """Peak of what the forward and backward allocate beyond the model state: activations,
+    temporaries, the engine's buffers and the communication buffers they create (the update,
+    whose AdamW runs in plain ops on meta but fused on an accelerator, is left out)."""
     flops_per_step: float
     collectives: dict[str, tuple[int, float]] = field(default_factory=dict)
     """{"op group": (calls per step, bytes this rank sends per step)}."""
@@ -138,15 +139,18 @@ def _dry_run(
 
 def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
     """The last of STEPS steps measured: its model state after backward (gradients) and after
-    the update (optimizer state), its peak allocations, FLOPs and collectives."""
+    the update (optimizer state), its forward and backward's allocations and FLOPs, and the
+    whole step's collectives."""
     engine = trainer.engine
     for step in range(STEPS - 1):
         trainer.queue_step(_prepared(trainer, step), train=True)
         trainer.runner.update()
     prepared = _prepared(trainer, STEPS - 1)
     meter = StepMeter(engine.working_bytes)
-    with count_collectives() as counts, meter:
-        trainer.queue_step(prepared, train=True)
+    with count_collectives() as counts:
+        with meter:  # forward and backward: the update runs AdamW in plain ops on meta, whose
+            # temporaries the fused kernel of an accelerator does not allocate
+            trainer.queue_step(prepared, train=True)
         grads = engine.memory_report().grads
         trainer.runner.update()
     state = engine.memory_report()
