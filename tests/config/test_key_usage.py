@@ -102,9 +102,13 @@ OPTION_RUNS = [["optim.name=lars"]]
 
 
 def _assert_every_key_read(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str, overrides: list[str]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    module: str,
+    overrides: list[str],
+    options: list[list[str]] = OPTION_RUNS,
 ) -> set[str]:
-    """One run on this rank, one through the relaunch path and one per OPTION_RUNS; every key
+    """One run on this rank, one through the relaunch path and one per option run; every key
     read by one of them."""
     reads, keys = _run(monkeypatch, module, [*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
     launched, _ = _run(
@@ -113,7 +117,7 @@ def _assert_every_key_read(
         [*overrides, "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'launched'}"],
         launch=True,
     )
-    for i, option in enumerate(OPTION_RUNS):
+    for i, option in enumerate(options):
         reads |= _run(
             monkeypatch, module, [*overrides, *option, f"hydra.run.dir={tmp_path / f'option{i}'}"]
         )[0]
@@ -169,5 +173,6 @@ def test_every_finetuning_key_is_read(tmp_path: Path, monkeypatch: pytest.Monkey
             "trainer.progress=false",
             "parallel.recompute=full",
         ],
+        options=[*OPTION_RUNS, ["dry_run.world=2", "dry_run.ranks=[1]"]],  # a dry run's keys
     )
     assert len(keys) > 40
