@@ -19,7 +19,7 @@ from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import simulate
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Link, load_preset, resolve_cluster
-from tpformer.planner.memory import in_flight, stage_params
+from tpformer.planner.memory import held_at_backward, stage_params
 from tpformer.planner.step_time import pipeline_makespan
 from tpformer.train.startup_report import predict_memory_of, prediction_lines
 
@@ -43,14 +43,21 @@ def test_parameters_per_rank_match_the_built_model(model: ModelConfig, task: str
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved_1f1b"])
-def test_micro_batches_in_flight_are_the_simulated_ones(schedule: str) -> None:
+def test_the_micro_batches_held_at_a_backward_are_the_simulated_ones(schedule: str) -> None:
+    """held_at_backward walks the schedule's actions: with one byte per layer and nothing else,
+    its peak on each stage is the simulation's peak of chunks in flight times a chunk's layers."""
     for p in (2, 3, 4):
         for m in (1, 2, 4, 8):
             if schedule == "interleaved_1f1b" and m % p:
                 continue
             c = Candidate(1, p, 1, 1, m, schedule=schedule, virtual_stages=2)
+            config = base_config()
+            model = replace(config.model, num_layers=p * c.chunks * 2)
+            work = Workload.of(replace(config, model=model), m)
+            split = c.split(work)
             peak = simulate(schedule, p, m, c.chunks).peak_in_flight
-            assert [in_flight(c, r) for r in range(p)] == peak, (schedule, p, m)
+            held = [held_at_backward(work, c, r, 1.0, 0.0, 0.0, 0.0) for r in range(p)]
+            assert held == [n * split[r] for r, n in enumerate(peak)], (schedule, p, m)
 
 
 def _lines(**trainer: int) -> tuple[list[str], list[str]]:

@@ -17,6 +17,7 @@ from tpformer.models.costs import (
     layer_params,
     word_embedding_params,
 )
+from tpformer.parallel.pipeline.schedule import actions_for, virtual_stage
 from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
@@ -128,17 +129,37 @@ def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) ->
     return stages
 
 
-def in_flight(c: Candidate, stage: int) -> int:
-    """Micro-batches (interleaved: micro-batch chunks) whose activations stage `stage` holds at
-    once under the schedule, as `schedule.simulate` counts them."""
-    m, p, v = c.grad_accum, c.pp, c.chunks
-    if p == 1:
-        return 1
-    if c.schedule == "gpipe":
-        return m
-    if v == 1:
-        return min(m, p - stage)
-    return min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
+def held_at_backward(
+    work: Workload,
+    c: Candidate,
+    stage: int,
+    layer: float,
+    embedding: float,
+    head: float,
+    boundary: float,
+) -> float:
+    """The most stage `stage` holds when one of its backwards is called, walking its schedule's
+    actions (parallel/pipeline/schedule.py): per chunk of a micro-batch in flight, its layers'
+    activations, on virtual stage 0 the embedding's, on the last the head's, elsewhere the
+    output kept for its backward; plus the gradient received for the backward under way."""
+    split = c.split(work)  # layers per virtual stage
+    last = c.pp * c.chunks - 1
+    if c.pp == 1:
+        return split[0] * layer + embedding + head
+
+    def kept(vs: int) -> float:
+        ends = (embedding if vs == 0 else 0) + (head if vs == last else boundary)
+        return split[vs] * layer + ends
+
+    held = peak = 0.0
+    for action in actions_for(c.schedule, c.pp, c.grad_accum, stage, c.chunks):
+        vs = virtual_stage(action.chunk, stage, c.pp)
+        if action.kind == "F":
+            held += kept(vs)
+        else:
+            peak = max(peak, held + (boundary if vs < last else 0))
+            held -= kept(vs)
+    return peak
 
 
 @dataclass(frozen=True)
@@ -271,21 +292,8 @@ def predict_stage_memory(
             mixed=mixed,
             grad_bytes=work.stack.grad_bytes,
         )
-        alive = in_flight(c, r)
+        acts = held_at_backward(work, c, r, layer, embedding, head, boundary)
         layers = sum(split[r :: c.pp])
-        if c.chunks > 1:  # `alive` counts chunks of layers / v layers each
-            acts = alive * layers / c.chunks * layer + (
-                embedding * -(-alive // c.chunks) if r == 0 else 0
-            )
-        else:
-            acts = alive * (layers * layer + (embedding if r == 0 else 0))
-        if r == c.pp - 1:  # 1F1B runs the loss's backward right after its forward
-            acts += head * (alive if c.schedule == "gpipe" else 1)
-        if c.pp > 1:  # each chunk's output sent on, kept for its backward (the last virtual
-            # stage's is the loss), and the gradient received for the backward under way
-            sent = alive if r < c.pp - 1 else alive * (c.chunks - 1) // c.chunks
-            received = 1 if r < c.pp - 1 or c.chunks > 1 else 0
-            acts += (sent + received) * boundary
         host = 0.0
         optimizer, params_bytes = float(state.optimizer), float(state.params)
         if c.cpu_offload != "none":
