@@ -1,6 +1,7 @@
 """Memory per rank of a layout: model state by the ZeRO paper's formula on this rank's
-parameters, activations by Korthikanti et al.'s per-layer terms times the micro-batches the
-pipeline schedule keeps alive, plus working buffers and the framework's overhead."""
+parameters, activations by Korthikanti et al.'s per-layer terms for what the stage's schedule
+holds when a backward is called, plus working buffers and the framework's overhead; held to
+what the engine allocates by dry runs (tests/train/test_dry_run.py)."""
 
 from __future__ import annotations
 
