@@ -34,7 +34,7 @@ from tests.models.common import tiny_gpt
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import load_preset, resolve_cluster
-from tpformer.planner.memory import predict_stage_memory
+from tpformer.planner.memory import held_at_backward, predict_stage_memory
 from tpformer.planner.search import MODEL_ERROR, PlanResult, evaluate, why_not
 from tpformer.planner.step_time import predict_time
 
@@ -108,20 +108,16 @@ def test_offload_is_charged_on_the_host_and_checked_against_its_ram() -> None:
     assert "does not fit the host" in why_not(result, refused)
 
 
-UNSTATED_SCHEDULE_TOLERANCE = {1008.0: 0.11}
-"""Table 1 states neither micro-batch nor schedule: each row is priced at the fastest the planner
-finds at its split, an upper bound. The 1T row is 1.106 there (interleaved, micro 1) and 1.06 at
-1F1B, micro 1."""
-
-
 @pytest.mark.parametrize("run", MEGATRON_TABLE_1, ids=lambda r: f"{r.params_b:g}B")
 def test_megatron_weak_scaling_within_the_model_error(run) -> None:
     """Table 1 at the 2021 options: every run fits, throughput within MODEL_ERROR (measured
-    0.95-1.09) but for the 1T row (1.106, see UNSTATED_SCHEDULE_TOLERANCE)."""
+    0.955-1.091). Table 1 states neither micro-batch nor schedule: each row is priced at the
+    fastest layout at its split that fits, an upper bound (the 1T row: 1F1B, micro 1, 1.061;
+    its interleaved schedule, 1.106, no longer fits since the planner prices the outputs a
+    stage keeps for their backward)."""
     r = reproduce(run)
     assert r.published.fits, run
-    tolerance = UNSTATED_SCHEDULE_TOLERANCE.get(run.params_b, MODEL_ERROR)
-    assert abs(math.log(r.ratio)) <= math.log(1 + tolerance), (run, r.ratio)
+    assert abs(math.log(r.ratio)) <= math.log(1 + MODEL_ERROR), (run, r.ratio)
 
 
 def test_megatron_first_choices_two_sided() -> None:
@@ -184,9 +180,11 @@ def test_zero3_and_ptdp_runs_fit_and_keep_their_order() -> None:
 
 def test_the_first_stage_holds_korthikantis_activations() -> None:
     """Korthikanti et al. Eq. 6 with their interleaving factor: under SP + selective the first
-    stage holds 34 s b h L / t (1 + (p - 1) / (p m)) bytes; the planner's in-flight count gives
-    that within 4% at every Table 3 layout (the rest is the embedding and head outputs: 0.3% at
-    175B, 3.3% at 22B, whose one stage holds the fp32 logits)."""
+    stage holds 34 s b h L / t (1 + (p - 1) / (p m)) bytes; the planner gives that within 4% at
+    every Table 3 layout (the rest is the embedding and head outputs: 0.3% at 175B, 3.3% at 22B,
+    whose one stage holds the fp32 logits) once the outputs tpformer's stages keep for their
+    backward are left out, which Megatron frees once sent (its deallocate_output_tensor): they
+    add 1.4-7.4% to these stages (a finding; tpformer does not free them)."""
     for run in KORTHIKANTI_TABLE_5:
         if run.scheme != "sp-selective":
             continue
@@ -194,8 +192,13 @@ def test_the_first_stage_holds_korthikantis_activations() -> None:
         chunks = c.chunks
         factor = 1 + (run.pp - 1) / (run.pp * chunks) if chunks > 1 else 1.0
         formula = 34 * 2048 * run.micro_batch * run.hidden * run.layers / run.tp * factor
-        first = predict_stage_memory(workload(run), c, cluster(run), [0])[0]
-        assert formula <= first.activations <= 1.04 * formula, (run, first.activations / formula)
+        work = workload(run)
+        first = predict_stage_memory(work, c, cluster(run), [0])[0]
+        chunk = 2048 * run.micro_batch * run.hidden * work.itemsize / run.tp  # SP: a chunk
+        kept = held_at_backward(work, c, 0, 0.0, 0.0, 0.0, chunk) if run.pp > 1 else 0.0
+        megatron = first.activations - kept
+        assert formula <= megatron <= 1.04 * formula, (run, megatron / formula)
+        assert kept <= 0.08 * first.activations, (run, kept / first.activations)
 
 
 @pytest.mark.parametrize("params", list(ZERO_TABLE_1), ids=lambda p: f"{p / 1e9:g}B")
@@ -227,13 +230,13 @@ def test_the_paper_flop_count_is_the_one_cost_model_with_recomputation(run) -> N
 
 
 STATED_RANGES = {  # (table, fitted plateau): predicted / published throughput, docs/planner.md
-    ("table 1", True): (0.955, 1.106),
-    ("table 1", False): (1.010, 1.213),
+    ("table 1", True): (0.955, 1.091),
+    ("table 1", False): (1.010, 1.186),
     ("table 2 ptdp", True): (1.062, 1.087),
-    ("table 2 ptdp", False): (1.149, 1.191),
+    ("table 2 ptdp", False): (1.149, 1.190),
     ("table 2 zero-3", True): (0.866, 1.148),
     ("table 2 zero-3", False): (0.873, 1.163),
-    ("table 5", True): (0.984, 1.066),
+    ("table 5", True): (0.983, 1.066),
     ("table 5", False): (1.078, 1.133),
 }
 

@@ -369,9 +369,10 @@ def _own_group(groups: list[list[int]], rank: int, shortcuts: bool) -> GroupHand
 
 
 def _fake_world() -> bool:
-    """The default group is a dry run's (parallel/fake_world.py: the fake backend for every
-    device type)."""
-    return str(dist.get_backend()).endswith(":fake")
+    """The default group is on the fake backend (a dry run's, parallel/fake_world.py: named for
+    every device type)."""
+    backend = str(dist.get_backend())
+    return backend == "fake" or backend.endswith(":fake")
 
 
 def _control_group(rank: int, world: int) -> GroupHandle:
