@@ -1,5 +1,6 @@
-"""The bytes one rank sends per step in each process group, as tpformer's engine issues them:
-what a dry run (train/dry_run.py) counts call by call, priced from the layout alone.
+"""What one rank does per step, priced from the layout alone as tpformer's engine does it: the
+bytes it sends in each process group (`step_traffic`) and the FLOPs it executes (`rank_flops`),
+which a dry run (train/dry_run.py) counts call by call and op by op.
 
 Keys are "<op> <group>" with the group by its role (tp, dp, dp_cp, cp, pp, pp_gradients,
 pipeline_ends); bytes are what comm/record.py counts, the ring model's share of each call
