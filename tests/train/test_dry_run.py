@@ -124,14 +124,13 @@ def _assert_as_planned(config: Config, world: int, rank: int, global_batch: int)
     cluster = resolve_cluster(gpu, str(p.precision), cache_dir="/nonexistent")
     stage = layout.stage_of(rank)
     candidate = candidate_of(config, layout.dp)
-    (predicted,) = predict_stage_memory(work, candidate, cluster, only=[stage])
-    # offloaded state is on the meta device too: the planner's host bytes join the rest
-    measured = (run.params + run.optimizer, run.grads, run.buffers)
-    want = (
-        predicted.params + predicted.optimizer + predicted.host,
-        predicted.grads,
-        predicted.buffers,
-    )
+    # offloaded state stands on the meta device too: the planner's split before the host
+    on_device = replace(candidate, cpu_offload="none")
+    (predicted,) = predict_stage_memory(work, on_device, cluster, only=[stage])
+    (offloaded,) = predict_stage_memory(work, candidate, cluster, only=[stage])
+    assert offloaded.model_state + offloaded.host == predicted.model_state
+    measured = (run.params, run.grads, run.optimizer, run.buffers)
+    want = (predicted.params, predicted.grads, predicted.optimizer, predicted.buffers)
     # ZeRO pads each flat bucket to a multiple of dp elements; the planner divides evenly
     padding = 4 * layout.dp * 3 if p.zero_stage else 0
     assert all(abs(m - w) <= padding for m, w in zip(measured, want)), (run, predicted)
@@ -199,4 +198,4 @@ def test_a_finetuning_job_dry_runs_from_the_command_line(tmp_path: Path) -> None
         assert group in result.stdout
     refused = _cli([*args, "dry_run.ranks=[8]"], tmp_path)
     assert refused.returncode == 2
-    assert "dry_run.ranks=[8]: a job of dry_run.world=8 has ranks 0-7" in refused.stderr
+    assert "dry_run.ranks=[8]: a job of 8 ranks has ranks 0-7" in refused.stderr

@@ -49,15 +49,10 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
 def dry_runs(config: FinetuneConfig, layout: Layout) -> None:
     """dry_run.world: the fine-tuning step of dry_run.ranks (default: the first rank of the
     first and of the last stage) on this CPU, printed."""
-    from tpformer.train.dry_run import dry_run_finetune  # the model and engine stack
+    from tpformer.train.dry_run import dry_run_finetune, ranks_to_run  # the model and engine
 
     world = layout.world_size
-    ranks = list(config.dry_run.ranks) or sorted({0, layout.rank_of(layout.pp - 1, 0, 0)})
-    bad = [r for r in ranks if not 0 <= r < world]
-    if bad:
-        raise ValueError(
-            f"dry_run.ranks={bad}: a job of dry_run.world={world} has ranks 0-{world - 1}"
-        )
+    ranks = ranks_to_run(config.dry_run.ranks, layout, "dry_run.ranks")
     runs = [dry_run_finetune(config, world, rank) for rank in ranks]
     print("\n".join(measured_lines(f"fine-tuning {config.task} on {world} ranks", runs)))
 

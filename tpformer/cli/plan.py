@@ -112,15 +112,12 @@ def evaluate_given(
 def _dry_runs(config: PlanConfig, result: PlanResult, chosen: Evaluated) -> list[DryRun]:
     """plan.dry_run: the chosen layout's step for plan.dry_run_ranks (default: the first rank
     of the first and of the last pipeline stage) of the cluster's world."""
-    from tpformer.train.dry_run import dry_run  # the model and engine stack: only when asked
+    from tpformer.train.dry_run import dry_run, ranks_to_run  # the model and engine stack
 
     c, world = chosen.candidate, result.cluster.world_size
     at = at_layout(config, c.tp, c.pp, result.work.global_batch)
     layout = resolve_layout(c.tp, c.dp, world, c.pp, c.cp)
-    ranks = list(config.plan.dry_run_ranks) or sorted({0, layout.rank_of(c.pp - 1, 0, 0)})
-    bad = [r for r in ranks if not 0 <= r < world]
-    if bad:
-        raise ValueError(f"plan.dry_run_ranks={bad}: the cluster has ranks 0-{world - 1}")
+    ranks = ranks_to_run(config.plan.dry_run_ranks, layout, "plan.dry_run_ranks")
     return [dry_run(c.apply(at), world, rank) for rank in ranks]
 
 

@@ -3,7 +3,7 @@ confirmation runs, the JSON for tools, and the evaluation of a given layout."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
 from tpformer.planner.candidate import Candidate
@@ -237,60 +237,73 @@ STEPS_NOTE = "fake backend, meta device, the second of two steps"
 
 
 def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> list[str]:
-    """Per dry-run rank: what the real step held and sent, next to the planner's prediction for
-    the rank's stage (memory in MB by category; the step's peak, which adds its temporaries, next
-    to what the planner predicts beside its overhead), its FLOPs and its collectives per group."""
+    """Per dry-run rank: what the real step held, computed and sent, next to the planner's
+    prediction for the rank's stage."""
     c = chosen.candidate
     lines = ["", f"dry run ({STEPS_NOTE}) of {c.label()} on {result.cluster.world_size} ranks:"]
     for run in runs:
-        (predicted,) = predict_stage_memory(result.work, c, result.cluster, only=[run.stage])
-        rows = [
-            ("params", run.params, predicted.params),
-            ("grads", run.grads, predicted.grads),
-            ("optimizer", run.optimizer, predicted.optimizer),
-            ("activations", run.activations, predicted.activations),
-            ("buffers", run.buffers, predicted.buffers),
-            ("step peak*", run.step_peak, predicted.activations + predicted.buffers),
-        ]
-        lines.append(f"  rank {run.rank} (stage {run.stage}), {run.seconds:.1f} s:")
-        lines += [
-            f"    {name:<17}{measured / 1e6:>12,.1f} MB  planner {want / 1e6:>12,.1f} MB"
-            for name, measured, want in rows
-        ]
-        lines.append(
-            f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)  planner "
-            f"{rank_flops(result.work, c, run.stage):.4g}"
+        # offloaded state stands on meta too: the planner's split before it goes to the host
+        (p,) = predict_stage_memory(
+            result.work, replace(c, cpu_offload="none"), result.cluster, only=[run.stage]
         )
+        planned = {
+            "params": p.params,
+            "grads": p.grads,
+            "optimizer": p.optimizer,
+            "activations": p.activations,
+            "buffers": p.buffers,
+            "step peak*": p.activations + p.buffers,
+        }
+        flops = rank_flops(result.work, c, run.stage)
+        lines += _rank_lines(run, planned, flops, step_traffic(result.work, c, run.stage))
         lines.append(
             "    * the peak of activations, buffers and the step's temporaries; the planner "
             f"covers temporaries by its overhead ({result.cluster.overhead / 1e9:g} GB)"
         )
-        traffic = step_traffic(result.work, c, run.stage)
-        lines += [
-            f"    {name:<28} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent  planner "
-            f"{priced(traffic, name) / 1e6:>10,.1f} MB"
-            for name, (calls, sent) in run.collectives.items()
-        ]
     return lines
 
 
 def measured_lines(title: str, runs: list[DryRun]) -> list[str]:
-    """Per dry-run rank, what the step held (MB), computed and sent per process group."""
+    """Per dry-run rank, what the step held (MB), computed and sent per process group (no
+    planner prediction: fine-tuning)."""
     lines = [f"dry run ({STEPS_NOTE}) of {title}:"]
     for run in runs:
-        lines.append(f"  rank {run.rank} (stage {run.stage}), {run.seconds:.1f} s:")
-        rows = [
-            ("params", run.params),
-            ("grads", run.grads),
-            ("optimizer", run.optimizer),
-            ("activations", run.activations),
-            ("buffers", run.buffers),
-            ("step peak", run.step_peak),
-        ]
-        lines += [f"    {name:<17}{value / 1e6:>14,.3f} MB" for name, value in rows]
-        lines.append(f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)")
-        lines += [
-            f"    {name:<28} {calls:>5} calls {sent / 1e6:>12,.1f} MB sent"
-            for name, (calls, sent) in run.collectives.items()
-        ]
+        lines += _rank_lines(run)
+    return lines
+
+
+def _rank_lines(
+    run: DryRun,
+    planned: dict[str, float] | None = None,
+    flops: float | None = None,
+    traffic: dict[str, float] | None = None,
+) -> list[str]:
+    """One dry-run rank's rows, each with the planner's number when there is one."""
+
+    def beside(value: float, width: int) -> str:
+        return f"  planner {value / 1e6:>{width},.3f} MB"
+
+    measured = {
+        "params": run.params,
+        "grads": run.grads,
+        "optimizer": run.optimizer,
+        "activations": run.activations,
+        "buffers": run.buffers,
+        "step peak*": run.step_peak,
+    }
+    lines = [f"  rank {run.rank} (stage {run.stage}), {run.seconds:.1f} s:"]
+    lines += [
+        f"    {name:<17}{value / 1e6:>14,.3f} MB"
+        + (beside(planned[name], 14) if planned is not None else "")
+        for name, value in measured.items()
+    ]
+    lines.append(
+        f"    FLOPs per step  {run.flops_per_step:>14.4g} (this rank, executed)"
+        + (f"  planner {flops:.4g}" if flops is not None else "")
+    )
+    lines += [
+        f"    {name:<28} {calls:>5} calls {sent / 1e6:>14,.3f} MB sent"
+        + (beside(priced(traffic, name), 12) if traffic is not None else "")
+        for name, (calls, sent) in run.collectives.items()
+    ]
     return lines

@@ -175,7 +175,7 @@ def _checked_config(
     world, local = (nproc, nproc) if relaunch else (env.world_size, env.local_world_size)
     dry = dry_world(config)
     if dry:  # the layout of the job the dry run stands for; nothing is launched
-        world, local, relaunch = dry, min(dry, 8), False
+        world, local, relaunch = dry, dry, False
     layout, notes = _checked_layout(config, world, local, check)
     return config, layout, read + notes, relaunch
 

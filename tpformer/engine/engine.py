@@ -379,9 +379,8 @@ class ZeroEngine:
         """Bytes of the working buffers held now beside the model state: ZeRO 2-3's whole
         gradient buckets (pooled, kept once made) and ZeRO-3's gathered parameters (what the
         planner calls buffers; train/dry_run.py samples it through a step)."""
-        gathered = getattr(self.params, "gathered_bytes", None)
-        pooled = self.pool.nbytes if self.stage >= 2 else 0  # else the gradients themselves
-        return pooled + (gathered() if gathered is not None else 0)
+        pooled = self.pool.made_bytes if self.stage >= 2 else 0  # else the gradients themselves
+        return pooled + self.params.gathered_bytes()
 
     def __repr__(self) -> str:
         return (

@@ -110,7 +110,7 @@ class BufferPool:
 
     def __init__(self) -> None:
         self._free: dict[tuple[int, torch.dtype, torch.device], list[Tensor]] = {}
-        self.nbytes = 0
+        self.made_bytes = 0
         """Bytes of every buffer it made (in use or waiting): they are never freed."""
 
     def take(self, numel: int, dtype: torch.dtype, device: torch.device, *, zero: bool) -> Tensor:
@@ -119,7 +119,7 @@ class BufferPool:
             buf = stack.pop()
         else:
             buf = torch.empty(numel, dtype=dtype, device=device)
-            self.nbytes += buf.nbytes
+            self.made_bytes += buf.nbytes
         return buf.zero_() if zero else buf
 
     def give(self, buf: Tensor | None) -> None:

@@ -118,6 +118,10 @@ class ReplicatedParams:
     def nbytes(self) -> int:
         return sum(f.numel() * f.element_size() for f in self.full)
 
+    def gathered_bytes(self) -> int:
+        """Stages 0-2 gather nothing beyond the parameters they hold."""
+        return 0
+
 
 class PartitionedParams:
     """Stage 3 (see the module docstring). With `offload` the shards live on the CPU.

@@ -125,12 +125,12 @@ class ParallelDropout(nn.Module):
         """The hash mask of this rank's elements at their global positions (traceable)."""
         shape = x.shape if x.dim() > 2 else (x.shape[0], 1, *x.shape[1:])
         positions = self._row_positions(shape[1], head_offset, x.device)
-        on_host = x.device.type == "cpu" or torch.compiler.is_compiling()
-        draw = keep_mask if on_host else _fused_keep_mask()
         rng = self.rng
         if x.is_meta:  # a dry run (train/dry_run.py): what the fused kernel allocates
             keep = torch.empty(shape, dtype=torch.bool, device=x.device)
         else:
+            on_host = x.device.type == "cpu" or torch.compiler.is_compiling()
+            draw = keep_mask if on_host else _fused_keep_mask()
             keep = draw(rng.step_key, rng.first_sample, self.site_key, positions, shape, self.p)
         keep = keep.view(x.shape)
         scale = 1.0 / (1.0 - self.p)

@@ -86,12 +86,11 @@ def _tensor_parallel(
     backward), and the sequence-parallel parameters' gradients are summed once per step."""
     m, t, h = c.grad_accum, c.tp, work.model.hidden_size
     gpt = work.model.arch == "gpt"
-    # the loss's rows: every predicting position (under CP this rank's), BERT's labeled ones
-    local = work.seq // c.cp
-    predicting = work.seq - 1 if c.cp == 1 else local
+    # the loss's rows: every predicting position (under CP this rank's), BERT's labeled ones;
+    # the head's input: GPT's hidden states, BERT's gathered labeled rows
+    predicting = work.seq - 1 if c.cp == 1 else work.seq // c.cp
     rows = c.micro_batch * (predicting if gpt else labeled_width(work.seq, work.head_fraction))
-    head = act if gpt else c.micro_batch * labeled_width(work.seq, work.head_fraction) * h
-    head *= 1 if gpt else work.itemsize
+    head = act if gpt else rows * h * work.itemsize
     if last:
         add("all_reduce", "tp", t, 4 * rows, 3 * m)
     if not c.sequence_parallel:

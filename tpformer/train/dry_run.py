@@ -5,11 +5,11 @@ collective completes at once, for any world size), the model, the engine and eve
 `meta` device (shapes and dtypes, no storage), and two real steps run through the trainer as
 the accelerator runs them: parallel.rng=fast, the generic collective paths (gloo_shortcuts off),
 synthetic batches of the configured shapes. What the rank holds and does is measured from the
-real objects: parameters, gradients and optimizer state (the engine's memory_report), the peak
-of everything else the step allocates (activations and temporaries, from the storages the
-step's operators create and free), the FLOPs (FlopCounterMode) and the calls and bytes of each
-collective per process group. Any operation that reads a device value on the host raises on
-meta, so a dry run also proves the step never waits for the device.
+real objects: parameters, gradients and optimizer state (the engine's memory_report); the
+activations held when each backward is called, the engine's working buffers, the forward and
+backward's peak and FLOPs (planner/measure.StepMeter); the calls and bytes of each collective
+per process group. Any operation that reads a device value on the host raises on meta, so a
+dry run also proves the step never waits for the device.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from tpformer.data.steps import prepare_step
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.fake_world import fake_world
+from tpformer.parallel.layout import Layout
 from tpformer.planner.measure import StepMeter
 
 META = torch.device("meta")
@@ -57,9 +58,16 @@ class DryRun:
     """{"op group": (calls per step, bytes this rank sends per step)}."""
     seconds: float = 0.0
 
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.step_peak
+
+def ranks_to_run(given: list[int], layout: Layout, key: str) -> list[int]:
+    """The ranks a dry run measures: `given`, or the first rank of the first and of the last
+    pipeline stage; a rank outside the job is refused, naming `key`."""
+    world = layout.world_size
+    ranks = list(given) or sorted({0, layout.rank_of(layout.pp - 1, 0, 0)})
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad:
+        raise ValueError(f"{key}={bad}: a job of {world} ranks has ranks 0-{world - 1}")
+    return ranks
 
 
 def _quiet(parallel: ParallelConfig, trainer: Any) -> tuple[ParallelConfig, Any]:
