@@ -196,6 +196,7 @@ def test_a_finetuning_job_dry_runs_from_the_command_line(tmp_path: Path) -> None
     assert re.findall(r"rank (\d+) \(stage (\d+)\)", result.stdout) == [("0", "0"), ("4", "1")]
     for group in ("all_reduce tp", "all_reduce dp", "send pp", "send pp_gradients"):
         assert group in result.stdout
+    assert not (tmp_path / "outputs").exists()  # a dry run leaves no run directory
     refused = _cli([*args, "dry_run.ranks=[8]"], tmp_path)
     assert refused.returncode == 2
     assert "dry_run.ranks=[8]: a job of 8 ranks has ranks 0-7" in refused.stderr

@@ -241,6 +241,8 @@ def run_entry_point(
             dry(config, layout)
         except ValueError as err:
             _fail(str(err))
+        finally:
+            _forget_run_dir(run_dir)  # a dry run leaves no run directory
         return
     if relaunch:
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
