@@ -4,7 +4,8 @@ tpformer-finetune task=rte init=runs/bert/checkpoints/step00000500 data.glue_dir
 tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=2
     launcher.nproc_per_node=2
 tpformer-finetune task=sst2 init=path/to/hf_bert data.glue_dir=glue parallel.tensor=8
-    dry_run.world=64    (the step of ranks 0 and 63 of a 64-rank job, on this CPU)
+    parallel.pipeline=2 dry_run.world=64    (the step of ranks 0 and 32 of a 64-rank job,
+    the first rank of each stage, on this CPU)
 """
 
 from __future__ import annotations
