@@ -237,12 +237,7 @@ def run_entry_point(
         shown = lines[:1] if isinstance(err, OmegaConfBaseException) else lines
         _fail(" ".join(shown) or type(err).__name__)
     if dry is not None and dry_world(config):
-        try:
-            dry(config, layout)
-        except ValueError as err:
-            _fail(str(err))
-        finally:
-            _forget_run_dir(run_dir)  # a dry run leaves no run directory
+        _run_dry(dry, config, layout, run_dir)
         return
     if relaunch:
         overrides = [*hydra_cfg.overrides.task, f"hydra.run.dir={run_dir}"]
@@ -273,6 +268,18 @@ def run_entry_point(
         sys.exit(1)
     finally:
         ctx.destroy()
+
+
+def _run_dry(
+    dry: Callable[[Any, Layout], None], config: Any, layout: Layout, run_dir: Path
+) -> None:
+    """The dry run in place of the job: a bad rank is a config error; no run directory stays."""
+    try:
+        dry(config, layout)
+    except ValueError as err:
+        _fail(str(err))
+    finally:
+        _forget_run_dir(run_dir)
 
 
 def _context(config: Any, layout: Layout, env: LaunchEnv, run_dir: Path) -> ParallelContext:
