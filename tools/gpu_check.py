@@ -46,12 +46,15 @@ VARIANTS = [  # (label, torch.compile, recompute), the quick look's first
     ("tpformer compiled + full", True, "full"),
 ]
 HF_LABEL = "HF BertForPreTraining sdpa"
+HF_COMPILED_LABEL = "HF BertForPreTraining sdpa compiled"
+"""Hugging Face under `torch.compile(model)`, as Trainer's `torch_compile=True` runs it."""
 TOKENS_PER_STEP = 32768
 """Tokens per step on a GPU: micro-batch 256 at seq 128, 64 at seq 512."""
 PRECISION_LIMITS = {"bf16": 2e-2, "fp16": 5e-3}
 """Largest relative loss gap to fp32 over the precision check's steps (dropout 0, the same
-batches): set by hand from the bf16/fp16 rounding of bert_small's losses, not yet from a GPU
-run; the CPU's bf16 gap over the tiny check is about 2e-4."""
+batches): set by hand from the bf16/fp16 rounding of bert_small's losses before a GPU ran it.
+Measured on an H100 (2026-11-27, 50 steps): bf16 2.1e-3, fp16 6.2e-4; the CPU's bf16 gap over
+the tiny check is about 2e-4."""
 FIRST_GUESS_S = {"cuda": 90.0, "cpu": 20.0}
 """Wall time assumed for a contender before one was measured (process start, compile, steps)."""
 
@@ -86,8 +89,13 @@ def contenders(args: argparse.Namespace) -> list[Contender]:
                 for label, c, r in VARIANTS
                 if args.compile or not c
             ]
-            hf = Contender(label=HF_LABEL, compiled=False, recompute="none", hf=True, **common)
-            out += [shape[0], hf, *shape[1:]]
+            hf = [
+                Contender(label=label, compiled=c, recompute="none", hf=True, **common)
+                for label, c in [(HF_LABEL, False), (HF_COMPILED_LABEL, True)]
+                if args.compile or not c
+            ]
+            chosen = [shape[0], hf[0], *shape[1:], *hf[1:]]
+            out += [c for c in chosen if not args.only or c.label in args.only]
     return out
 
 
@@ -112,7 +120,7 @@ def print_row(row: dict, hf: dict | None) -> None:
     peak = "-" if math.isnan(row["peak_gib"]) else f"{row['peak_gib']:.2f}"
     ratio = f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}" if hf else "-"
     print(
-        f"{row['model']:<11}{row['seq']:>5}{row['batch']:>6}  {row['label']:<32}"
+        f"{row['model']:<11}{row['seq']:>5}{row['batch']:>6}  {row['label']:<36}"
         f"{row['tokens_per_s']:>11.0f}{row['step_s'] * 1e3:>9.1f}{row['tflops']:>9.2f}"
         f"{mfu:>7}{peak:>9}{ratio:>7}",
         flush=True,
@@ -121,7 +129,7 @@ def print_row(row: dict, hf: dict | None) -> None:
 
 def throughput(args: argparse.Namespace, started: float) -> list[dict]:
     print(
-        f"\n{'model':<11}{'seq':>5}{'batch':>6}  {'contender':<32}{'tokens/s':>11}"
+        f"\n{'model':<11}{'seq':>5}{'batch':>6}  {'contender':<36}{'tokens/s':>11}"
         f"{'step ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>9}{'vs HF':>7}"
     )
     rows: list[dict] = []
@@ -145,7 +153,25 @@ def throughput(args: argparse.Namespace, started: float) -> list[dict]:
             if (r["model"], r["seq"], r["label"]) == (row["model"], row["seq"], HF_LABEL)
         ]
         print_row(row, same[0] if same and not row["hf"] else None)
+    print_ratios(rows)
     return rows
+
+
+def print_ratios(rows: list[dict]) -> None:
+    """tokens/s of each tpformer row over each Hugging Face row of its shape, once all ran (a
+    row printed before its reference shows no ratio)."""
+    references = [r for r in rows if r["hf"]]
+    if not references:
+        return
+    print("\ntokens/s against Hugging Face, same shape:")
+    for row in (r for r in rows if not r["hf"]):
+        ratios = [
+            f"{row['tokens_per_s'] / ref['tokens_per_s']:.2f}x {ref['label']}"
+            for ref in references
+            if (ref["model"], ref["seq"]) == (row["model"], row["seq"])
+        ]
+        if ratios:
+            print(f"  {row['model']} {row['seq']} {row['label']}: {', '.join(ratios)}")
 
 
 def precision_check(args: argparse.Namespace) -> bool:
@@ -175,6 +201,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--loss-steps", type=int, default=None)
     parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--only", nargs="+", default=None, help="contender labels to run")
     parser.add_argument("--peak-tflops", type=float, default=0.0)
     parser.add_argument("--budget-s", type=float, default=3600.0, help="wall time to fit in")
     parser.add_argument("--out", default="gpu_check.jsonl", help="JSON lines, appended")

@@ -91,10 +91,15 @@ def tpformer_step(
 
 
 def hf_step(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype | None, lr: float = 1e-4
+    config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    lr: float = 1e-4,
+    compiled: bool = False,
 ) -> Callable[[int, Batch], torch.Tensor]:
     """Hugging Face BertForPreTraining as its users train it: SDPA attention, autocast to
-    `dtype` (None: fp32), fused AdamW on a GPU."""
+    `dtype` (None: fp32), fused AdamW on a GPU; `compiled` as Trainer's `torch_compile=True`
+    (`torch.compile(model)`)."""
     from transformers import BertForPreTraining
 
     hf_config = hf_config_from_model(config, "BertForPreTraining")
@@ -102,10 +107,11 @@ def hf_step(
     torch.manual_seed(1234)
     model = BertForPreTraining(hf_config).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=device.type == "cuda")
+    forward = torch.compile(model) if compiled else model
 
     def step(i: int, batch: Batch) -> torch.Tensor:
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = model(
+            loss = forward(
                 input_ids=batch["input_ids"],
                 token_type_ids=batch["token_type_ids"],
                 attention_mask=batch["attention_mask"],
@@ -131,7 +137,7 @@ def measure_contender(spec: Any) -> dict[str, Any]:
     config = model_config(spec.model, spec.seq, spec.tiny)
     batches = synthetic_batches(config, spec.batch, spec.seq, spec.steps, device)
     if spec.hf:
-        step = hf_step(config, device, torch.bfloat16)
+        step = hf_step(config, device, torch.bfloat16, compiled=spec.compiled)
     else:
         step = tpformer_step(
             config, device, "bf16", compiled=spec.compiled, recompute=spec.recompute

@@ -31,7 +31,7 @@ runpy.run_path("tools/gpu_check.py", run_name="__main__")
 
 @pytest.mark.slow  # contenders in their own processes, the leg's torchrun launches
 def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
-    from tools.gpu_check import HF_LABEL, VARIANTS
+    from tools.gpu_check import HF_COMPILED_LABEL, HF_LABEL, VARIANTS
     from tpformer.config.presets import preset
     from tpformer.models.costs import step_flops
 
@@ -57,7 +57,7 @@ def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     contenders = [r for r in rows if "label" in r]
     assert [r["label"] for r in contenders] == [
-        VARIANTS[0][0], HF_LABEL, *[label for label, _, _ in VARIANTS[1:]]
+        VARIANTS[0][0], HF_LABEL, *[label for label, _, _ in VARIANTS[1:]], HF_COMPILED_LABEL
     ]  # fmt: skip
     config = preset("bert_tiny", vocab_size=512)
     for row in contenders:
@@ -75,3 +75,6 @@ def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     assert [r["leg"] for r in legs] == ["TP=2", "TP=2 + SP", "CP=2", "PP=2 1F1B", "DP=2 ZeRO-3"]
     assert all(r["passed"] and r["max_rel_gap"] <= 1e-5 for r in legs), legs
     assert "bf16: largest relative loss gap to fp32" in result.stdout and "pass" in result.stdout
+    compiled = f"{VARIANTS[0][0]}: "
+    ratios = next(line for line in result.stdout.splitlines() if compiled in line)
+    assert f"x {HF_LABEL}," in ratios and ratios.endswith(f"x {HF_COMPILED_LABEL}")
