@@ -13,8 +13,9 @@ integer tensors, BERT's pooler and NSP head (measured: 0.1-2.0% over on these ti
 the same bytes being a smaller share at real sizes). The FLOPs a rank executes equal the
 cost model's count of its layers and heads (planner/traffic.rank_flops), but for GPT under
 context parallelism, whose causal ring attention skips the key blocks the mask hides whole
-(1.9% fewer at CP=2 here; the count prices them). Not held: the PipeDream schedule, whose
-stashed weight versions the planner does not price."""
+(1.9% fewer at CP=2 here; the count prices them). PipeDream's stream carries micro-batches
+and stashed weight versions from step to step: its dry run meters the steps until the stream
+is full, and the planner walks them (schedule.pipedream_stash_counts)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.test_finetune import _cli, _rte_config
+from tests.train.test_finetune import _cli, _rte_config, write_hf_bert
 from tests.train.test_trainer import REPO
 from tpformer.config.presets import preset
 from tpformer.config.schema import Config, DataConfig, ParallelConfig, TrainerConfig
@@ -66,7 +67,12 @@ GRID = [  # (world, rank, layers, parallel keys)
     (2, 0, 2, {"tensor": 2, "precision": "fp16"}),
     (2, 1, 2, {"context": 2}),
     (4, 3, 2, {"context": 2, "tensor": 2, "sequence_parallel": True}),
-]
+    (2, 0, 4, {"pipeline": 2, "pipeline_schedule": "pipedream"}),
+    (2, 1, 4, {"pipeline": 2, "pipeline_schedule": "pipedream", "precision": "bf16"}),
+    (4, 3, 4, {"pipeline": 4, "pipeline_schedule": "pipedream", "pipedream_vertical_sync": True}),
+    (4, 0, 4, {"pipeline": 2, "pipeline_schedule": "pipedream", "pipedream_update": "step",
+               "zero_stage": 2}),
+]  # fmt: skip
 
 
 def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
@@ -177,6 +183,55 @@ def test_a_finetuning_rank_holds_what_a_real_run_holds(tmp_path: Path) -> None:
     assert run.activations > 0 and run.flops_per_step > 0
 
 
+FINETUNE_GRID = [  # (world, rank, parallel keys): BERT classification on RTE-style pairs
+    (2, 0, {"data": 2}),
+    (2, 1, {"tensor": 2}),
+    (2, 0, {"tensor": 2, "sequence_parallel": True}),
+    (4, 2, {"pipeline": 2, "data": 2}),
+    (4, 0, {"zero_stage": 3, "data": 4}),
+    (2, 1, {"tensor": 2, "precision": "bf16", "recompute": "full"}),
+]
+
+
+@pytest.mark.parametrize(("world", "rank", "keys"), FINETUNE_GRID)
+def test_a_finetuning_rank_is_as_planned(tmp_path: Path, world: int, rank: int, keys: dict) -> None:
+    """The planner prices a fine-tuning job (the init's encoder, pooler and classifier) at
+    batches data.max_length wide; padded to that width, the dry run's step is held to it as a
+    pretraining step is: state and buffers exact, activations within ACTIVATIONS, traffic
+    within SCALARS per call, FLOPs equal."""
+    from tpformer.planner.cluster import accelerator_cluster
+    from tpformer.train.finetuning import finetuning_workload
+
+    config = _rte_config(tmp_path, **keys)
+    width = 64  # every batch padded to data.max_length: the width the planner prices
+    config = replace(
+        config,
+        init=str(write_hf_bert(tmp_path / "hf", hidden_size=256, intermediate_size=1024)),
+        data=replace(config.data, max_length=width, pad_to_multiple_of=width),
+    )
+    run = dry_run_finetune(config, world, rank)
+    p = config.parallel
+    layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)  # type: ignore[arg-type]
+    work = finetuning_workload(replace(config, parallel=replace(p, rng="fast")))
+    candidate = candidate_of(config, layout.dp)
+    stage = layout.stage_of(rank)
+    (predicted,) = predict_stage_memory(
+        work, candidate, accelerator_cluster(world, str(p.precision)), only=[stage]
+    )
+    padding = 4 * layout.dp * 3 if p.zero_stage else 0
+    measured = (run.params, run.grads, run.optimizer, run.buffers)
+    want = (predicted.params, predicted.grads, predicted.optimizer, predicted.buffers)
+    assert all(abs(m - w) <= padding for m, w in zip(measured, want)), (run, predicted)
+    over = run.activations / predicted.activations - 1
+    assert ACTIVATIONS[0] <= over <= ACTIVATIONS[1], (over, run, predicted)
+    traffic = step_traffic(work, candidate, stage)
+    for key, (calls, sent) in run.collectives.items():
+        assert 0 <= sent - priced(traffic, key) <= SCALARS * calls, (key, sent, traffic)
+    unmatched = set(traffic) - {k for key in run.collectives for k in priced_keys(key)}
+    assert not unmatched, (unmatched, run.collectives)
+    assert run.flops_per_step == rank_flops(work, candidate, stage)
+
+
 def test_a_finetuning_job_dry_runs_from_the_command_line(tmp_path: Path) -> None:
     """tpformer-finetune ... dry_run.world=8: the step of the first rank of each stage of a
     TP=2 x PP=2 x DP=2 job, printed; nothing launched. A rank outside the job is refused."""
@@ -195,7 +250,8 @@ def test_a_finetuning_job_dry_runs_from_the_command_line(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.findall(r"rank (\d+) \(stage (\d+)\)", result.stdout) == [("0", "0"), ("4", "1")]
     for group in ("all_reduce tp", "all_reduce dp", "send pp", "send pp_gradients"):
-        assert group in result.stdout
+        assert re.search(rf"{group} .* MB sent +planner +[\d,.]+ MB", result.stdout), group
+    assert re.search(r"activations +[\d,.]+ MB +planner +[\d,.]+ MB", result.stdout)
     assert not (tmp_path / "outputs").exists()  # a dry run leaves no run directory
     refused = _cli([*args, "dry_run.ranks=[8]"], tmp_path)
     assert refused.returncode == 2

@@ -55,7 +55,13 @@ WORDS = [
 FILLER = WORDS[2:]
 
 
-def write_hf_bert(directory: Path, dropout: float = 0.1, num_labels: int = 0) -> Path:
+def write_hf_bert(
+    directory: Path,
+    dropout: float = 0.1,
+    num_labels: int = 0,
+    hidden_size: int = 32,
+    intermediate_size: int = 64,
+) -> Path:
     """A tiny random BertModel written by save_pretrained, with a WordPiece vocab.txt; with
     num_labels, a BertForSequenceClassification (pooler and classifier included)."""
     from transformers import BertConfig, BertForSequenceClassification, BertModel
@@ -64,10 +70,10 @@ def write_hf_bert(directory: Path, dropout: float = 0.1, num_labels: int = 0) ->
     vocab = [*SPECIAL_TOKENS, *WORDS]
     config = BertConfig(
         vocab_size=len(vocab),
-        hidden_size=32,
+        hidden_size=hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
-        intermediate_size=64,
+        intermediate_size=intermediate_size,
         max_position_embeddings=64,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,

@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from tpformer.cli.inputs import prepare_finetune
-from tpformer.cli.plan_output import measured_lines
+from tpformer.cli.plan_output import planned_lines
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import FinetuneConfig
@@ -26,7 +26,9 @@ from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import validate_finetune
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
-from tpformer.train.finetuning import finetuning_trainer, write_results
+from tpformer.planner.candidate import candidate_of
+from tpformer.planner.cluster import accelerator_cluster
+from tpformer.train.finetuning import finetuning_trainer, finetuning_workload, write_results
 
 log = logging.getLogger("tpformer")
 register_configs()
@@ -55,7 +57,14 @@ def dry_runs(config: FinetuneConfig, layout: Layout) -> None:
     world = layout.world_size
     ranks = ranks_to_run(config.dry_run.ranks, layout, "dry_run.ranks")
     runs = [dry_run_finetune(config, world, rank) for rank in ranks]
-    print("\n".join(measured_lines(f"fine-tuning {config.task} on {world} ranks", runs)))
+    work, candidate = finetuning_workload(config), candidate_of(config, layout.dp)
+    cluster = accelerator_cluster(world, str(config.parallel.precision))
+    title = f"fine-tuning {config.task} on {world} ranks ({candidate.label()})"
+    print("\n".join(planned_lines(title, work, candidate, cluster, runs)))
+    print(
+        f"    the planner prices batches of data.max_length={config.data.max_length} tokens; "
+        "the dry run's are its first batches' width"
+    )
 
 
 @console_script

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
-from tpformer.planner.candidate import Candidate
+from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
 from tpformer.planner.memory import predict_stage_memory, stage_params
 from tpformer.planner.search import (
@@ -240,12 +240,18 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
     """Per dry-run rank: what the real step held, computed and sent, next to the planner's
     prediction for the rank's stage."""
     c = chosen.candidate
-    lines = ["", f"dry run ({STEPS_NOTE}) of {c.label()} on {result.cluster.world_size} ranks:"]
+    title = f"{c.label()} on {result.cluster.world_size} ranks"
+    return ["", *planned_lines(title, result.work, c, result.cluster, runs)]
+
+
+def planned_lines(
+    title: str, work: Workload, c: Candidate, cluster: Cluster, runs: list[DryRun]
+) -> list[str]:
+    """Per dry-run rank of layout `c`, its rows beside the planner's for the rank's stage."""
+    lines = [f"dry run ({STEPS_NOTE}) of {title}:"]
     for run in runs:
         # offloaded state stands on meta too: the planner's split before it goes to the host
-        (p,) = predict_stage_memory(
-            result.work, replace(c, cpu_offload="none"), result.cluster, only=[run.stage]
-        )
+        (p,) = predict_stage_memory(work, replace(c, cpu_offload="none"), cluster, [run.stage])
         planned = {
             "params": p.params,
             "grads": p.grads,
@@ -254,21 +260,12 @@ def dry_run_lines(result: PlanResult, chosen: Evaluated, runs: list[DryRun]) -> 
             "buffers": p.buffers,
             "step peak*": p.activations + p.buffers,
         }
-        flops = rank_flops(result.work, c, run.stage)
-        lines += _rank_lines(run, planned, flops, step_traffic(result.work, c, run.stage))
+        flops = rank_flops(work, c, run.stage)
+        lines += _rank_lines(run, planned, flops, step_traffic(work, c, run.stage))
         lines.append(
             "    * the peak of activations, buffers and the step's temporaries; the planner "
-            f"covers temporaries by its overhead ({result.cluster.overhead / 1e9:g} GB)"
+            f"covers temporaries by its overhead ({cluster.overhead / 1e9:g} GB)"
         )
-    return lines
-
-
-def measured_lines(title: str, runs: list[DryRun]) -> list[str]:
-    """Per dry-run rank, what the step held (MB), computed and sent per process group (no
-    planner prediction: fine-tuning)."""
-    lines = [f"dry run ({STEPS_NOTE}) of {title}:"]
-    for run in runs:
-        lines += _rank_lines(run)
     return lines
 
 

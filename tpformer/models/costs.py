@@ -160,11 +160,15 @@ def embedding_params(config: ModelConfig, tp: int) -> int:
     return word_embedding_params(config, tp) + positions
 
 
-def head_params(config: ModelConfig, tp: int, *, nsp: bool) -> int:
+def head_params(
+    config: ModelConfig, tp: int, *, nsp: bool, task: str = "pretraining", num_labels: int = 2
+) -> int:
     """The head on one TP rank, without the tied word embedding: BERT's transform, LayerNorm
     and vocabulary bias (vocabulary-parallel), and its pooler and NSP classifier; GPT's final
-    LayerNorm."""
+    LayerNorm; a classification task's pooler and classifier (whole on every rank)."""
     h = config.hidden_size
+    if task == "classification":
+        return (h * h + h) + (h * num_labels + num_labels)
     if config.arch != "bert":
         return 2 * h
     vocab = padded_vocab_size(config.vocab_size, tp, config.pad_vocab_to) // tp

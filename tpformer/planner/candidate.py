@@ -11,6 +11,7 @@ from functools import lru_cache
 from tpformer.config.schema import (
     Config,
     CpuOffload,
+    FinetuneConfig,
     ModelConfig,
     PipelineSchedule,
     PipelineSplit,
@@ -74,6 +75,33 @@ class Workload:
     stack: StackProfile = field(default_factory=lambda: TPFORMER)
     """How the priced stack differs from tpformer's engine: tpformer itself unless a published
     run of another stack is priced (tools/published_runs.py)."""
+    pipedream_every_step: bool = False
+    """parallel.pipedream_update=step: a PipeDream stage updates once per step (else after each
+    micro-batch), which sets how many weight versions it stashes."""
+    pipedream_vertical_sync: bool = False
+    """parallel.pipedream_vertical_sync: every stage reads the first stage's version."""
+    task: str = "pretraining"
+    """models/costs.TASKS: pretraining, causal_lm, or classification (fine-tuning: the pooler
+    and a classifier of `num_labels` outputs are the whole head)."""
+    num_labels: int = 2
+
+    @classmethod
+    def finetuning(cls, config: FinetuneConfig, model: ModelConfig, num_labels: int) -> Workload:
+        """A fine-tuning job priced at its widest batch (data.max_length tokens per example)."""
+        return cls(
+            model,
+            config.data.max_length,
+            config.trainer.batch_size,
+            str(config.parallel.precision),
+            0.0,
+            str(config.parallel.grad_compression),
+            nsp=False,
+            name=str(model.arch),
+            rng=str(config.parallel.rng),
+            bucket_elements=bucket_elements(config.parallel.bucket_mb),
+            task="classification",
+            num_labels=num_labels,
+        )
 
     @classmethod
     def of(cls, config: Config, global_batch: int, name: str = "") -> Workload:
@@ -89,6 +117,9 @@ class Workload:
             name=name or str(config.model.arch),
             rng=str(config.parallel.rng),
             bucket_elements=bucket_elements(config.parallel.bucket_mb),
+            pipedream_every_step=config.parallel.pipedream_update == "step",
+            pipedream_vertical_sync=config.parallel.pipedream_vertical_sync,
+            task="pretraining" if bert else "causal_lm",
         )
 
     @property
@@ -212,21 +243,25 @@ def _balanced_split(head: float, layers: int, stages: int) -> tuple[int, ...]:
     return tuple(best_split(layer_unit_costs(head, layers), stages))
 
 
-def candidate_of(config: Config, dp: int) -> Candidate:
+def candidate_of(config: Config | FinetuneConfig, dp: int) -> Candidate:
     """The layout `config` runs at with data-parallel degree dp (its degrees resolved: no
-    "auto" left)."""
-    p, t = config.parallel, config.trainer
-    recompute = str(p.recompute)
+    "auto" left); a fine-tuning job's micro-batch defaults to its DP rank's whole batch."""
+    p = config.parallel
+    if isinstance(config, FinetuneConfig):
+        micro = config.trainer.micro_batch_size or config.trainer.batch_size // dp
+        accumulation = config.trainer.batch_size // (micro * dp)
+    else:
+        micro, accumulation = config.trainer.micro_batch_size, config.trainer.grad_accum
     return Candidate(
         int(p.tensor),
         int(p.pipeline),
         dp,
-        t.micro_batch_size,
-        t.grad_accum,
+        micro,
+        accumulation,
         int(p.zero_stage),
         str(p.cpu_offload),
         p.sequence_parallel,
-        recompute,
+        str(p.recompute),
         str(p.pipeline_schedule),
         p.virtual_stages,
         p.context,

@@ -348,3 +348,13 @@ def resolve_cluster(
         host_memory=config.host_memory_gb * GB,
         host_step_bandwidth=config.host_step_gbps * GB,
     )
+
+
+def accelerator_cluster(world: int, precision: str, preset: str = "h100_node") -> Cluster:
+    """`preset`'s nodes, as many as `world` ranks fill (8 per node, or fewer on one node), with
+    its constants as given: what a dry run, which stands for an accelerator, is priced on."""
+    per_node = min(8, world)
+    config = replace(
+        load_preset(preset), gpus_per_node=per_node, nodes=-(-world // per_node), calibration="none"
+    )
+    return resolve_cluster(config, precision, cache_dir="/nonexistent")

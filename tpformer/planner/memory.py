@@ -18,7 +18,12 @@ from tpformer.models.costs import (
     layer_params,
     word_embedding_params,
 )
-from tpformer.parallel.pipeline.schedule import actions_for, virtual_stage
+from tpformer.parallel.pipeline.schedule import (
+    Action,
+    actions_for,
+    pipedream_stash_counts,
+    virtual_stage,
+)
 from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
@@ -111,9 +116,10 @@ def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) ->
     first (and, tied, on the last when pipelined), position/segment embeddings, the layers of
     its split, the head."""
     m = work.model
-    word = word_embedding_params(m, c.tp)
+    classifying = work.task == "classification"
+    word = 0 if classifying else word_embedding_params(m, c.tp)  # no vocabulary head to tie
     embedding = embedding_params(m, c.tp)
-    head = head_params(m, c.tp, nsp=work.nsp)
+    head = head_params(m, c.tp, nsp=work.nsp, task=work.task, num_labels=work.num_labels)
     split = c.split(work)
     per_layer = layer_params(work.model, c.tp)
     stages = []
@@ -138,11 +144,13 @@ def held_at_backward(
     embedding: float,
     head: float,
     boundary: float,
+    stash: float = 0.0,
 ) -> float:
     """The most stage `stage` holds when one of its backwards is called, walking its schedule's
     actions (parallel/pipeline/schedule.py): per chunk of a micro-batch in flight, its layers'
     activations, on virtual stage 0 the embedding's, on the last the head's, elsewhere the
-    output kept for its backward; plus the gradient received for the backward under way."""
+    output kept for its backward; plus the gradient received for the backward under way and,
+    under PipeDream, its stashed weight versions (`stash` bytes each)."""
     split = c.split(work)  # layers per virtual stage
     last = c.pp * c.chunks - 1
     if c.pp == 1:
@@ -153,14 +161,32 @@ def held_at_backward(
         return split[vs] * layer + ends
 
     held = peak = 0.0
-    for action in actions_for(c.schedule, c.pp, c.grad_accum, stage, c.chunks):
+    for action, versions in _walk(work, c, stage):
         vs = virtual_stage(action.chunk, stage, c.pp)
         if action.kind == "F":
             held += kept(vs)
         else:
-            peak = max(peak, held + (boundary if vs < last else 0))
+            peak = max(peak, held + (boundary if vs < last else 0) + versions * stash)
             held -= kept(vs)
     return peak
+
+
+def _walk(work: Workload, c: Candidate, stage: int) -> list[tuple[Action, int]]:
+    """The stage's actions, each with the weight versions stashed when it runs. PipeDream's
+    stream carries micro-batches over from step to step: its steps are walked until the stream
+    is full (p - r in flight), past its first steps from an empty pipeline."""
+    if c.schedule != "pipedream":
+        return [(a, 0) for a in actions_for(c.schedule, c.pp, c.grad_accum, stage, c.chunks)]
+    every = c.grad_accum if work.pipedream_every_step else 1
+    steps = 2 + -(-c.pp // c.grad_accum)
+    return pipedream_stash_counts(
+        c.pp,
+        stage,
+        c.grad_accum,
+        steps,
+        every=every,
+        vertical_sync=work.pipedream_vertical_sync,
+    )
 
 
 @dataclass(frozen=True)
@@ -221,6 +247,14 @@ def activation_parts(
     local = s // c.cp
     sbh = local * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
+    if work.task == "classification":  # embedding: as BERT's, and the batch's three int64
+        # [b, s] tensors (ids, segments, mask; at full recomputation a layer's share of them is
+        # large). head: the encoder's output, kept whole by the pooler's view of its first
+        # token, unless SP or CP hand the pooler a copy of that token; the pooler's and
+        # classifier's [b, h] rows are not priced
+        batch = 3 * 8 * b * s
+        copied = c.sequence_parallel or c.cp > 1
+        return layer, sbh * (i + mask_bytes) / q + batch, 0.0 if copied else sbh * i / q
     if m.arch == "bert":  # embedding: LayerNorm input, dropout mask. head: the encoder's
         # output (kept whole by the pooler's view of its first token); on every TP and CP
         # rank the gathered labeled rows, the transform's and GELU's outputs, the LayerNorm's
@@ -293,7 +327,8 @@ def predict_stage_memory(
             mixed=mixed,
             grad_bytes=work.stack.grad_bytes,
         )
-        acts = held_at_backward(work, c, r, layer, embedding, head, boundary)
+        stash = work.itemsize * params.total  # a PipeDream weight version: the stage's weights
+        acts = held_at_backward(work, c, r, layer, embedding, head, boundary, stash)
         layers = sum(split[r :: c.pp])
         host = 0.0
         optimizer, params_bytes = float(state.optimizer), float(state.params)

@@ -61,7 +61,9 @@ def step_traffic(work: Workload, c: Candidate, stage: int) -> dict[str, float]:
         received = m * (c.chunks - (1 if first else 0))
         count("send pp", sent * chunk)
         count("send pp_gradients", received * chunk)
-        if first or last:  # the tied word embedding's gradient, summed over both ends
+        tied = c.schedule != "pipedream" and work.task != "classification"
+        if (first or last) and tied:  # the tied word embedding's gradient, summed over both
+            # ends (PipeDream's ends train their own copies; a classifier ties nothing)
             vocab = padded_vocab_size(work.model.vocab_size, c.tp, work.model.pad_vocab_to)
             add("all_reduce", "pipeline_ends", 2, 4 * vocab // c.tp * h)
     _data_parallel(work, c, stage, add)
@@ -91,12 +93,14 @@ def _tensor_parallel(
     predicting = work.seq - 1 if c.cp == 1 else work.seq // c.cp
     rows = c.micro_batch * (predicting if gpt else labeled_width(work.seq, work.head_fraction))
     head = act if gpt else rows * h * work.itemsize
-    if last:
+    # a classifier (fine-tuning) is whole on every TP rank: no vocabulary head, no row sums
+    vocabulary = last and work.task != "classification"
+    if vocabulary:
         add("all_reduce", "tp", t, 4 * rows, 3 * m)
     if not c.sequence_parallel:
         calls = 4 * layers + 2 * recomputed + (1 if first else 0)
         add("all_reduce", "tp", t, act, m * calls)
-        if last:
+        if vocabulary:
             add("all_reduce", "tp", t, head, m)
         return
     # GPT's head gathers its input as a column-parallel layer does; BERT's sums its labeled
@@ -105,7 +109,7 @@ def _tensor_parallel(
     scatters = 4 * layers + 2 * recomputed + (1 if first else 0) + (1 if last and gpt else 0)
     add("all_gather", "tp", t, act, m * gathers)
     add("reduce_scatter", "tp", t, act, m * scatters)
-    if last and not gpt:
+    if vocabulary and not gpt:
         add("all_reduce", "tp", t, head, 2 * m)
     marked = 6 * h * layers  # two LayerNorms and the two row-parallel biases of each layer
     if first:  # the embeddings outside the vocabulary: positions (BERT: segments, LayerNorm)
@@ -121,20 +125,22 @@ def _data_parallel(work: Workload, c: Candidate, stage: int, add: Add) -> None:
     and CP whose ranks hold the same parameters): stage 0 all-reduces once per step, 1
     reduce-scatters once and all-gathers the updated parameters, 2 reduce-scatters every
     micro-batch, 3 also gathers every block's parameters for every forward and again for its
-    backward (the root's stay gathered through the step)."""
+    backward (the root's stay gathered through the step). A PipeDream stage reduces at each
+    of its updates: once per step under pipedream_update=step, else every micro-batch."""
     n, m = c.replicas, c.grad_accum
+    updates = m if c.schedule == "pipedream" and not work.pipedream_every_step else 1
     group = "dp_cp" if c.cp > 1 else "dp"
     (params,) = stage_params(work, c, [stage])
     grads = 4 * params.total
     weights = work.itemsize * params.total
     if c.zero_stage == 0:
-        add("all_reduce", group, n, grads)
+        add("all_reduce", group, n, grads, updates)
     elif c.zero_stage == 1:
-        add("reduce_scatter", group, n, grads)
-        add("all_gather", group, n, weights)
+        add("reduce_scatter", group, n, grads, updates)
+        add("all_gather", group, n, weights, updates)
     elif c.zero_stage == 2:
         add("reduce_scatter", group, n, grads, m)
-        add("all_gather", group, n, weights)
+        add("all_gather", group, n, weights, updates)
     else:
         add("reduce_scatter", group, n, grads, m)
         blocks = work.itemsize * params.layers
@@ -161,6 +167,8 @@ def rank_flops(work: Workload, c: Candidate, stage: int) -> float:
     samples = c.grad_accum * c.micro_batch
     per_sample = labeled_width(work.seq, work.head_fraction) if m.arch == "bert" else 0
     rows = samples * (per_sample or work.seq / c.cp)  # GPT: every position this rank holds
+    if work.task == "classification":
+        rows = 0  # the pooler and classifier only
     return rank_executed_flops(
         m,
         samples=samples,
@@ -172,4 +180,6 @@ def rank_flops(work: Workload, c: Candidate, stage: int) -> float:
         head_rows=rows if last else 0.0,
         padded_vocab=padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to),
         pooled=last and m.arch == "bert",
+        task=work.task,
+        num_labels=work.num_labels,
     )

@@ -25,6 +25,7 @@ import torch
 
 from tpformer.config.schema import Config, DataSource, FinetuneConfig, Logger, ParallelConfig
 from tpformer.data.steps import prepare_step
+from tpformer.engine.step_runner import PipeDreamStepRunner
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.fake_world import fake_world
@@ -33,6 +34,8 @@ from tpformer.planner.measure import StepMeter
 
 META = torch.device("meta")
 STEPS = 2
+MAX_WARMUP = 64
+"""PipeDream: steps run before the metered ones at most, waiting for the stage's first update."""
 
 
 @dataclass
@@ -148,17 +151,38 @@ def _dry_run(
 def _measure(trainer: Any, ctx: ParallelContext) -> DryRun:
     """The last of STEPS steps measured: its model state after backward (gradients) and after
     the update (optimizer state), its forward and backward's allocations and FLOPs, and the
-    whole step's collectives."""
+    whole step's collectives. PipeDream's stream carries micro-batches (their activations and
+    stashed weights) from one step into the next: its steps run until this stage's first update
+    made the optimizer state, then ceil(p / m) + 1 are metered, so what the earlier ones left
+    in flight (p - r micro-batches) is counted, and the FLOPs and collectives are the last's."""
     engine = trainer.engine
-    for step in range(STEPS - 1):
-        trainer.queue_step(_prepared(trainer, step), train=True)
-        trainer.runner.update()
-    prepared = _prepared(trainer, STEPS - 1)
-    meter = StepMeter(engine.working_bytes)
-    with count_collectives() as counts:
-        with meter:  # forward and backward: the update runs AdamW in plain ops on meta, whose
-            # temporaries the fused kernel of an accelerator does not allocate
+    asynchronous = isinstance(trainer.runner, PipeDreamStepRunner)
+    step = 0
+
+    def run(meter: StepMeter | None = None) -> None:
+        nonlocal step
+        prepared = _prepared(trainer, step)
+        if meter is None:
             trainer.queue_step(prepared, train=True)
+        else:
+            with meter:  # forward and backward: the update runs AdamW in plain ops on meta,
+                # whose temporaries the fused kernel of an accelerator does not allocate
+                trainer.queue_step(prepared, train=True)
+        step += 1
+
+    for _ in range(STEPS - 1):
+        run()
+        trainer.runner.update()
+    meter = StepMeter(engine.working_bytes)
+    if asynchronous:
+        while not engine.memory_report().optimizer and step < MAX_WARMUP:
+            run()
+        stream = trainer.runner.pipedream
+        for _ in range(-(-stream.stage.stages // stream.micro)):  # until the stream is full
+            run(meter)
+        meter.flops = 0
+    with count_collectives() as counts:
+        run(meter)
         grads = engine.memory_report().grads
         trainer.runner.update()
     state = engine.memory_report()

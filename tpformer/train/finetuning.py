@@ -12,7 +12,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from tpformer.config.validate import (
     validate_pipeline,
     validate_recompute_granularity,
 )
-from tpformer.convert import load_classifier
+from tpformer.convert import load_classifier, read_model_source
 from tpformer.data.glue import get_task, score
 from tpformer.data.glue.batches import GlueTrainSteps, prediction_batch, prediction_order
 from tpformer.data.glue.features import dev_splits, load_examples, test_splits
@@ -38,6 +38,7 @@ from tpformer.models import BertForSequenceClassification
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.pipeline.runner import PipelineRunner
+from tpformer.planner.candidate import Workload
 from tpformer.planner.split import plan_pipeline
 from tpformer.train.loop import BestCheckpoint, Trainer, TrainingTask
 from tpformer.train.objectives import ClassificationObjective
@@ -264,6 +265,15 @@ def _parallelized(
         split=plan.split.split if plan else None,
         compile_blocks=config.trainer.compile,
     )
+
+
+def finetuning_workload(config: FinetuneConfig) -> Workload:
+    """What the planner prices for this job: the init's model with the job's model overrides,
+    the task's classifier, batches data.max_length wide (the widest a batch can be)."""
+    source = read_model_source(Path(config.init), "init")
+    overrides: dict[str, Any] = config.model.given()
+    model = replace(source.config, **overrides)
+    return Workload.finetuning(config, model, get_task(config.task).num_labels)
 
 
 def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Trainer:

@@ -303,7 +303,11 @@ class PipeDreamRunner(PipelineRunner):
         self.optimizer.add_gradients(self.stash.take_gradients(flight.version), sync=updates)
         if stage.rank > 0:
             tag = self._tag_of(1, index, stage.rank - 1)
-            sends.append(send_async(_grad_of(flight.x), self.prev(index), self.gradients, tag))
+            sent = send_async(_grad_of(flight.x), self.prev(index), self.gradients, tag)
+            if self.ctx.device.type == "cpu":  # gloo: a wait blocks until the peer receives,
+                sends.append(sent)  # which may be in its next step
+            else:  # NCCL: a wait orders the streams; the gradient is freed after the send
+                sent.wait()
         if updates:
             self._update()
         else:

@@ -172,6 +172,46 @@ def pipedream_version(
     return max(0, index // n - warmup) // every
 
 
+def pipedream_stash_counts(
+    stages: int, stage: int, micro: int, steps: int, *, every: int, vertical_sync: bool
+) -> list[tuple[Action, int]]:
+    """Stage `stage`'s actions over its first `steps` steps of the asynchronous schedule, each
+    with the weight versions PipeDreamRunner holds stashed when it runs (a backward: when its
+    autograd backward is called). The runner's bookkeeping without tensors: a forward keeps
+    the version it reads; after `every` backwards an update stashes the live version if a coming
+    forward still reads it; a version is dropped once no micro-batch in flight and no coming
+    forward reads it."""
+
+    def version(index: int) -> int:
+        return pipedream_version(stages, stage, index, every=every, vertical_sync=vertical_sync)
+
+    held: set[int] = set()
+    in_flight: dict[int, int] = {}
+    forwards = updates = 0
+
+    def tidy() -> None:
+        coming = version(forwards)
+        held.intersection_update({*in_flight.values(), *(v for v in held if v >= coming)})
+
+    out = []
+    for step in range(steps):
+        for action in pipedream_step(stages, micro, stage, step):
+            if action.kind == "F":
+                in_flight[action.micro] = version(action.micro)
+                held.add(in_flight[action.micro])
+                out.append((action, len(held)))
+                forwards += 1
+            else:
+                out.append((action, len(held)))
+                in_flight.pop(action.micro)
+                if (action.micro + 1) % every == 0:
+                    if version(forwards) <= updates:
+                        held.add(updates)
+                    updates += 1
+            tidy()
+    return out
+
+
 def actions_for(
     name: str, stages: int, micro: int, stage: int, chunks: int = 1, *, train: bool = True
 ) -> list[Action]:
