@@ -1,10 +1,11 @@
-"""BERT at TP=1/2/4 against the one-process model: losses, gradients, dropout, communication."""
+"""BERT, GPT-2 and a Llama-style decoder at TP=1/2/4 against the one-process model: losses,
+gradients, dropout, communication."""
 
 import pytest
 import torch
 
 from tests.dist import run_distributed
-from tests.models.common import bert_batch, full_grads, tiny_bert, tiny_gpt
+from tests.models.common import bert_batch, full_grads, tiny_bert, tiny_gpt, tiny_llama
 from tests.tolerances import FP32_MODEL_REL, assert_rel_close, rel_err
 from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
@@ -19,8 +20,9 @@ def _bert_step(ctx: ParallelContext, dropout: float) -> dict:
     return {"loss": out.loss.item(), "mlm": out.mlm_loss.item(), "grads": full_grads(model, ctx)}
 
 
-def _gpt_step(ctx: ParallelContext, dropout: float) -> dict:
-    model = build_model(tiny_gpt(dropout), ctx, task="causal_lm")
+def _gpt_step(ctx: ParallelContext, dropout: float, llama: bool = False) -> dict:
+    config = tiny_llama(dropout) if llama else tiny_gpt(dropout)
+    model = build_model(config, ctx, task="causal_lm")
     batch = bert_batch()
     out = model(
         batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["input_ids"]
@@ -29,10 +31,14 @@ def _gpt_step(ctx: ParallelContext, dropout: float) -> dict:
     return {"loss": out.loss.item(), "grads": full_grads(model, ctx)}
 
 
-STEPS = {"bert": _bert_step, "gpt": _gpt_step}
+def _llama_step(ctx: ParallelContext, dropout: float) -> dict:
+    return _gpt_step(ctx, dropout, llama=True)
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt"])
+STEPS = {"bert": _bert_step, "gpt": _gpt_step, "llama": _llama_step}
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt", "llama"])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_matches_single_process(arch: str, dropout: float, tp: int) -> None:

@@ -1,7 +1,8 @@
 """Each model task at CP=2 (and CP=2 x TP=2 with sequence parallelism) against one process: the
 CP ranks' losses are shares of the micro-batch's and their gradients partial sums, so both summed
 over the ring must equal the one-process loss and gradients. Covers the heads on position 0
-(NSP, classification: run on every CP rank, counted on CP rank 0) and GPT's shifted targets."""
+(NSP, classification: run on every CP rank, counted on CP rank 0), GPT's shifted targets and a
+Llama-style decoder's rotary positions (each CP rank rotates its own chunks' positions)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tpformer.parallel.context import ParallelContext
         ("causal_lm", 0.2, 1),
         ("classification", 0.0, 1),
         ("classification", 0.2, 2),
+        ("llama", 0.0, 1),
+        ("llama", 0.2, 2),
     ],
 )
 def test_model_at_cp2_sums_to_the_single_process_step(task: str, dropout: float, tp: int) -> None:

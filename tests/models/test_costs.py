@@ -101,7 +101,7 @@ def test_classification_flops_count_the_pooler_and_classifier() -> None:
     assert executed_flops(config, head_rows=0, padded_vocab=padded, **common) == measured
 
 
-@pytest.mark.parametrize("name", ["bert_base", "gpt2_small"])
+@pytest.mark.parametrize("name", ["bert_base", "gpt2_small", "llama_tiny", "llama3_8b"])
 def test_layer_params_count_a_built_layer(name: str) -> None:
     config = replace(PRESETS[name], num_layers=1)
     task = "pretraining" if config.arch == "bert" else "causal_lm"
@@ -110,7 +110,7 @@ def test_layer_params_count_a_built_layer(name: str) -> None:
     assert layer_params(config, 1) == sum(p.numel() for p in block.parameters())
 
 
-@pytest.mark.parametrize("name", ["bert_tiny", "gpt2_small"])
+@pytest.mark.parametrize("name", ["bert_tiny", "gpt2_small", "llama_tiny"])
 def test_embedding_and_head_params_count_a_built_model(name: str) -> None:
     """Every parameter of a built model (TP=1) is the embedding, the layers or the head."""
     from tpformer.models.costs import embedding_params, head_params
@@ -123,4 +123,4 @@ def test_embedding_and_head_params_count_a_built_model(name: str) -> None:
         + config.num_layers * layer_params(config, 1)
         + head_params(config, 1, nsp=task == "pretraining")
     )
-    assert counted == sum(p.numel() for p in model.parameters())  # the tied word embedding once
+    assert counted == sum(p.numel() for p in model.parameters())  # a tied word embedding once

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
-from tests.models.common import BATCH, SEQ, bert_batch, full_grads, tiny_bert, tiny_gpt
+from tests.models.common import (
+    BATCH,
+    SEQ,
+    bert_batch,
+    full_grads,
+    tiny_bert,
+    tiny_gpt,
+    tiny_llama,
+)
 from tests.tolerances import (
     FP32_LAYER_REL,
     FP32_MODEL_REL,
@@ -95,8 +103,9 @@ def test_layer_matches_single_process_and_moves_tp_bytes(
 def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     batch = bert_batch()
     ctx.rng.set_position(step=3, sample_offset=0)
-    if task == "causal_lm":
-        model = build_model(tiny_gpt(dropout), ctx, task=task)
+    if task in ("causal_lm", "llama"):
+        config = tiny_llama(dropout) if task == "llama" else tiny_gpt(dropout)
+        model = build_model(config, ctx, task="causal_lm")
 
         def run():
             return model(
@@ -130,7 +139,7 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     }
 
 
-@pytest.mark.parametrize("task", ["pretraining", "causal_lm", "classification"])
+@pytest.mark.parametrize("task", ["pretraining", "causal_lm", "classification", "llama"])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_model_matches_single_process(task: str, dropout: float, tp: int) -> None:

@@ -22,6 +22,12 @@ def pipeline_config(
 ) -> Config:
     """tiny_config's run on a 4-layer model (so 4 stages fit), dropout 0.1, global batch 8."""
     config = tiny_config(steps=steps, micro=micro, accum=accum, **parallel)
+    if arch == "llama":  # rotary positions, RMSNorm, SwiGLU, 2 key/value groups, untied head
+        llama = preset(
+            "llama_tiny", vocab_size=128, hidden_size=64, num_heads=4, num_kv_heads=2,
+            intermediate_size=128, num_layers=4, max_position_embeddings=64,
+        )  # fmt: skip
+        return replace(config, model=llama)
     model = (
         replace(config.model, num_layers=4)
         if arch == "bert"
@@ -111,12 +117,28 @@ def test_pipeline_with_tp_sequence_parallel_and_explicit_split(tmp_path: Path, e
         _assert_same_curves(curves, reference)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
-def test_gpt_pipeline_loss_curve_equals_one_process(tmp_path: Path, schedule: str) -> None:
-    """GPT: the tied LM head on the last stage, the token embedding on the first."""
-    reference = _reference(tmp_path, "gpt")
-    config = pipeline_config("gpt", micro=2, accum=4, pipeline=2, pipeline_schedule=schedule)
-    for curves in run_distributed(_curves, 2, config, str(tmp_path / "run"), pipeline=2):
+@pytest.mark.parametrize(
+    ("arch", "schedule", "extra"),
+    [
+        ("gpt", "1f1b", {}),
+        ("gpt", "interleaved_1f1b", {}),
+        ("llama", "1f1b", {}),
+        ("llama", "1f1b", {"data": 2, "zero_stage": 1}),
+    ],
+)
+def test_gpt_pipeline_loss_curve_equals_one_process(
+    tmp_path: Path, arch: str, schedule: str, extra: dict
+) -> None:
+    """GPT: the tied LM head on the last stage, the token embedding on the first; a Llama-style
+    decoder's own LM head on the last stage (nothing tied), also under DP=2 with ZeRO-1."""
+    reference = _reference(tmp_path, arch)
+    dp = extra.get("data", 1)
+    config = pipeline_config(
+        arch, micro=2, accum=4 // dp, pipeline=2, pipeline_schedule=schedule, **extra
+    )
+    for curves in run_distributed(
+        _curves, 2 * dp, config, str(tmp_path / "run"), pipeline=2, data=dp
+    ):
         _assert_same_curves(curves, reference)
 
 

@@ -73,6 +73,7 @@ REFERENCES = {  # name: (arch, world, parallel keys): only the TP and CP degrees
     "bert_tp2": ("bert", 2, {"tensor": 2}),
     "bert_cp2": ("bert", 2, {"context": 2}),
     "gpt": ("gpt", 1, {}),
+    "llama": ("llama", 1, {}),  # no dropout: its TP=2 rows take the one-process reference
 }
 
 DP2 = {"data": 2}
@@ -115,6 +116,10 @@ ROWS = [  # (row, reference, world, parallel keys, trainer keys, slow)
     ("gpt_dp2_zero3", "gpt", 2, {**DP2, "zero_stage": 3}, {}, False),
     ("gpt_pp2_1f1b", "gpt", 2, PP2, {}, False),
     ("gpt_recompute_full", "gpt", 1, FULL, {}, False),
+    ("llama_dp2_zero3", "llama", 2, {**DP2, "zero_stage": 3}, {}, False),
+    ("llama_tp2_sp", "llama", 2, {"tensor": 2, "sequence_parallel": True}, {}, False),
+    ("llama_recompute_full", "llama", 1, FULL, {}, False),
+    ("llama_compile", "llama", 1, {}, COMPILE, True),
 ]
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.config.schema import (
+    Activation,
+    Arch,
+    ModelConfig,
+    Norm,
+    PositionEmbedding,
+    RopeScaling,
+)
 
 
 def _bert(layers: int, hidden: int, heads: int) -> ModelConfig:
@@ -33,6 +40,33 @@ def _gpt2(layers: int, hidden: int, heads: int) -> ModelConfig:
     )
 
 
+def _llama(
+    layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, **keys: Any
+) -> ModelConfig:
+    """The Llama family's decoder: rotary positions, RMSNorm, SwiGLU, grouped-query
+    attention, no biases, an untied LM head, no dropout."""
+    return ModelConfig(
+        arch=Arch.gpt,
+        vocab_size=vocab,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=ffn,
+        type_vocab_size=0,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation=Activation.silu,
+        gated_mlp=True,
+        norm=Norm.rmsnorm,
+        layer_norm_eps=1e-5,
+        bias=False,
+        tie_embeddings=False,
+        position_embedding=PositionEmbedding.rope,
+        **keys,
+    )
+
+
 PRESETS: dict[str, ModelConfig] = {
     "bert_tiny": _bert(2, 128, 2),
     "bert_mini": _bert(4, 256, 4),
@@ -44,6 +78,21 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt2_medium": _gpt2(24, 1024, 16),
     "gpt2_large": _gpt2(36, 1280, 20),
     "gpt2_xl": _gpt2(48, 1600, 25),
+    "llama_tiny": _llama(2, 128, 4, 2, 352, 32000, max_position_embeddings=512),
+    "llama2_7b": _llama(32, 4096, 32, 32, 11008, 32000, max_position_embeddings=4096),
+    "llama3_8b": _llama(
+        32,
+        4096,
+        32,
+        8,
+        14336,
+        128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling.llama3,
+        rope_factor=8.0,
+        rope_original_max_positions=8192,
+    ),  # fmt: skip (Llama 3.1 8B)
 }
 
 

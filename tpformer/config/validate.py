@@ -59,6 +59,38 @@ def validate_model(model: ModelConfig, tp: int) -> None:
         raise ValueError(
             f"parallel.tensor={tp} must divide model.intermediate_size={model.intermediate_size}"
         )
+    validate_model_family(model, tp)
+
+
+def validate_model_family(model: ModelConfig, tp: int) -> None:
+    """The Llama-family keys: grouped-query heads that split over `tp`, rotary positions with
+    an even head size, no segments or pooler outside BERT's learned positions."""
+    kv = model.kv_heads
+    if model.num_heads % kv != 0:
+        raise ValueError(
+            f"model.num_kv_heads={model.num_kv_heads} must divide model.num_heads="
+            f"{model.num_heads} (valid: {divisors(model.num_heads)}; 0 means num_heads)"
+        )
+    if kv % tp != 0:
+        raise ValueError(
+            f"parallel.tensor={tp} must divide model.num_kv_heads={kv}: each TP rank holds "
+            f"whole key/value groups (valid: {divisors(kv)}; replicating key/value heads over "
+            "TP is not built)"
+        )
+    if model.position_embedding == "rope" and (model.hidden_size // model.num_heads) % 2:
+        raise ValueError(
+            f"model.position_embedding=rope needs an even head size (hidden_size / num_heads = "
+            f"{model.hidden_size // model.num_heads})"
+        )
+    if model.arch == "bert" and model.position_embedding != "learned":
+        raise ValueError(
+            "model.position_embedding=rope is built for arch=gpt (the Llama family); BERT "
+            "keeps learned positions"
+        )
+    if model.arch == "bert" and not model.tie_embeddings:
+        raise ValueError(
+            "model.tie_embeddings=false is built for arch=gpt; BERT's MLM head is tied"
+        )
 
 
 def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: str) -> None:

@@ -87,8 +87,8 @@ def decode(
     gpt = model.transformer
     x = gpt.embed_at(input_ids, positions)
     for block, cache in zip(model.blocks(), caches, strict=True):
-        x = block(x, mask, cache)
-    local = F.linear(gpt.norm(x[:, -1]), gpt.wte.weight)  # this rank's vocab rows
+        x = block(x, mask, cache, positions)
+    local = F.linear(gpt.norm(x[:, -1]), model.output_weight)  # this rank's vocab rows
     return gather_from_tp(local, model.tp)[:, : model.config.vocab_size]
 
 
@@ -101,7 +101,7 @@ def new_caches(model: GPTForCausalLM, batch: int, length: int) -> list[KVCache]:
         caches.append(
             KVCache(
                 batch,
-                attention.local_heads,
+                attention.local_kv_heads,
                 length,
                 attention.head_dim,
                 dtype=param.dtype,

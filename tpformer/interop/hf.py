@@ -19,12 +19,15 @@ from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
 from tpformer.interop.hf_keys import (
+    BODY_PREFIX,
     HF_TIED,
     KEY_MAPS,
     FusedQKV,
+    GatedRows,
     Plain,
     Rule,
     hf_config_from_model,
+    hf_family,
     model_config_from_hf,
     read_hf_config,
 )
@@ -42,6 +45,10 @@ SUPPORTED = {
     "BertForSequenceClassification": ("bert", "classification"),
     "GPT2Model": ("gpt", "base"),
     "GPT2LMHeadModel": ("gpt", "causal_lm"),
+    "LlamaModel": ("gpt", "base"),
+    "LlamaForCausalLM": ("gpt", "causal_lm"),
+    "MistralModel": ("gpt", "base"),
+    "MistralForCausalLM": ("gpt", "causal_lm"),
 }
 IGNORED_KEYS = ("position_ids", "attn.bias", "attn.masked_bias")
 HEAD_KEYS = ("cls.", "classifier.", "lm_head.", "qa_outputs.")
@@ -119,7 +126,7 @@ def _stored_shape(files: CheckpointFiles, rule: Rule) -> list[int]:
         shape = files.shape(rule.key)
         return shape[::-1] if rule.transposed else shape
     shapes = [files.shape(k) for k in rule.keys]
-    if rule.transposed:
+    if isinstance(rule, FusedQKV) and rule.transposed:
         shapes = [s[::-1] for s in shapes]
     return [sum(s[0] for s in shapes), *shapes[0][1:]]
 
@@ -137,17 +144,24 @@ def _local_tensor(
     """This rank's slice of the tensor `rule` describes, read without the rest."""
     info = param_info(param)
     dim = info.tp_dim
-    if isinstance(rule, FusedQKV):
-        hidden, head_dim = model_cfg.hidden_size, model_cfg.hidden_size // model_cfg.num_heads
-        heads = param.shape[0] // (3 * head_dim)
-        first, last = rank * heads * head_dim, (rank + 1) * heads * head_dim
+    if isinstance(rule, FusedQKV):  # this rank's key/value groups: [q x group, k, v] each
+        hidden, heads = model_cfg.hidden_size, model_cfg.num_heads
+        head_dim, group = hidden // heads, heads // model_cfg.kv_heads
+        spans = (group * head_dim, head_dim, head_dim)  # rows per group of q, k, v
+        groups = param.shape[0] // sum(spans)
+        starts = (0, hidden, hidden + model_cfg.kv_heads * head_dim)  # in GPT-2's [q|k|v]
         parts = []
-        for j in range(3):
-            key, offset = (rule.keys[j], 0) if len(rule.keys) == 3 else (rule.keys[0], j * hidden)
+        for j, span in enumerate(spans):
+            key, offset = (rule.keys[j], 0) if len(rule.keys) == 3 else (rule.keys[0], starts[j])
             transposed = rule.transposed and param.dim() == 2
-            part = _read_rows(files, key, transposed, offset + first, offset + last)
-            parts.append(part.reshape(heads, head_dim, *part.shape[1:]))
-        return torch.stack(parts, dim=1).reshape(param.shape)
+            first = offset + rank * groups * span
+            part = _read_rows(files, key, transposed, first, first + groups * span)
+            parts.append(part.reshape(groups, span, *part.shape[1:]))
+        return torch.cat(parts, dim=1).reshape(param.shape)
+    if isinstance(rule, GatedRows):  # this rank's units: [gate, up] each
+        units = param.shape[0] // 2
+        gate, up = (files.read(k, 0, rank * units, (rank + 1) * units) for k in rule.keys)
+        return torch.stack([gate, up], dim=1).reshape(param.shape)
     transposed = rule.transposed and param.dim() == 2
     if dim is None or info.logical_size is None:
         full = files.read(rule.key)
@@ -169,8 +183,8 @@ def _local_tensor(
     return local
 
 
-def _hf_prefix(keys: list[str], arch: str) -> str:
-    body = "bert." if arch == "bert" else "transformer."
+def _hf_prefix(keys: list[str], family: str) -> str:
+    body = BODY_PREFIX[family]
     return body if any(k.startswith(body) for k in keys) else ""
 
 
@@ -187,7 +201,8 @@ def load_hf_weights(model: nn.Module, directory: str | Path, ctx: ParallelContex
     config: ModelConfig = model.config  # type: ignore[assignment]
     task = task_of(model)
     keys = files.keys()
-    rules = KEY_MAPS[config.arch](config, task, _hf_prefix(keys, config.arch))
+    family = hf_family(config)
+    rules = KEY_MAPS[family](config, task, _hf_prefix(keys, family))
     available = set(keys)
     body = "" if task == "base" else ("bert." if config.arch == "bert" else "transformer.")
     missing = {
@@ -258,7 +273,12 @@ def load_hf_model(
     from tpformer.models import build_model
 
     hf = read_hf_config(directory)
-    default = {"bert": "BertModel", "gpt2": "GPT2LMHeadModel"}.get(hf.get("model_type", ""), "?")
+    default = {
+        "bert": "BertModel",
+        "gpt2": "GPT2LMHeadModel",
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+    }.get(hf.get("model_type", ""), "?")
     architecture = (hf.get("architectures") or [default])[0]
     if architecture not in SUPPORTED:
         raise ValueError(
@@ -292,17 +312,27 @@ def to_hf_state_dict(
     """Full HF-named tensors of `model` (all-gathers over TP; same on every TP rank)."""
     config: ModelConfig = model.config  # type: ignore[assignment]
     task = task_of(model)
-    prefix = "" if task == "base" else ("bert." if config.arch == "bert" else "transformer.")
+    family = hf_family(config)
+    prefix = "" if task == "base" else BODY_PREFIX[family]
     full = full_state_dict(model, ctx.tp)
     head_dim = config.hidden_size // config.num_heads
+    group = config.num_heads // config.kv_heads
     out: dict[str, Tensor] = {}
-    for name, rule in KEY_MAPS[config.arch](config, task, prefix).items():
+    for name, rule in KEY_MAPS[family](config, task, prefix).items():
         t = full[name]
         if isinstance(rule, Plain):
             out[rule.key] = t.t().contiguous() if rule.transposed and t.dim() == 2 else t
             continue
-        qkv = t.reshape(config.num_heads, 3, head_dim, *t.shape[1:])
-        parts = [qkv[:, j].reshape(config.hidden_size, *t.shape[1:]) for j in range(3)]
+        if isinstance(rule, GatedRows):
+            gated = t.reshape(-1, 2, *t.shape[1:])
+            out.update(zip(rule.keys, (gated[:, 0], gated[:, 1])))
+            continue
+        qkv = t.reshape(config.kv_heads, group + 2, head_dim, *t.shape[1:])
+        parts = [
+            qkv[:, :group].reshape(-1, *t.shape[1:]),
+            qkv[:, group].reshape(-1, *t.shape[1:]),
+            qkv[:, group + 1].reshape(-1, *t.shape[1:]),
+        ]
         if len(rule.keys) == 3:
             out.update(zip(rule.keys, parts))
         else:
@@ -312,6 +342,8 @@ def to_hf_state_dict(
             )
     for copy, source in HF_TIED.get(architecture, {}).items():
         out[copy] = out[source]
+    if family == "llama" and task == "causal_lm" and config.tie_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
 
 
@@ -333,6 +365,9 @@ def save_hf_checkpoint(
     import transformers
 
     architecture = HF_ARCHITECTURE[type(model).__name__]
+    if hf_family(model.config) == "llama":  # type: ignore[arg-type]
+        architecture = architecture.replace("GPT2LMHeadModel", "LlamaForCausalLM")
+        architecture = architecture.replace("GPT2Model", "LlamaModel")
     state = to_hf_state_dict(model, ctx, architecture)
     if not ctx.is_main:
         return

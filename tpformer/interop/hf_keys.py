@@ -1,7 +1,10 @@
-"""Key maps and configs between tpformer and Hugging Face BERT / GPT-2 checkpoints.
+"""Key maps and configs between tpformer and Hugging Face BERT, GPT-2 and Llama-family
+(Llama, Mistral) checkpoints.
 
-Our fused QKV rows are laid out per head as [head, (q, k, v), head_dim]; HF keeps q, k and v
-apart (BERT) or as [q | k | v] blocks of a transposed Conv1D (GPT-2).
+Our fused QKV rows are laid out per key/value head as [group, (q x group, k, v), head_dim]
+(multi-head: [head, (q, k, v), head_dim]); HF keeps q, k and v apart (BERT, Llama) or as
+[q | k | v] blocks of a transposed Conv1D (GPT-2). A gated MLP's input rows are [unit, (gate,
+up)]; Llama keeps gate_proj and up_proj apart.
 """
 
 from __future__ import annotations
@@ -12,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.config.schema import (
+    Activation,
+    Arch,
+    ModelConfig,
+    Norm,
+    PositionEmbedding,
+    RopeScaling,
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,14 @@ class FusedQKV:
     transposed: bool = False
 
 
-Rule = Plain | FusedQKV
+@dataclass(frozen=True)
+class GatedRows:
+    """Our [unit, (gate, up)] rows from HF's gate and up projections."""
+
+    keys: tuple[str, str]
+
+
+Rule = Plain | FusedQKV | GatedRows
 
 
 def _linear(ours: str, theirs: str, transposed: bool = False) -> dict[str, Rule]:
@@ -101,10 +118,47 @@ def gpt_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Rul
     return rules
 
 
+def llama_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Rule]:
+    """Our GPT-family parameter names with Llama's options -> LlamaModel / LlamaForCausalLM
+    keys (Mistral's are the same)."""
+    ours = "" if task == "base" else "transformer."
+    p = hf_prefix
+    rules: dict[str, Rule] = {
+        f"{ours}wte.weight": Plain(f"{p}embed_tokens.weight"),
+        f"{ours}norm.weight": Plain(f"{p}norm.weight"),
+    }
+    if task != "base" and not config.tie_embeddings:
+        rules["lm_head.weight"] = Plain("lm_head.weight")
+    for i in range(config.num_layers):
+        o, t = f"{ours}decoder.layers.{i}", f"{p}layers.{i}"
+        rules[f"{o}.attention.qkv.weight"] = FusedQKV(
+            tuple(f"{t}.self_attn.{x}_proj.weight" for x in "qkv")
+        )
+        rules[f"{o}.attention.out.weight"] = Plain(f"{t}.self_attn.o_proj.weight")
+        rules[f"{o}.attention_norm.weight"] = Plain(f"{t}.input_layernorm.weight")
+        rules[f"{o}.mlp.fc_in.weight"] = GatedRows(
+            (f"{t}.mlp.gate_proj.weight", f"{t}.mlp.up_proj.weight")
+        )
+        rules[f"{o}.mlp.fc_out.weight"] = Plain(f"{t}.mlp.down_proj.weight")
+        rules[f"{o}.mlp_norm.weight"] = Plain(f"{t}.post_attention_layernorm.weight")
+    return rules
+
+
+def hf_family(config: ModelConfig) -> str:
+    """The Hugging Face family a config maps to: bert, gpt2, or llama (a GPT-family config with
+    rotary positions)."""
+    if config.arch == "bert":
+        return "bert"
+    return "llama" if config.position_embedding == "rope" else "gpt2"
+
+
 KEY_MAPS: dict[str, Callable[[ModelConfig, str, str], dict[str, Rule]]] = {
     "bert": bert_key_map,
-    "gpt": gpt_key_map,
+    "gpt2": gpt_key_map,
+    "llama": llama_key_map,
 }
+BODY_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}
+"""The HF body prefix of each family's task models (absent in the base model's files)."""
 
 _MLM_TIED = {
     "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
@@ -172,14 +226,123 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
             layer_norm_eps=hf["layer_norm_epsilon"],
             init_std=hf.get("initializer_range", 0.02),
         )
+    if hf.get("model_type") in ("llama", "mistral"):
+        return _llama_config(hf)
     raise ValueError(
-        f"model_type={hf.get('model_type')!r} is not supported; use a BERT or GPT-2 checkpoint"
+        f"model_type={hf.get('model_type')!r} is not supported; use a BERT, GPT-2, Llama or "
+        "Mistral checkpoint"
     )
+
+
+ROPE_TYPES = {"default": RopeScaling.none, "linear": RopeScaling.linear,
+              "dynamic": RopeScaling.dynamic, "llama3": RopeScaling.llama3}  # fmt: skip
+
+
+def _llama_config(hf: dict) -> ModelConfig:
+    """A Llama / Mistral config.json as a GPT-family ModelConfig; a shape tpformer does not
+    build (biases, another activation or head size, a sliding window, another RoPE) is refused
+    by name."""
+    kind = hf["model_type"]
+    heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
+    refuse = []
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        refuse.append("attention_bias / mlp_bias (tpformer's Llama has no biases)")
+    if hf.get("hidden_act", "silu") != "silu":
+        refuse.append(f"hidden_act={hf['hidden_act']!r} (only silu: SwiGLU)")
+    if hf.get("head_dim") not in (None, hidden // heads):
+        refuse.append(f"head_dim={hf['head_dim']} (only hidden_size / num_attention_heads)")
+    if hf.get("sliding_window") is not None:
+        refuse.append(f"sliding_window={hf['sliding_window']} (only full attention)")
+    rope = hf.get("rope_parameters") or {
+        **(hf.get("rope_scaling") or {}),
+        "rope_theta": hf.get("rope_theta", 10000.0),
+    }
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type not in ROPE_TYPES:
+        refuse.append(f"rope_type={rope_type!r} (supported: {sorted(ROPE_TYPES)})")
+    if refuse:
+        raise ValueError(f"this {kind} checkpoint is not supported: " + "; ".join(refuse))
+    scaling = ROPE_TYPES[rope_type]
+    original = int(rope.get("original_max_position_embeddings") or 0)
+    longest = hf["max_position_embeddings"]
+    if scaling == RopeScaling.dynamic:  # HF grows the base past the trained context
+        original, longest = original or longest, int(longest * rope.get("factor", 1.0))
+    return ModelConfig(
+        arch=Arch.gpt,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hidden,
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        intermediate_size=hf["intermediate_size"],
+        max_position_embeddings=longest,
+        type_vocab_size=0,
+        dropout=0.0,
+        attention_dropout=hf.get("attention_dropout", 0.0),
+        activation=Activation.silu,
+        gated_mlp=True,
+        norm=Norm.rmsnorm,
+        layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        bias=False,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        position_embedding=PositionEmbedding.rope,
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_scaling=scaling,
+        rope_factor=float(rope.get("factor", 1.0)),
+        rope_original_max_positions=original,
+        rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+        init_std=hf.get("initializer_range", 0.02),
+    )
+
+
+def llama_export_problems(config: ModelConfig) -> list[str]:
+    """The keys of a GPT-family config with rotary positions that LlamaForCausalLM cannot hold."""
+    wrong = {
+        "model.norm": (config.norm, "rmsnorm"),
+        "model.activation": (config.activation, "silu"),
+        "model.gated_mlp": (config.gated_mlp, True),
+        "model.bias": (config.bias, False),
+    }
+    return [f"{key}={have} (Llama: {want})" for key, (have, want) in wrong.items() if have != want]
 
 
 def hf_config_from_model(config: ModelConfig, architecture: str, **extra: Any) -> Any:
     """A transformers config object for `config` (used by export)."""
-    from transformers import BertConfig, GPT2Config
+    from transformers import BertConfig, GPT2Config, LlamaConfig
+
+    if hf_family(config) == "llama":
+        problems = llama_export_problems(config)
+        if problems:
+            raise ValueError("cannot export as LlamaForCausalLM: " + "; ".join(problems))
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+        longest = config.max_position_embeddings
+        if config.rope_scaling != "none":
+            rope.update(rope_type=str(config.rope_scaling), factor=config.rope_factor)
+        if config.rope_scaling == "llama3":
+            rope.update(
+                low_freq_factor=config.rope_low_freq_factor,
+                high_freq_factor=config.rope_high_freq_factor,
+                original_max_position_embeddings=config.rope_original_max_positions or longest,
+            )
+        if config.rope_scaling == "dynamic":
+            longest = config.rope_original_max_positions or longest
+        return LlamaConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads,
+            num_key_value_heads=config.kv_heads,
+            max_position_embeddings=longest,
+            rms_norm_eps=config.layer_norm_eps,
+            tie_word_embeddings=config.tie_embeddings,
+            attention_dropout=config.attention_dropout,
+            initializer_range=config.init_std,
+            rope_parameters=rope,
+            architectures=[architecture],
+            **extra,
+        )
 
     if config.arch == "bert":
         return BertConfig(

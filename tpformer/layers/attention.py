@@ -12,6 +12,7 @@ from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tpformer.layers.ring_attention import RingSpec, ring_attention
+from tpformer.layers.rotary import Rotary
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import divide
 from tpformer.parallel.random import eager_island
@@ -41,37 +42,87 @@ class ParallelSelfAttention(nn.Module):
         *,
         attention_dropout: float,
         causal: bool,
+        kv_heads: int = 0,
+        bias: bool = True,
+        rotary: Rotary | None = None,
     ) -> None:
         super().__init__()
-        self.tp, self.cp, self.causal = ctx.tp, ctx.cp, causal
+        self.tp, self.cp, self.causal, self.rotary = ctx.tp, ctx.cp, causal, rotary
         self.head_dim = divide(hidden_size, num_heads, what="hidden_size")
-        self.local_heads = divide(num_heads, ctx.tp.size, what="num_heads")
+        kv_heads = kv_heads or num_heads
+        self.group = divide(num_heads, kv_heads, what="num_heads")
+        """Query heads per key/value head (grouped-query attention; 1: multi-head)."""
+        self.local_kv_heads = divide(kv_heads, ctx.tp.size, what="num_kv_heads")
+        self.local_heads = self.local_kv_heads * self.group
         self.head_offset = ctx.tp.rank * self.local_heads
         sp = ctx.sequence_parallel
-        self.qkv = ColumnParallelLinear(hidden_size, 3 * hidden_size, ctx.tp, sequence_parallel=sp)
-        self.out = RowParallelLinear(hidden_size, hidden_size, ctx.tp, sequence_parallel=sp)
+        rows = (num_heads + 2 * kv_heads) * self.head_dim
+        self.qkv = ColumnParallelLinear(hidden_size, rows, ctx.tp, sequence_parallel=sp, bias=bias)
+        self.out = RowParallelLinear(
+            hidden_size, hidden_size, ctx.tp, sequence_parallel=sp, bias=bias
+        )
         self.dropout = ParallelDropout(attention_dropout, ctx.rng, heads=num_heads)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """x: [b, s, hidden] (or [b, s/tp, hidden]); mask: bool [b, 1, 1|s, s], True = attend
         (None: all, or causal). With a `cache` (decoding), x holds the new positions only: their
         keys and values are appended and the queries attend over every cached position, as
-        `mask` [b, 1, s, cached] says."""
-        qkv = self.qkv(x)  # [b, s, 3 * hidden / tp], the whole sequence
-        b, s = qkv.shape[:2]
-        qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # [b, h/tp, s, d]; backward: one stack
+        `mask` [b, 1, s, cached] says. `positions` [b, s]: where rotary embeddings put each
+        row (default: its place in the whole sequence, after the cached ones)."""
+        q, k, v = self._project(x)
+        b, s = q.shape[0], q.shape[2]
+        if self.rotary is not None:
+            q, k = self._rotate(q, k, cache, positions)
         causal = self.causal
         if cache is not None:
             if self.cp.size > 1:
                 raise ValueError("decoding with a KV cache runs without context parallelism")
             causal = causal and cache.length == 0  # a decode step sees every cached position
             k, v = cache.append(k, v)
+        if self.group > 1:  # each query head's key and value head, as HF's repeat_kv
+            k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
         ctx = self.core(q, k, v, mask, causal)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return self.out(ctx)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [b, heads/tp, s, d], k and v [b, kv_heads/tp, s, d] of the whole sequence. The
+        fused rows are laid out per key/value head as [group, (q x group, k, v), head_dim], so
+        a contiguous TP slice holds whole groups (multi-head: [head, (q, k, v), head_dim])."""
+        qkv = self.qkv(x)
+        b, s = qkv.shape[:2]
+        qkv = qkv.view(b, s, self.local_kv_heads, self.group + 2, self.head_dim)
+        if self.group == 1:
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # backward: one stack
+            return q, k, v
+        q = qkv[:, :, :, : self.group].reshape(b, s, self.local_heads, self.head_dim)
+        k, v = qkv[:, :, :, self.group], qkv[:, :, :, self.group + 1]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _rotate(
+        self, q: Tensor, k: Tensor, cache: KVCache | None, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Rotary embeddings at each row's position in the whole sequence: under context
+        parallelism this rank's chunks of it, after a cache the positions past it."""
+        assert self.rotary is not None
+        s = q.shape[2]
+        before = cache.length if cache is not None else 0
+        longest = before + s * self.cp.size
+        if positions is None:
+            if self.cp.size > 1:
+                positions = context_positions(longest, self.cp.rank, self.cp.size, q.device)
+            else:
+                positions = torch.arange(before, before + s, device=q.device)
+        return (
+            self.rotary.rotate(q, positions, longest),
+            self.rotary.rotate(k, positions, longest),
+        )
 
     def core(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool | None = None

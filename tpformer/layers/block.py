@@ -16,14 +16,16 @@ from tpformer.layers.attention import ParallelSelfAttention
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.mlp import ParallelMLP
+from tpformer.layers.norm import make_norm
+from tpformer.layers.rotary import Rotary
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import mark_sequence_parallel
 
 
 class TransformerLayer(nn.Module):
-    """post-LN (BERT): x = LN(x + drop(attn(x))); x = LN(x + drop(mlp(x))).
-    pre-LN (GPT-2):   x = x + drop(attn(LN(x))); x = x + drop(mlp(LN(x))).
-    """
+    """post-norm (BERT): x = N(x + drop(attn(x))); x = N(x + drop(mlp(x))).
+    pre-norm (GPT-2, Llama): x = x + drop(attn(N(x))); x = x + drop(mlp(N(x))).
+    N is the config's norm (LayerNorm, RMSNorm)."""
 
     def __init__(
         self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool, causal: bool
@@ -32,20 +34,36 @@ class TransformerLayer(nn.Module):
         self.pre_norm = pre_norm
         h, sp = config.hidden_size, ctx.sequence_parallel
         sequence = ctx.tp if sp else None
+        rotary = None
+        if config.position_embedding == "rope":
+            rotary = Rotary(config, h // config.num_heads)
         self.attention = ParallelSelfAttention(
-            h, config.num_heads, ctx, causal=causal, attention_dropout=config.attention_dropout
+            h,
+            config.num_heads,
+            ctx,
+            causal=causal,
+            attention_dropout=config.attention_dropout,
+            kv_heads=config.kv_heads,
+            bias=config.bias,
+            rotary=rotary,
         )
         self.attention_dropout = ParallelDropout(
             config.dropout, ctx.rng, sequence=sequence, context=ctx.cp
         )
-        self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.attention_norm = make_norm(config)
         self.mlp = ParallelMLP(
-            h, config.intermediate_size, ctx.tp, activation=config.activation, sequence_parallel=sp
+            h,
+            config.intermediate_size,
+            ctx.tp,
+            activation=config.activation,
+            sequence_parallel=sp,
+            gated=config.gated_mlp,
+            bias=config.bias,
         )
         self.mlp_dropout = ParallelDropout(
             config.dropout, ctx.rng, sequence=sequence, context=ctx.cp
         )
-        self.mlp_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.mlp_norm = make_norm(config)
         if sp:
             mark_sequence_parallel(self.attention_norm, self.mlp_norm)
 
@@ -55,13 +73,20 @@ class TransformerLayer(nn.Module):
         return [(self.attention, "core")]
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        """`cache`: decoding; x holds the new positions only (see the attention's)."""
+        """`cache`: decoding; x holds the new positions only (see the attention's, as for
+        `positions`)."""
         if self.pre_norm:
-            x = x + self.attention_dropout(self.attention(self.attention_norm(x), mask, cache))
+            attended = self.attention(self.attention_norm(x), mask, cache, positions)
+            x = x + self.attention_dropout(attended)
             return x + self.mlp_dropout(self.mlp(self.mlp_norm(x)))
-        x = self.attention_norm(x + self.attention_dropout(self.attention(x, mask, cache)))
+        attended = self.attention(x, mask, cache, positions)
+        x = self.attention_norm(x + self.attention_dropout(attended))
         return self.mlp_norm(x + self.mlp_dropout(self.mlp(x)))
 
 

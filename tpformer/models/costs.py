@@ -18,11 +18,19 @@ from tpformer.layers.embedding import padded_vocab_size
 TASKS = ("pretraining", "causal_lm", "classification")
 
 
-def layer_flops_per_token(hidden: int, intermediate: int, seq: int) -> int:
-    """Forward FLOPs of one transformer layer per token: the QKV, output and two MLP matmuls,
+def layer_matrix_elements(config: ModelConfig) -> int:
+    """One layer's weight-matrix elements: QKV (keys and values of num_kv_heads heads), the
+    attention output, and the MLP's two matrices (three when gated)."""
+    h, f = config.hidden_size, config.intermediate_size
+    kv = 2 * config.kv_heads * (h // config.num_heads)
+    return h * (h + kv) + h * h + (3 if config.gated_mlp else 2) * h * f
+
+
+def layer_flops_per_token(config: ModelConfig, seq: int) -> int:
+    """Forward FLOPs of one transformer layer per token: its matmuls (layer_matrix_elements),
     and attention's QK^T and PV over `seq` keys (every key, as the fused kernels compute
     them; a causal mask does not halve the count)."""
-    return 2 * (4 * hidden * hidden + 2 * hidden * intermediate) + 4 * seq * hidden
+    return 2 * layer_matrix_elements(config) + 4 * seq * config.hidden_size
 
 
 def head_flops_per_token(config: ModelConfig, vocab: int | None = None) -> int:
@@ -61,7 +69,7 @@ def step_flops(
     the work the task needs)."""
     if task not in TASKS:
         raise ValueError(f"task={task!r}; one of {TASKS}")
-    layer = samples * seq * layer_flops_per_token(config.hidden_size, config.intermediate_size, seq)
+    layer = samples * seq * layer_flops_per_token(config, seq)
     forward = (
         config.num_layers * layer
         + head_tokens * head_flops_per_token(config, vocab)
@@ -118,10 +126,10 @@ def rank_executed_flops(
     recomputation of QK^T; the forward again of recomputed layers (full) or attention cores
     (selective); the vocabulary head over `head_rows` rows (BERT's transform whole on every TP
     rank, the projection split) and, with `pooled`, the per-sample heads (whole)."""
-    h, f = config.hidden_size, config.intermediate_size
+    h = config.hidden_size
     tokens = samples * seq / cp
     attention = tokens * 4 * seq * h / tp
-    forward = tokens * 2 * (4 * h * h + 2 * h * f) / tp + attention
+    forward = tokens * 2 * layer_matrix_elements(config) / tp + attention
     again = {"full": forward, "selective": attention}.get(recompute, 0.0)
     total = layers * (3 * forward + 0.5 * attention + again)
     if head_rows:
@@ -135,9 +143,18 @@ def rank_executed_flops(
 
 def layer_params(config: ModelConfig, tp: int) -> int:
     """One layer's parameters on one TP rank: QKV, FFN-in and their biases and the two output
-    matrices are split; the LayerNorms and the output biases are replicated."""
+    matrices are split; the norms and the output biases are replicated."""
     h, f = config.hidden_size, config.intermediate_size
-    return (4 * h * h + 3 * h + 2 * h * f + f) // tp + 6 * h
+    kv = 2 * config.kv_heads * (h // config.num_heads)
+    split_biases = (h + kv + (2 if config.gated_mlp else 1) * f) if config.bias else 0
+    replicated = 2 * norm_params(config) + (2 * h if config.bias else 0)
+    return (layer_matrix_elements(config) + split_biases) // tp + replicated
+
+
+def norm_params(config: ModelConfig) -> int:
+    """One norm's parameters: a weight, and a bias for a LayerNorm with biases."""
+    h = config.hidden_size
+    return 2 * h if config.norm == "layernorm" and config.bias else h
 
 
 def word_embedding_params(config: ModelConfig, tp: int) -> int:
@@ -149,7 +166,7 @@ def embedding_params(config: ModelConfig, tp: int) -> int:
     """The embedding stage on one TP rank: the word embedding, positions, BERT's segments and
     its LayerNorm."""
     h = config.hidden_size
-    positions = config.max_position_embeddings * h
+    positions = config.max_position_embeddings * h if config.position_embedding == "learned" else 0
     if config.arch == "bert":
         return (
             word_embedding_params(config, tp)
@@ -165,11 +182,13 @@ def head_params(
 ) -> int:
     """The head on one TP rank, without the tied word embedding: BERT's transform, LayerNorm
     and vocabulary bias (vocabulary-parallel), and its pooler and NSP classifier; GPT's final
-    LayerNorm; a classification task's pooler and classifier (whole on every rank)."""
+    norm, and its own LM head (vocabulary-parallel) when not tied; a classification task's
+    pooler and classifier (whole on every rank)."""
     h = config.hidden_size
     if task == "classification":
         return (h * h + h) + (h * num_labels + num_labels)
     if config.arch != "bert":
-        return 2 * h
+        untied = 0 if config.tie_embeddings else word_embedding_params(config, tp)
+        return norm_params(config) + untied
     vocab = padded_vocab_size(config.vocab_size, tp, config.pad_vocab_to) // tp
     return (h * h + h) + 2 * h + vocab + ((h * h + h) + 2 * h + 2 if nsp else 0)

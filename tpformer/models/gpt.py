@@ -1,4 +1,6 @@
-"""GPT-2 on the tensor-parallel layers: pre-LayerNorm causal decoder and a tied LM head."""
+"""The causal decoder on the tensor-parallel layers: GPT-2 (learned positions, LayerNorm, GELU,
+a tied LM head) and, by the model keys, the Llama family (rotary positions, RMSNorm, SwiGLU,
+grouped-query attention, no biases, an LM head of its own)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from tpformer.layers.block import TransformerLayer, TransformerStack
 from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy
+from tpformer.layers.norm import make_norm
 from tpformer.layers.sequence import sequence_rows
 from tpformer.models.base import TPModel
 from tpformer.models.bert import check_sequence_length
@@ -21,7 +24,8 @@ from tpformer.parallel.init import normal_init, set_init
 
 
 class GPTModel(TPModel):
-    """Token (vocab-parallel) + position embeddings, pre-LN causal stack, final LayerNorm."""
+    """Token (vocab-parallel) embeddings (+ learned positions), pre-norm causal stack, final
+    norm."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
@@ -33,13 +37,16 @@ class GPTModel(TPModel):
             pad_to_multiple_of=config.pad_vocab_to,
             sequence_parallel=ctx.sequence_parallel,
         )
-        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.wpe: nn.Embedding | None = None  # rotary positions live in the attention
+        if config.position_embedding == "learned":
+            self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            self.rows.mark_replicated(self.wpe)
         self.dropout = ParallelDropout(
             config.dropout, ctx.rng, sequence=self.rows.sequence_group, context=ctx.cp
         )
         self.decoder = TransformerStack(config, ctx, pre_norm=True, causal=True)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.rows.mark_replicated(self.wpe, self.norm)
+        self.norm = make_norm(config)
+        self.rows.mark_replicated(self.norm)
         # GPT-2: residual output projections start at std / sqrt(2 * layers).
         scaled = normal_init(config.init_std / math.sqrt(2 * config.num_layers))
         for layer in cast("list[TransformerLayer]", list(self.decoder.layers)):
@@ -60,7 +67,8 @@ class GPTModel(TPModel):
 
     def embed_at(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         """Tokens [b, s] at the given positions (broadcast to [b, s]) -> the first block's input."""
-        return self.dropout(self.wte(input_ids) + self.wpe(positions))
+        tokens = self.wte(input_ids)
+        return self.dropout(tokens if self.wpe is None else tokens + self.wpe(positions))
 
     def block_mask(self, attention_mask: Tensor | None = None) -> Tensor | None:
         """Causal and key padding together (None: causal only, which attention applies)."""
@@ -80,16 +88,30 @@ class CausalLMOutput:
 
 
 class GPTForCausalLM(TPModel):
-    """LM head tied to wte; labels are aligned with input_ids and shifted inside, as in HF."""
+    """LM head tied to wte (or, untied, a vocabulary-parallel weight of its own); labels are
+    aligned with input_ids and shifted inside, as in HF."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext) -> None:
         super().__init__()
         self.config, self.tp = config, ctx.tp
         self.transformer = GPTModel(config, ctx)
+        self.lm_head: VocabParallelEmbedding | None = None
+        if not config.tie_embeddings:  # the same [vocab / tp, hidden] shard as wte's
+            self.lm_head = VocabParallelEmbedding(
+                config.vocab_size,
+                config.hidden_size,
+                ctx.tp,
+                pad_to_multiple_of=config.pad_vocab_to,
+            )
+        learned = config.position_embedding == "learned"
+        self.pipeline_embedding = ("transformer.wte", *(["transformer.wpe"] if learned else []))
+        self.pipeline_head = ("transformer.norm", *([] if config.tie_embeddings else ["lm_head"]))
+        self.pipeline_tied = ("transformer.wte.weight",) if config.tie_embeddings else ()
 
-    pipeline_embedding = ("transformer.wte", "transformer.wpe")
-    pipeline_head = ("transformer.norm",)
-    pipeline_tied = ("transformer.wte.weight",)
+    @property
+    def output_weight(self) -> Tensor:
+        """This rank's vocabulary rows of the LM head: wte's when tied."""
+        return (self.lm_head or self.transformer.wte).weight
 
     def blocks(self) -> list[nn.Module]:
         return self.transformer.blocks()
@@ -110,11 +132,11 @@ class GPTForCausalLM(TPModel):
         return self.head(x, labels=labels)
 
     def head(self, x: Tensor, labels: Tensor | None = None, **_: Tensor | None) -> CausalLMOutput:
-        """The last pipeline stage's part: final LayerNorm, tied LM head and loss (this rank's
+        """The last pipeline stage's part: final norm, LM head and loss (this rank's
         share: the sum over its positions over the micro-batch's count, so the sum over a
         context-parallel group is the mean)."""
         rows = self.transformer.rows
-        logits = rows.vocab_logits(self.transformer.norm(x), self.transformer.wte.weight)
+        logits = rows.vocab_logits(self.transformer.norm(x), self.output_weight)
         if labels is None:
             return CausalLMOutput(logits)
         predicting, targets = rows.next_token_targets(logits, labels)

@@ -98,10 +98,12 @@ def initialize_parameters(
 ) -> None:
     """Initialize every parameter layout-independently (see the module docstring).
 
-    Defaults: LayerNorm weight 1 and bias 0, other vectors 0, matrices normal(0, std); a
+    Defaults: LayerNorm and RMSNorm weight 1, LayerNorm bias 0, other vectors 0, matrices
+    normal(0, std); a
     parameter's own `init` (set_init) wins.
     """
-    layer_norm_weights = {id(m.weight) for m in module.modules() if isinstance(m, nn.LayerNorm)}
+    norms = (nn.LayerNorm, nn.RMSNorm)
+    layer_norm_weights = {id(m.weight) for m in module.modules() if isinstance(m, norms)}
     for name, param in module.named_parameters():
         if param.device.type == "meta":  # shapes only (a dry run): no values to set
             continue

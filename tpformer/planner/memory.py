@@ -117,7 +117,8 @@ def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) ->
     its split, the head."""
     m = work.model
     classifying = work.task == "classification"
-    word = 0 if classifying else word_embedding_params(m, c.tp)  # no vocabulary head to tie
+    tied = m.tie_embeddings and not classifying  # a classifier has no vocabulary head
+    word = word_embedding_params(m, c.tp) if tied else 0
     embedding = embedding_params(m, c.tp)
     head = head_params(m, c.tp, nsp=work.nsp, task=work.task, num_labels=work.num_labels)
     split = c.split(work)

@@ -57,7 +57,7 @@ def flop_costs(config: ModelConfig, seq: int, head_fraction: float) -> StageCost
 
 def head_per_layer(config: ModelConfig, seq: int, head_fraction: float) -> float:
     """The vocabulary head's FLOPs per sample token, in layers."""
-    layer = layer_flops_per_token(config.hidden_size, config.intermediate_size, seq)
+    layer = layer_flops_per_token(config, seq)
     return head_fraction * head_flops_per_token(config) / layer
 
 

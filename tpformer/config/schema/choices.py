@@ -34,6 +34,24 @@ class Arch(Choice):
 class Activation(Choice):
     gelu = "gelu"
     gelu_tanh = "gelu_tanh"
+    silu = "silu"
+
+
+class Norm(Choice):
+    layernorm = "layernorm"
+    rmsnorm = "rmsnorm"
+
+
+class PositionEmbedding(Choice):
+    learned = "learned"
+    rope = "rope"
+
+
+class RopeScaling(Choice):
+    none = "none"
+    linear = "linear"
+    dynamic = "dynamic"
+    llama3 = "llama3"
 
 
 class Precision(Choice):

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpformer.config.schema.choices import Activation, Arch, ranged
+from tpformer.config.schema.choices import (
+    Activation,
+    Arch,
+    Norm,
+    PositionEmbedding,
+    RopeScaling,
+    ranged,
+)
 
 
 @dataclass
@@ -12,7 +19,8 @@ class ModelConfig:
     """Architecture hyper-parameters; `model=<preset>` picks one of tpformer.config.presets."""
 
     arch: Arch = Arch.bert
-    """bert (post-LayerNorm encoder) or gpt (pre-LayerNorm causal decoder)."""
+    """bert (post-norm encoder) or gpt (pre-norm causal decoder: GPT-2, and with the keys
+    below the Llama family)."""
     vocab_size: int = ranged(30522, 1)
     """Real vocabulary size; the embedding is padded to a multiple of pad_vocab_to * tp."""
     hidden_size: int = ranged(768, 1)
@@ -21,10 +29,14 @@ class ModelConfig:
     """Transformer layers."""
     num_heads: int = ranged(12, 1)
     """parallel.tensor must divide it: each TP rank holds num_heads / tp whole heads."""
+    num_kv_heads: int = ranged(0, 0)
+    """Key/value heads (grouped-query attention; 1: multi-query); 0: num_heads. It divides
+    num_heads, and parallel.tensor divides it: each TP rank holds whole groups."""
     intermediate_size: int = ranged(3072, 1)
     """FFN width; parallel.tensor must divide it."""
     max_position_embeddings: int = ranged(512, 1)
-    """Longest sequence (learned position embeddings); data.seq_length must not exceed it."""
+    """Longest sequence (learned position embeddings, or the context of rope);
+    data.seq_length must not exceed it."""
     type_vocab_size: int = ranged(2, 0)
     """Segment embeddings (BERT only)."""
     dropout: float = ranged(0.1, 0, 1, hi_open=True)
@@ -32,10 +44,40 @@ class ModelConfig:
     attention_dropout: float = ranged(0.1, 0, 1, hi_open=True)
     """Dropout on attention probabilities (one stream per global sample over all heads)."""
     activation: Activation = Activation.gelu
-    """gelu (erf, BERT) or gelu_tanh (GPT-2's gelu_new)."""
+    """gelu (erf, BERT), gelu_tanh (GPT-2's gelu_new) or silu (Llama's SwiGLU, gated)."""
+    gated_mlp: bool = False
+    """The MLP's activation gates a second projection (SwiGLU with silu, GeGLU with gelu):
+    act(x W_gate) * (x W_up), a column of each on the same TP rank."""
+    norm: Norm = Norm.layernorm
+    """layernorm or rmsnorm (Llama)."""
     layer_norm_eps: float = ranged(1e-12, 0, lo_open=True)
-    """LayerNorm epsilon (BERT 1e-12, GPT-2 1e-5)."""
+    """LayerNorm / RMSNorm epsilon (BERT 1e-12, GPT-2 1e-5, Llama 1e-5 or 1e-6)."""
+    bias: bool = True
+    """Biases of the projections and LayerNorms (Llama: none)."""
+    tie_embeddings: bool = True
+    """gpt: the LM head is the word embedding (GPT-2); false: a weight of its own (Llama)."""
+    position_embedding: PositionEmbedding = PositionEmbedding.learned
+    """learned (a table of max_position_embeddings rows) or rope (rotary, applied to queries
+    and keys by their position in the whole sequence)."""
+    rope_theta: float = ranged(10000.0, 0, lo_open=True)
+    """RoPE base (Llama 2: 10,000; Llama 3: 500,000)."""
+    rope_scaling: RopeScaling = RopeScaling.none
+    """none, linear (positions / rope_factor), dynamic (NTK: the base grows past
+    rope_original_max_positions) or llama3 (Llama 3.1's per-frequency smoothing)."""
+    rope_factor: float = ranged(1.0, 0, lo_open=True)
+    """The scaling factor of rope_scaling."""
+    rope_original_max_positions: int = ranged(0, 0)
+    """dynamic and llama3: the context the model was trained at (0: max_position_embeddings)."""
+    rope_low_freq_factor: float = ranged(1.0, 0, lo_open=True)
+    """llama3: wavelengths above rope_original_max_positions / this are scaled whole."""
+    rope_high_freq_factor: float = ranged(4.0, 0, lo_open=True)
+    """llama3: wavelengths below rope_original_max_positions / this are kept."""
     init_std: float = ranged(0.02, 0, lo_open=True)
     """Standard deviation of the normal init of weight matrices and embeddings."""
     pad_vocab_to: int = ranged(128, 0)
     """Pad the vocabulary to a multiple of this times tp (0: no padding, tp must divide vocab)."""
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_kv_heads, or num_heads when it is 0."""
+        return self.num_kv_heads or self.num_heads

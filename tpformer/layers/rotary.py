@@ -1,0 +1,61 @@
+"""Rotary position embeddings (RoPE), with the scaling variants Hugging Face's Llama configs
+carry (linear, dynamic NTK, llama3), applied to queries and keys by their position in the whole
+sequence, so every layout (TP, SP, CP, a KV cache) rotates a position the same way."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from tpformer.config.schema import ModelConfig
+
+
+class Rotary:
+    """cos/sin of each position for a head_dim; `rotate(x, positions)` on [b, h, n, d]."""
+
+    def __init__(self, config: ModelConfig, head_dim: int) -> None:
+        self.config, self.head_dim = config, head_dim
+        self.original = config.rope_original_max_positions or config.max_position_embeddings
+
+    def inverse_frequencies(self, longest: int, device: torch.device) -> Tensor:
+        """theta^(-2i/d), scaled as config.rope_scaling says (fp32; HF's formulas)."""
+        c, d = self.config, self.head_dim
+        base = c.rope_theta
+        if c.rope_scaling == "dynamic" and longest > self.original:
+            grown = c.rope_factor * longest / self.original - (c.rope_factor - 1)
+            base = base * grown ** (d / (d - 2))
+        exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
+        inverse = 1.0 / base**exponents
+        if c.rope_scaling == "linear":
+            return inverse / c.rope_factor
+        if c.rope_scaling == "llama3":
+            return self._llama3(inverse)
+        return inverse
+
+    def _llama3(self, inverse: Tensor) -> Tensor:
+        """Llama 3.1: long wavelengths divided by the factor, short ones kept, those between
+        interpolated smoothly."""
+        c = self.config
+        low, high = self.original / c.rope_low_freq_factor, self.original / c.rope_high_freq_factor
+        wavelength = 2 * math.pi / inverse
+        scaled = torch.where(wavelength > low, inverse / c.rope_factor, inverse)
+        smooth = (self.original / wavelength - c.rope_low_freq_factor) / (
+            c.rope_high_freq_factor - c.rope_low_freq_factor
+        )
+        between = (1 - smooth) * scaled / c.rope_factor + smooth * scaled
+        middle = (wavelength >= high) & (wavelength <= low)
+        return torch.where(middle, between, scaled)
+
+    def rotate(self, x: Tensor, positions: Tensor, longest: int) -> Tensor:
+        """x [b, h, n, d] at `positions` ([n], or [b, n] per row) of a sequence `longest`
+        positions long (the dynamic variant's base depends on it): x cos + rotate_half(x) sin,
+        the angles computed in fp32."""
+        angles = positions.float()[..., None] * self.inverse_frequencies(longest, x.device)
+        angles = torch.cat([angles, angles], dim=-1)  # [n, d] or [b, n, d]
+        if angles.dim() == 3:
+            angles = angles[:, None]  # over the heads
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        first, second = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-second, first], dim=-1) * sin
