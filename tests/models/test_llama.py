@@ -108,3 +108,44 @@ def test_a_llama_shape_tpformer_does_not_build_is_refused_by_name(keys: dict, na
     with pytest.raises(ValueError, match="not supported") as refused:
         model_config_from_hf(hf)
     assert named in str(refused.value)
+
+
+PROMPTS = [[5, 17, 33, 2], [9, 8], [1, 2, 3, 4, 5, 6, 7], [40]]
+NEW = 16
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Weights at std 0.3, so a random model's greedy completions vary from token to token."""
+    directory = tmp_path_factory.mktemp("tiny_llama")
+    hf = _hf_llama("llama3", kv_heads=2)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.3) if p.dim() > 1 else p.fill_(1.0)
+    hf.save_pretrained(directory)
+    return directory
+
+
+def _greedy(ctx: ParallelContext, directory: str) -> list[list[int]]:
+    from tpformer.convert import load_causal_lm
+    from tpformer.inference.generation import GenerationSettings, generate
+    from tpformer.inference.sampling import Sampling
+
+    model, _, _ = load_causal_lm(Path(directory), ctx)
+    return generate(model.eval(), PROMPTS, GenerationSettings(NEW, Sampling()), torch.Generator())
+
+
+def test_greedy_tokens_equal_transformers_generate_at_tp1_and_tp2(llama_dir: Path) -> None:
+    """Each prompt alone through LlamaForCausalLM.generate (its KV cache), all four as one
+    left-padded batch here (rotary positions per row from the padding), at TP=1 and TP=2."""
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama_dir).eval()
+    ours = _greedy(ParallelContext.single(device="cpu"), str(llama_dir))
+    for prompt, got in zip(PROMPTS, ours, strict=True):
+        want = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+            eos_token_id=None,
+        )[0, len(prompt) :].tolist()  # fmt: skip
+        assert got == want, (prompt, got, want)
+    assert all(len(set(c)) > 3 for c in ours), ours  # not a degenerate model
+    for got in run_distributed(_greedy, 2, str(llama_dir), tensor=2):
+        assert got == ours

@@ -78,6 +78,10 @@ GRID = [  # (world, rank, layers, parallel keys)
 def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
     if arch == "bert":
         model = preset("bert_tiny", vocab_size=500, num_heads=4, num_layers=layers)
+    elif arch == "llama":  # rotary, RMSNorm, SwiGLU, 2 key/value groups, untied, no dropout
+        model = preset("llama_tiny", vocab_size=500, num_layers=layers, hidden_size=128,
+                       num_heads=4, num_kv_heads=2, intermediate_size=384,
+                       max_position_embeddings=128)  # fmt: skip
     else:
         model = preset("gpt2_small", vocab_size=500, num_layers=layers, hidden_size=128,
                        num_heads=4, intermediate_size=512, max_position_embeddings=128)  # fmt: skip
@@ -89,7 +93,7 @@ def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
     )
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt"])
+@pytest.mark.parametrize("arch", ["bert", "gpt", "llama"])
 @pytest.mark.parametrize(("world", "rank", "layers", "keys"), GRID)
 def test_a_ranks_memory_and_traffic_are_the_planners(
     arch: str, world: int, rank: int, layers: int, keys: dict

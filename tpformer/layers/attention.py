@@ -119,10 +119,7 @@ class ParallelSelfAttention(nn.Module):
                 positions = context_positions(longest, self.cp.rank, self.cp.size, q.device)
             else:
                 positions = torch.arange(before, before + s, device=q.device)
-        return (
-            self.rotary.rotate(q, positions, longest),
-            self.rotary.rotate(k, positions, longest),
-        )
+        return self.rotary.rotate(q, k, positions, longest)
 
     def core(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool | None = None

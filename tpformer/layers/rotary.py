@@ -13,7 +13,7 @@ from tpformer.config.schema import ModelConfig
 
 
 class Rotary:
-    """cos/sin of each position for a head_dim; `rotate(x, positions)` on [b, h, n, d]."""
+    """cos/sin of each position for a head_dim; `rotate(q, k, positions, longest)`."""
 
     def __init__(self, config: ModelConfig, head_dim: int) -> None:
         self.config, self.head_dim = config, head_dim
@@ -48,14 +48,20 @@ class Rotary:
         middle = (wavelength >= high) & (wavelength <= low)
         return torch.where(middle, between, scaled)
 
-    def rotate(self, x: Tensor, positions: Tensor, longest: int) -> Tensor:
-        """x [b, h, n, d] at `positions` ([n], or [b, n] per row) of a sequence `longest`
-        positions long (the dynamic variant's base depends on it): x cos + rotate_half(x) sin,
-        the angles computed in fp32."""
-        angles = positions.float()[..., None] * self.inverse_frequencies(longest, x.device)
+    def rotate(
+        self, q: Tensor, k: Tensor, positions: Tensor, longest: int
+    ) -> tuple[Tensor, Tensor]:
+        """q and k [b, heads, n, d] at `positions` ([n], or [b, n] per row) of a sequence
+        `longest` positions long (the dynamic variant's base depends on it): x cos +
+        rotate_half(x) sin, the angles computed once, in fp32."""
+        angles = positions.float()[..., None] * self.inverse_frequencies(longest, q.device)
         angles = torch.cat([angles, angles], dim=-1)  # [n, d] or [b, n, d]
         if angles.dim() == 3:
             angles = angles[:, None]  # over the heads
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        first, second = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-second, first], dim=-1) * sin
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return _rotated(q, cos, sin), _rotated(k, cos, sin)
+
+
+def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin

@@ -123,14 +123,17 @@ def rank_executed_flops(
     """What one rank executes in a step, as FlopCounterMode counts it (a dry run's count):
     `layers` layers over `samples` sequences, of which it holds seq / cp positions (each
     against every key), their matmuls and heads split over `tp`; the fused attention backward's
-    recomputation of QK^T; the forward again of recomputed layers (full) or attention cores
-    (selective); the vocabulary head over `head_rows` rows (BERT's transform whole on every TP
+    recomputation of QK^T; the forward again of recomputed layers (full; up to the last tensor
+    a layer saves) or attention cores (selective); the vocabulary head over `head_rows` rows (BERT's transform whole on every TP
     rank, the projection split) and, with `pooled`, the per-sample heads (whole)."""
     h = config.hidden_size
     tokens = samples * seq / cp
     attention = tokens * 4 * seq * h / tp
     forward = tokens * 2 * layer_matrix_elements(config) / tp + attention
-    again = {"full": forward, "selective": attention}.get(recompute, 0.0)
+    # non-reentrant checkpoint stops recomputing at the last tensor the block saved: without
+    # dropout after it, the MLP's output projection is not run again
+    last = 0.0 if config.dropout > 0 else tokens * 2 * h * config.intermediate_size / tp
+    again = {"full": forward - last, "selective": attention}.get(recompute, 0.0)
     total = layers * (3 * forward + 0.5 * attention + again)
     if head_rows:
         vocab = padded_vocab or config.vocab_size

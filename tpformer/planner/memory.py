@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tpformer.config.schema import ModelConfig
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.layers.sequence import labeled_width
@@ -44,6 +45,7 @@ def layer_activation_bytes(
     fused_attention: bool = False,
     context: int = 1,
     attention_dropout: bool = False,
+    shape: LayerShape | None = None,
 ) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
     tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
@@ -60,13 +62,23 @@ def layer_activation_bytes(
     ring attention, which keeps no probabilities: its output again (sbh / (cp t), the output
     projection keeps its own copy), its fp32 log-sum-exp (4 a s b / (cp t) bytes) and, with
     exact-mode attention dropout (`attention_dropout`), the bool keep mask of its queries
-    against every key (a s^2 b / (cp t) bytes)."""
+    against every key (a s^2 b / (cp t) bytes).
+
+    `shape` (the Llama family's blocks, LayerShape.of(config)): a gated MLP keeps its two
+    projections' output, the activation and the product (4 sbf / t instead of 2); rotary
+    queries and keys and grouped-query attention's expanded keys and values are new tensors,
+    and the fused QKV output stays only while a view of it is kept (RMSNorm keeps what
+    LayerNorm keeps: layers/norm.py); no hidden dropout keeps no masks."""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
     local = s / context
     sbh, attention = local * b * h, a * s * local * b
     if recompute == "full":
         return itemsize * sbh / q
-    kept = itemsize * (4 * sbh / q + (4 * sbh + 2 * local * b * f) / tp) + mask_bytes * 2 * sbh / q
+    shape = shape or LayerShape()
+    core = shape.attention_elements(sbh)
+    mlp = (4 if shape.gated else 2) * local * b * f
+    masks = mask_bytes * 2 * sbh / q if shape.dropout else 0.0
+    kept = itemsize * (4 * sbh / q + (core + mlp) / tp) + masks
     if recompute == "selective":
         return kept
     if context > 1:
@@ -75,6 +87,38 @@ def layer_activation_bytes(
     if not fused_attention:
         kept += (2 * itemsize + mask_bytes) * attention / tp
     return kept
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What of a layer's blocks sets the tensors it keeps, beyond its sizes (GPT-2 and BERT
+    by default): the MLP gated, rotary positions, key/value heads per query head, and whether
+    the hidden dropout keeps masks."""
+
+    gated: bool = False
+    rotary: bool = False
+    kv_fraction: float = 1.0
+    """num_kv_heads / num_heads."""
+    dropout: bool = True
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> LayerShape:
+        return cls(
+            gated=config.gated_mlp,
+            rotary=config.position_embedding == "rope",
+            kv_fraction=config.kv_heads / config.num_heads,
+            dropout=config.dropout > 0,
+        )
+
+    def attention_elements(self, sbh: float) -> float:
+        """Elements the attention keeps of one micro-batch (whole heads; divide by TP): the
+        query, key and value the core reads, its output, and the fused QKV output while one
+        of them is a view of it (multi-head without rotary: all three are, 3 sbh)."""
+        grouped = self.kv_fraction < 1
+        new = (1 if self.rotary else 0) + (2 if grouped else (1 if self.rotary else 0))
+        viewed = 3 - new
+        fused = (1 + 2 * self.kv_fraction) * sbh if viewed else 0.0
+        return new * sbh + fused + sbh
 
 
 def rng_mode(work: Workload, cluster: Cluster) -> str:
@@ -244,6 +288,7 @@ def activation_parts(
         fused_attention=fused,
         context=c.cp,
         attention_dropout=exact_dropout,
+        shape=LayerShape.of(m),
     )
     local = s // c.cp
     sbh = local * b * m.hidden_size
@@ -263,9 +308,9 @@ def activation_parts(
         embedding = sbh * (i + mask_bytes) / q
         rows = b * labeled_width(s, work.head_fraction)
         head = sbh * i / q + rows * (4 * m.hidden_size * i + 4 * vocab)
-    else:  # embedding: dropout mask. head: the final LayerNorm's input and output (the
+    else:  # embedding: dropout mask. head: the final norm's input and output (the
         # vocabulary projection's input, kept as the sequence chunk under SP), the fp32 softmax
-        embedding = sbh * mask_bytes / q
+        embedding = sbh * mask_bytes / q if m.dropout > 0 else 0.0
         predicting = s - 1 if c.cp == 1 else local  # the last position predicts nothing
         head = 2 * sbh * i / q + predicting * b * vocab * 4
     return layer, embedding, head

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.layers.sequence import labeled_width
-from tpformer.models.costs import rank_executed_flops
+from tpformer.models.costs import norm_params, rank_executed_flops
 from tpformer.parallel.comm.record import sent_bytes
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.memory import stage_params
@@ -61,7 +61,11 @@ def step_traffic(work: Workload, c: Candidate, stage: int) -> dict[str, float]:
         received = m * (c.chunks - (1 if first else 0))
         count("send pp", sent * chunk)
         count("send pp_gradients", received * chunk)
-        tied = c.schedule != "pipedream" and work.task != "classification"
+        tied = (
+            c.schedule != "pipedream"
+            and work.task != "classification"
+            and work.model.tie_embeddings
+        )
         if (first or last) and tied:  # the tied word embedding's gradient, summed over both
             # ends (PipeDream's ends train their own copies; a classifier ties nothing)
             vocab = padded_vocab_size(work.model.vocab_size, c.tp, work.model.pad_vocab_to)
@@ -111,12 +115,15 @@ def _tensor_parallel(
     add("reduce_scatter", "tp", t, act, m * scatters)
     if vocabulary and not gpt:
         add("all_reduce", "tp", t, head, 2 * m)
-    marked = 6 * h * layers  # two LayerNorms and the two row-parallel biases of each layer
+    model = work.model
+    # each layer's two norms and two row-parallel biases
+    marked = (2 * norm_params(model) + (2 * h if model.bias else 0)) * layers
     if first:  # the embeddings outside the vocabulary: positions (BERT: segments, LayerNorm)
-        marked += work.model.max_position_embeddings * h
-        marked += 0 if gpt else (work.model.type_vocab_size + 2) * h
+        learned = model.position_embedding == "learned"
+        marked += model.max_position_embeddings * h if learned else 0
+        marked += 0 if gpt else (model.type_vocab_size + 2) * h
     if last and gpt:
-        marked += 2 * h  # the final LayerNorm
+        marked += norm_params(model)  # the final norm
     add("all_reduce", "tp", t, 4 * marked)
 
 
