@@ -124,8 +124,9 @@ def rank_executed_flops(
     `layers` layers over `samples` sequences, of which it holds seq / cp positions (each
     against every key), their matmuls and heads split over `tp`; the fused attention backward's
     recomputation of QK^T; the forward again of recomputed layers (full; up to the last tensor
-    a layer saves) or attention cores (selective); the vocabulary head over `head_rows` rows (BERT's transform whole on every TP
-    rank, the projection split) and, with `pooled`, the per-sample heads (whole)."""
+    a layer saves) or attention cores (selective); the vocabulary head over `head_rows` rows
+    (BERT's transform whole on every TP rank, the projection split) and, with `pooled`, the
+    per-sample heads (whole)."""
     h = config.hidden_size
     tokens = samples * seq / cp
     attention = tokens * 4 * seq * h / tp
