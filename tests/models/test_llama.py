@@ -3,6 +3,8 @@ untied LM head) as options of the GPT decoder: Hugging Face `LlamaForCausalLM` c
 written by save_pretrained load at TP=1, 2 and 4 with HF's logits, export back unchanged, and
 refused shapes are named."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,19 @@ def test_greedy_tokens_equal_transformers_generate_at_tp1_and_tp2(llama_dir: Pat
     assert all(len(set(c)) > 3 for c in ours), ours  # not a degenerate model
     for got in run_distributed(_greedy, 2, str(llama_dir), tensor=2):
         assert got == ours
+
+
+def test_tpformer_convert_takes_a_llama_both_ways(tmp_path: Path) -> None:
+    """`tpformer-convert from-hf` makes a tpformer checkpoint of a LlamaForCausalLM directory
+    and `to-hf` writes it back: the same tensors, and HF's logits from the round trip."""
+    convert = [sys.executable, "-m", "tpformer.cli.convert"]
+    hf = _hf_llama("llama3", kv_heads=2)
+    hf.save_pretrained(tmp_path / "hf")
+    subprocess.run([*convert, "from-hf", str(tmp_path / "hf"), str(tmp_path / "ours")], check=True)
+    checkpoint = tmp_path / "ours" / "checkpoints" / "step00000000"
+    subprocess.run([*convert, "to-hf", str(checkpoint), str(tmp_path / "back")], check=True)
+    back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
+    for key, tensor in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[key], tensor), key
+    with torch.no_grad():
+        assert torch.equal(back(input_ids=_ids()).logits, hf(input_ids=_ids()).logits)
