@@ -36,7 +36,7 @@ from tpformer.engine.memory import measure_saved_activations
 from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
-from tpformer.planner.memory import layer_activation_bytes
+from tpformer.planner.layer_memory import layer_activation_bytes
 from tpformer.planner.step_time import ring_bytes_per_layer
 
 

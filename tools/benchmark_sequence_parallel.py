@@ -36,7 +36,7 @@ from tpformer.engine.memory import measure_saved_activations
 from tpformer.engine.recompute import apply_recompute
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
-from tpformer.planner.memory import layer_activation_bytes
+from tpformer.planner.layer_memory import layer_activation_bytes
 
 SETTINGS = (
     ("TP", False, "none"),

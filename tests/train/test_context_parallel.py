@@ -23,7 +23,7 @@ from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout, resolve_layout
-from tpformer.planner.memory import layer_activation_bytes
+from tpformer.planner.layer_memory import layer_activation_bytes
 from tpformer.planner.step_time import ring_bytes_per_layer
 from tpformer.train.finetuning import batch_width_multiple
 from tpformer.train.pretraining import pretraining_trainer

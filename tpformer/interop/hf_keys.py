@@ -309,40 +309,10 @@ def llama_export_problems(config: ModelConfig) -> list[str]:
 
 def hf_config_from_model(config: ModelConfig, architecture: str, **extra: Any) -> Any:
     """A transformers config object for `config` (used by export)."""
-    from transformers import BertConfig, GPT2Config, LlamaConfig
+    from transformers import BertConfig, GPT2Config
 
     if hf_family(config) == "llama":
-        problems = llama_export_problems(config)
-        if problems:
-            raise ValueError("cannot export as LlamaForCausalLM: " + "; ".join(problems))
-        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
-        longest = config.max_position_embeddings
-        if config.rope_scaling != "none":
-            rope.update(rope_type=str(config.rope_scaling), factor=config.rope_factor)
-        if config.rope_scaling == "llama3":
-            rope.update(
-                low_freq_factor=config.rope_low_freq_factor,
-                high_freq_factor=config.rope_high_freq_factor,
-                original_max_position_embeddings=config.rope_original_max_positions or longest,
-            )
-        if config.rope_scaling == "dynamic":
-            longest = config.rope_original_max_positions or longest
-        return LlamaConfig(
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_hidden_layers=config.num_layers,
-            num_attention_heads=config.num_heads,
-            num_key_value_heads=config.kv_heads,
-            max_position_embeddings=longest,
-            rms_norm_eps=config.layer_norm_eps,
-            tie_word_embeddings=config.tie_embeddings,
-            attention_dropout=config.attention_dropout,
-            initializer_range=config.init_std,
-            rope_parameters=rope,
-            architectures=[architecture],
-            **extra,
-        )
+        return _llama_hf_config(config, architecture, **extra)
 
     if config.arch == "bert":
         return BertConfig(
@@ -374,6 +344,43 @@ def hf_config_from_model(config: ModelConfig, architecture: str, **extra: Any) -
         activation_function="gelu_new",
         layer_norm_epsilon=config.layer_norm_eps,
         initializer_range=config.init_std,
+        architectures=[architecture],
+        **extra,
+    )
+
+
+def _llama_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any:
+    """A transformers LlamaConfig for a GPT-family config with Llama's blocks."""
+    from transformers import LlamaConfig
+
+    problems = llama_export_problems(config)
+    if problems:
+        raise ValueError("cannot export as LlamaForCausalLM: " + "; ".join(problems))
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    longest = config.max_position_embeddings
+    if config.rope_scaling != "none":
+        rope.update(rope_type=str(config.rope_scaling), factor=config.rope_factor)
+    if config.rope_scaling == "llama3":
+        rope.update(
+            low_freq_factor=config.rope_low_freq_factor,
+            high_freq_factor=config.rope_high_freq_factor,
+            original_max_position_embeddings=config.rope_original_max_positions or longest,
+        )
+    if config.rope_scaling == "dynamic":
+        longest = config.rope_original_max_positions or longest
+    return LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.kv_heads,
+        max_position_embeddings=longest,
+        rms_norm_eps=config.layer_norm_eps,
+        tie_word_embeddings=config.tie_embeddings,
+        attention_dropout=config.attention_dropout,
+        initializer_range=config.init_std,
+        rope_parameters=rope,
         architectures=[architecture],
         **extra,
     )

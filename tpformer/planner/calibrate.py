@@ -25,7 +25,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.link_timing import time_collectives
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import GB, Cluster
-from tpformer.planner.memory import layer_activation_bytes
+from tpformer.planner.layer_memory import layer_activation_bytes
 from tpformer.planner.step_time import gemms_time, layer_gemms
 
 COLLECTIVE_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)

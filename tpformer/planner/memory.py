@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tpformer.config.schema import ModelConfig
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.layers.sequence import labeled_width
@@ -28,97 +27,7 @@ from tpformer.parallel.pipeline.schedule import (
 from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
-
-
-def layer_activation_bytes(
-    s: int,
-    b: int,
-    h: int,
-    a: int,
-    f: int,
-    *,
-    tp: int,
-    sequence_parallel: bool,
-    recompute: str,
-    itemsize: int,
-    mask_bytes: int = 1,
-    fused_attention: bool = False,
-    context: int = 1,
-    attention_dropout: bool = False,
-    shape: LayerShape | None = None,
-) -> float:
-    """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
-    tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
-    layers.dropout.dropout_mask_bytes) and FFN width f). Kept tensors, in elements: LayerNorm
-    inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the sequence under
-    sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and output 2sbf (1/t
-    under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b (times
-    mask_bytes). 16-bit, 1-byte masks, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP
-    sbh/t (34 + 5as/h), SP + selective 34 sbh/t. selective drops the as^2 terms, and so does a
-    fused attention kernel (`fused_attention`: flash / memory-efficient SDPA keeps only q, k, v,
-    its output and a row statistic); full keeps only the layer's input.
-
-    `context` > 1 (context parallelism): every sbh term holds s / cp positions, and the core is
-    ring attention, which keeps no probabilities: its output again (sbh / (cp t), the output
-    projection keeps its own copy), its fp32 log-sum-exp (4 a s b / (cp t) bytes) and, with
-    exact-mode attention dropout (`attention_dropout`), the bool keep mask of its queries
-    against every key (a s^2 b / (cp t) bytes).
-
-    `shape` (the Llama family's blocks, LayerShape.of(config)): a gated MLP keeps its two
-    projections' output, the activation and the product (4 sbf / t instead of 2); rotary
-    queries and keys and grouped-query attention's expanded keys and values are new tensors,
-    and the fused QKV output stays only while a view of it is kept (RMSNorm keeps what
-    LayerNorm keeps: layers/norm.py); no hidden dropout keeps no masks."""
-    q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
-    local = s / context
-    sbh, attention = local * b * h, a * s * local * b
-    if recompute == "full":
-        return itemsize * sbh / q
-    shape = shape or LayerShape()
-    core = shape.attention_elements(sbh)
-    mlp = (4 if shape.gated else 2) * local * b * f
-    masks = mask_bytes * 2 * sbh / q if shape.dropout else 0.0
-    kept = itemsize * (4 * sbh / q + (core + mlp) / tp) + masks
-    if recompute == "selective":
-        return kept
-    if context > 1:
-        kept += (itemsize * sbh + 4 * a * local * b) / tp
-        return kept + (attention / tp if attention_dropout else 0.0)
-    if not fused_attention:
-        kept += (2 * itemsize + mask_bytes) * attention / tp
-    return kept
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """What of a layer's blocks sets the tensors it keeps, beyond its sizes (GPT-2 and BERT
-    by default): the MLP gated, rotary positions, key/value heads per query head, and whether
-    the hidden dropout keeps masks."""
-
-    gated: bool = False
-    rotary: bool = False
-    kv_fraction: float = 1.0
-    """num_kv_heads / num_heads."""
-    dropout: bool = True
-
-    @classmethod
-    def of(cls, config: ModelConfig) -> LayerShape:
-        return cls(
-            gated=config.gated_mlp,
-            rotary=config.position_embedding == "rope",
-            kv_fraction=config.kv_heads / config.num_heads,
-            dropout=config.dropout > 0,
-        )
-
-    def attention_elements(self, sbh: float) -> float:
-        """Elements the attention keeps of one micro-batch (whole heads; divide by TP): the
-        query, key and value the core reads, its output, and the fused QKV output while one
-        of them is a view of it (multi-head without rotary: all three are, 3 sbh)."""
-        grouped = self.kv_fraction < 1
-        new = (1 if self.rotary else 0) + (2 if grouped else (1 if self.rotary else 0))
-        viewed = 3 - new
-        fused = (1 + 2 * self.kv_fraction) * sbh if viewed else 0.0
-        return new * sbh + fused + sbh
+from tpformer.planner.layer_memory import LayerShape, layer_activation_bytes
 
 
 def rng_mode(work: Workload, cluster: Cluster) -> str:

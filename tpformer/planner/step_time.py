@@ -10,11 +10,11 @@ from tpformer.layers.embedding import padded_vocab_size
 from tpformer.models.costs import step_flops
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
+from tpformer.planner.layer_memory import LayerShape, layer_activation_bytes
 from tpformer.planner.memory import (
     activation_parts,
     exact_attention_dropout,
     fused_attention,
-    layer_activation_bytes,
     rng_mode,
     stage_params,
 )
@@ -120,6 +120,7 @@ def _touched_bytes(
         fused_attention=fused,
         context=c.cp,
         attention_dropout=recompute == "none" and exact_attention_dropout(work, cl),
+        shape=LayerShape.of(work.model),
     )
 
 
