@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from tpformer.config.schema import Config
+from tpformer.config.schema import Config, ModelConfig
 from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import Action, simulate
 from tpformer.parallel.random import rng_mode_line
@@ -225,8 +225,8 @@ def format_plan(
             else []
         ),
         *(pipeline_lines(config, layout, split, stage_memory) if split is not None else []),
-        f"model: {config.model.arch} {config.model.num_layers} layers, hidden "
-        f"{config.model.hidden_size}, {config.model.num_heads} heads; {total_params:,} parameters, "
+        f"model: {_family(config.model)} {config.model.num_layers} layers, hidden "
+        f"{config.model.hidden_size}, {_heads(config.model)}; {total_params:,} parameters, "
         f"{stage_params[0]:,} per rank" + (" (stage 0)" if layout.pp > 1 else ""),
         f"batch: global {global_batch} = micro {t.micro_batch_size} x accum {t.grad_accum} x dp "
         f"{layout.dp}, seq {config.data.seq_length}",
@@ -239,3 +239,20 @@ def format_plan(
         *predicted,
     ]
     return "\n".join(lines), warnings
+
+
+def _family(model: ModelConfig) -> str:
+    """The architecture, with the Llama family's blocks named when set."""
+    blocks = [
+        *(["rope"] if model.position_embedding == "rope" else []),
+        *(["rmsnorm"] if model.norm == "rmsnorm" else []),
+        *([f"gated {model.activation}"] if model.gated_mlp else []),
+        *(["no bias"] if not model.bias else []),
+        *(["untied head"] if not model.tie_embeddings and model.arch == "gpt" else []),
+    ]
+    return f"{model.arch} ({', '.join(blocks)})" if blocks else str(model.arch)
+
+
+def _heads(model: ModelConfig) -> str:
+    kv = "" if model.kv_heads == model.num_heads else f" ({model.kv_heads} key/value)"
+    return f"{model.num_heads} heads{kv}"
