@@ -35,7 +35,7 @@ from tpformer.models.costs import executed_flops
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.candidate import Workload, candidate_of
-from tpformer.planner.cluster import load_preset, resolve_cluster
+from tpformer.planner.cluster import accelerator_cluster
 from tpformer.planner.memory import predict_stage_memory
 from tpformer.planner.traffic import priced, priced_keys, rank_flops, step_traffic
 from tpformer.train.dry_run import dry_run, dry_run_finetune
@@ -127,12 +127,7 @@ def _assert_as_planned(config: Config, world: int, rank: int, global_batch: int)
     p = config.parallel
     layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)  # type: ignore[arg-type]
     work = Workload.of(replace(config, parallel=replace(p, rng="fast")), global_batch)
-    per_node = min(8, world)
-    gpu = replace(
-        load_preset("a100_node"), gpus_per_node=per_node, nodes=world // per_node,
-        calibration="none",
-    )  # fmt: skip
-    cluster = resolve_cluster(gpu, str(p.precision), cache_dir="/nonexistent")
+    cluster = accelerator_cluster(world, str(p.precision), "a100_node")
     stage = layout.stage_of(rank)
     candidate = candidate_of(config, layout.dp)
     # offloaded state stands on the meta device too: the planner's split before the host
@@ -210,7 +205,6 @@ def test_a_finetuning_rank_is_as_planned(tmp_path: Path, world: int, rank: int, 
     batches data.max_length wide; padded to that width, the dry run's step is held to it as a
     pretraining step is: state and buffers exact, activations within ACTIVATIONS, traffic
     within SCALARS per call, FLOPs equal."""
-    from tpformer.planner.cluster import accelerator_cluster
     from tpformer.train.finetuning import finetuning_workload
 
     config = _rte_config(tmp_path, **keys)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpformer.config.schema import TrainerConfig
+from tpformer.config.schema import FinetuneTrainerConfig, TrainerConfig
 from tpformer.parallel.layout import divisors
 
 
@@ -24,3 +24,10 @@ def apply_global_batch(trainer: TrainerConfig, dp: int) -> None:
             f"{micro} x dp={dp} = {micro * dp}; valid at this layout: {valid}"
         )
     trainer.grad_accum = total // (micro * dp)
+
+
+def finetune_micro_batching(trainer: FinetuneTrainerConfig, dp: int) -> tuple[int, int]:
+    """(micro-batch, micro-batches per step) of a fine-tuning job on `dp` DP ranks:
+    trainer.micro_batch_size, by default the DP rank's whole share of trainer.batch_size."""
+    micro = trainer.micro_batch_size or trainer.batch_size // dp
+    return micro, trainer.batch_size // (micro * dp)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from tpformer.config.derive import finetune_micro_batching
 from tpformer.config.schema import (
     Config,
     CpuOffload,
@@ -248,8 +249,7 @@ def candidate_of(config: Config | FinetuneConfig, dp: int) -> Candidate:
     "auto" left); a fine-tuning job's micro-batch defaults to its DP rank's whole batch."""
     p = config.parallel
     if isinstance(config, FinetuneConfig):
-        micro = config.trainer.micro_batch_size or config.trainer.batch_size // dp
-        accumulation = config.trainer.batch_size // (micro * dp)
+        micro, accumulation = finetune_micro_batching(config.trainer, dp)
     else:
         micro, accumulation = config.trainer.micro_batch_size, config.trainer.grad_accum
     return Candidate(

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from tpformer.checkpoint import store
+from tpformer.config.derive import finetune_micro_batching
 from tpformer.config.schema import FinetuneConfig, ModelConfig
 from tpformer.config.validate import (
     context_multiple,
@@ -230,10 +231,8 @@ def _evaluation(
 def _micro_batch(config: FinetuneConfig, ctx: ParallelContext, num_layers: int) -> int:
     """trainer.micro_batch_size (default: this DP rank's whole batch), checked with the
     recomputation and pipeline settings against the loaded model's depth."""
-    t = config.trainer
     validate_recompute_granularity(config.parallel, num_layers)
-    micro = t.micro_batch_size or t.batch_size // ctx.dp.size
-    accumulation = t.batch_size // (micro * ctx.dp.size)
+    micro, accumulation = finetune_micro_batching(config.trainer, ctx.dp.size)
     validate_pipeline(config.parallel, ctx.layout.pp, num_layers, accumulation)
     return micro
 
