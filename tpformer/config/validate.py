@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from enum import Enum
 
 from tpformer.config.derive import apply_global_batch
+from tpformer.config.model_rules import validate_model_family, validate_model_layout
 from tpformer.config.schema import (
     Config,
     DataConfig,
@@ -60,37 +61,6 @@ def validate_model(model: ModelConfig, tp: int) -> None:
             f"parallel.tensor={tp} must divide model.intermediate_size={model.intermediate_size}"
         )
     validate_model_family(model, tp)
-
-
-def validate_model_family(model: ModelConfig, tp: int) -> None:
-    """The Llama-family keys: grouped-query heads that split over `tp`, rotary positions with
-    an even head size, no segments or pooler outside BERT's learned positions."""
-    kv = model.kv_heads
-    if model.num_heads % kv != 0:
-        raise ValueError(
-            f"model.num_kv_heads={model.num_kv_heads} must divide model.num_heads="
-            f"{model.num_heads} (valid: {divisors(model.num_heads)}; 0 means num_heads)"
-        )
-    if kv % tp != 0:
-        raise ValueError(
-            f"parallel.tensor={tp} must divide model.num_kv_heads={kv}: each TP rank holds "
-            f"whole key/value groups (valid: {divisors(kv)}; replicating key/value heads over "
-            "TP is not built)"
-        )
-    if model.position_embedding == "rope" and (model.hidden_size // model.num_heads) % 2:
-        raise ValueError(
-            f"model.position_embedding=rope needs an even head size (hidden_size / num_heads = "
-            f"{model.hidden_size // model.num_heads})"
-        )
-    if model.arch == "bert" and model.position_embedding != "learned":
-        raise ValueError(
-            "model.position_embedding=rope is built for arch=gpt (the Llama family); BERT "
-            "keeps learned positions"
-        )
-    if model.arch == "bert" and not model.tie_embeddings:
-        raise ValueError(
-            "model.tie_embeddings=false is built for arch=gpt; BERT's MLM head is tied"
-        )
 
 
 def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: str) -> None:
@@ -308,6 +278,23 @@ def validate_data(data: DataConfig) -> None:
         )
 
 
+def validate_pair_head(model: ModelConfig, data: DataConfig) -> None:
+    """BERT's pair head trains on sentence pairs; ModernBERT's recipe (pooler=head) has none."""
+    if model.arch != "bert":
+        return
+    if model.pooler == "head" and data.sentence_pairs != "none":
+        raise ValueError(
+            f"model.pooler=head has no pair head to train data.sentence_pairs="
+            f"{data.sentence_pairs} on: set data.sentence_pairs=none (MLM only, ModernBERT's "
+            "recipe) or model.pooler=tanh"
+        )
+    if model.pooler == "tanh" and data.sentence_pairs == "none":
+        raise ValueError(
+            "data.sentence_pairs=none trains no pair head, and model.pooler=tanh's pooler and "
+            "NSP head would get no gradient: set model.pooler=head, or sentence_pairs=nsp/sop"
+        )
+
+
 def validate_loggers(loggers: Sequence[str]) -> None:
     """A logger whose package is missing stops the run before it starts, not at the first log."""
     import importlib.util
@@ -336,6 +323,8 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
         )
     validate_sequence_parallel(config.parallel, layout.tp, config.data.seq_length)
     validate_context_parallel(layout, config.parallel, config.data.seq_length)
+    validate_model_layout(config.model, layout)
+    validate_pair_head(config.model, config.data)
     t = config.trainer
     validate_pipeline(config.parallel, layout.pp, config.model.num_layers, t.grad_accum)
     validate_pipedream(config.parallel, layout.pp, compiled=t.compile)

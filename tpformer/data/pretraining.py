@@ -75,7 +75,9 @@ def check_corpus_size(corpus: IndexedCorpus, documents: range, seq_length: int) 
 
 
 class BertPretrainingDataset:
-    """[CLS] A [SEP] B [SEP] samples with MLM labels and an NSP or SOP label."""
+    """[CLS] A [SEP] B [SEP] samples with MLM labels and an NSP or SOP label; with
+    sentence_pairs=none [CLS] sentences [SEP] (whole sentences of one document packed to the
+    length) and MLM labels only (RoBERTa's and ModernBERT's recipe)."""
 
     def __init__(
         self,
@@ -93,9 +95,10 @@ class BertPretrainingDataset:
         self.mask_prob, self.whole_word, self.pairs = mask_prob, whole_word, sentence_pairs
         train_docs, eval_docs = split_documents(corpus, eval_fraction)
         check_corpus_size(corpus, train_docs, seq_length)
-        self.train_chunks = pack_chunks(corpus, train_docs, seq_length - 3)
+        room = seq_length - (2 if sentence_pairs == "none" else 3)
+        self.train_chunks = pack_chunks(corpus, train_docs, room)
         self.eval_chunks = (
-            pack_chunks(corpus, eval_docs, seq_length - 3) if len(eval_docs) else self.train_chunks
+            pack_chunks(corpus, eval_docs, room) if len(eval_docs) else self.train_chunks
         )
         self.order = EpochOrder(len(self.train_chunks), seed)
         special = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
@@ -134,15 +137,21 @@ class BertPretrainingDataset:
         return a, b, 0
 
     def _sample(self, chunks: np.ndarray, item: int, g: torch.Generator) -> dict[str, Tensor]:
-        a, b, label = self._segments(chunks, item, g)
-        la, lb, room = len(a), len(b), self.seq - 3
+        if self.pairs == "none":  # one segment, no pair label
+            tokens = self._span(chunks[item])
+            a, b, label = tokens[: self.seq - 2], tokens[:0], None
+        else:
+            a, b, label = self._segments(chunks, item, g)
+        la, lb, room = len(a), len(b), self.seq - (3 if label is not None else 2)
         while la + lb > room:  # trim the longer segment from its end
             if la > lb:
                 la -= 1
             else:
                 lb -= 1
         t = self.tok
-        body = [t.cls_id, *a[:la].tolist(), t.sep_id, *b[:lb].tolist(), t.sep_id]
+        body = [t.cls_id, *a[:la].tolist(), t.sep_id]
+        if label is not None:
+            body += [*b[:lb].tolist(), t.sep_id]
         length = len(body)
         ids = torch.full((self.seq,), t.pad_id, dtype=torch.long)
         ids[:length] = torch.tensor(body)
@@ -163,13 +172,15 @@ class BertPretrainingDataset:
         )
         attention = torch.zeros(self.seq, dtype=torch.long)
         attention[:length] = 1
-        return {
+        sample = {
             "input_ids": inputs,
             "token_type_ids": token_type,
             "attention_mask": attention,
             "mlm_labels": labels,
-            "nsp_labels": torch.tensor(label),
         }
+        if label is not None:
+            sample["nsp_labels"] = torch.tensor(label)
+        return sample
 
     def sample(self, index: int, *, split: str = "train") -> dict[str, Tensor]:
         if split == "train":

@@ -49,9 +49,12 @@ SUPPORTED = {
     "LlamaForCausalLM": ("gpt", "causal_lm"),
     "MistralModel": ("gpt", "base"),
     "MistralForCausalLM": ("gpt", "causal_lm"),
+    "ModernBertModel": ("bert", "base"),
+    "ModernBertForMaskedLM": ("bert", "pretraining"),
+    "ModernBertForSequenceClassification": ("bert", "classification"),
 }
 IGNORED_KEYS = ("position_ids", "attn.bias", "attn.masked_bias")
-HEAD_KEYS = ("cls.", "classifier.", "lm_head.", "qa_outputs.")
+HEAD_KEYS = ("cls.", "classifier.", "lm_head.", "qa_outputs.", "head.", "decoder.")
 """Heads of other HF tasks: a BertForPreTraining checkpoint loads into BertModel, say."""
 
 
@@ -159,8 +162,13 @@ def _local_tensor(
             parts.append(part.reshape(groups, span, *part.shape[1:]))
         return torch.cat(parts, dim=1).reshape(param.shape)
     if isinstance(rule, GatedRows):  # this rank's units: [gate, up] each
-        units = param.shape[0] // 2
-        gate, up = (files.read(k, 0, rank * units, (rank + 1) * units) for k in rule.keys)
+        units, first = param.shape[0] // 2, rank * param.shape[0] // 2
+        if len(rule.keys) == 2:
+            gate, up = (files.read(k, 0, first, first + units) for k in rule.keys)
+        else:  # one [gate | up] tensor
+            whole = model_cfg.intermediate_size
+            gate, up = (files.read(rule.keys[0], 0, o + first, o + first + units)
+                        for o in (0, whole))  # fmt: skip
         return torch.stack([gate, up], dim=1).reshape(param.shape)
     transposed = rule.transposed and param.dim() == 2
     if dim is None or info.logical_size is None:
@@ -278,6 +286,7 @@ def load_hf_model(
         "gpt2": "GPT2LMHeadModel",
         "llama": "LlamaForCausalLM",
         "mistral": "MistralForCausalLM",
+        "modernbert": "ModernBertForMaskedLM",
     }.get(hf.get("model_type", ""), "?")
     architecture = (hf.get("architectures") or [default])[0]
     if architecture not in SUPPORTED:
@@ -325,7 +334,10 @@ def to_hf_state_dict(
             continue
         if isinstance(rule, GatedRows):
             gated = t.reshape(-1, 2, *t.shape[1:])
-            out.update(zip(rule.keys, (gated[:, 0], gated[:, 1])))
+            if len(rule.keys) == 2:
+                out.update(zip(rule.keys, (gated[:, 0], gated[:, 1])))
+            else:
+                out[rule.keys[0]] = torch.cat([gated[:, 0], gated[:, 1]])
             continue
         qkv = t.reshape(config.kv_heads, group + 2, head_dim, *t.shape[1:])
         parts = [
@@ -365,14 +377,18 @@ def save_hf_checkpoint(
     import transformers
 
     architecture = HF_ARCHITECTURE[type(model).__name__]
-    if hf_family(model.config) == "llama":  # type: ignore[arg-type]
+    family = hf_family(model.config)  # type: ignore[arg-type]
+    if family == "llama":
         architecture = architecture.replace("GPT2LMHeadModel", "LlamaForCausalLM")
         architecture = architecture.replace("GPT2Model", "LlamaModel")
+    if family == "modernbert":
+        architecture = architecture.replace("BertForPreTraining", "BertForMaskedLM")
+        architecture = architecture.replace("Bert", "ModernBert")
     state = to_hf_state_dict(model, ctx, architecture)
     if not ctx.is_main:
         return
     extra: dict[str, Any] = dict(special_ids or {})
-    if architecture == "BertForSequenceClassification":
+    if architecture.endswith("ForSequenceClassification"):
         extra["num_labels"] = model.num_labels
         if model.num_labels == 1:
             extra["problem_type"] = "regression"

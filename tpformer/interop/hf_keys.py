@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,43 +22,12 @@ from tpformer.config.schema import (
     PositionEmbedding,
     RopeScaling,
 )
-
-
-@dataclass(frozen=True)
-class Plain:
-    """One HF tensor; `transposed` for GPT-2's Conv1D ([in, out] instead of [out, in])."""
-
-    key: str
-    transposed: bool = False
-
-
-@dataclass(frozen=True)
-class FusedQKV:
-    """Our per-head interleaved QKV from HF's q, k, v: three keys, or one [q|k|v] key."""
-
-    keys: tuple[str, ...]
-    transposed: bool = False
-
-
-@dataclass(frozen=True)
-class GatedRows:
-    """Our [unit, (gate, up)] rows from HF's gate and up projections."""
-
-    keys: tuple[str, str]
-
-
-Rule = Plain | FusedQKV | GatedRows
-
-
-def _linear(ours: str, theirs: str, transposed: bool = False) -> dict[str, Rule]:
-    return {
-        f"{ours}.weight": Plain(f"{theirs}.weight", transposed),
-        f"{ours}.bias": Plain(f"{theirs}.bias"),
-    }
-
-
-def _norm(ours: str, theirs: str) -> dict[str, Rule]:
-    return {f"{ours}.weight": Plain(f"{theirs}.weight"), f"{ours}.bias": Plain(f"{theirs}.bias")}
+from tpformer.interop.hf_modernbert import (
+    modernbert_config,
+    modernbert_hf_config,
+    modernbert_key_map,
+)
+from tpformer.interop.hf_rules import FusedQKV, GatedRows, Plain, Rule, linear_rules, norm_rules
 
 
 def bert_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Rule]:
@@ -74,8 +42,8 @@ def bert_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Ru
         f"{ours}embeddings.token_type_embeddings.weight": Plain(
             f"{p}embeddings.token_type_embeddings.weight"
         ),
-        **_norm(f"{ours}embeddings.norm", f"{p}embeddings.LayerNorm"),
-        **_linear(f"{ours}pooler", f"{p}pooler.dense"),
+        **norm_rules(f"{ours}embeddings.norm", f"{p}embeddings.LayerNorm"),
+        **linear_rules(f"{ours}pooler", f"{p}pooler.dense"),
     }
     for i in range(config.num_layers):
         o, t = f"{ours}encoder.layers.{i}", f"{p}encoder.layer.{i}"
@@ -83,18 +51,18 @@ def bert_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Ru
             rules[f"{o}.attention.qkv.{kind}"] = FusedQKV(
                 tuple(f"{t}.attention.self.{x}.{kind}" for x in ("query", "key", "value"))
             )
-        rules.update(_linear(f"{o}.attention.out", f"{t}.attention.output.dense"))
-        rules.update(_norm(f"{o}.attention_norm", f"{t}.attention.output.LayerNorm"))
-        rules.update(_linear(f"{o}.mlp.fc_in", f"{t}.intermediate.dense"))
-        rules.update(_linear(f"{o}.mlp.fc_out", f"{t}.output.dense"))
-        rules.update(_norm(f"{o}.mlp_norm", f"{t}.output.LayerNorm"))
+        rules.update(linear_rules(f"{o}.attention.out", f"{t}.attention.output.dense"))
+        rules.update(norm_rules(f"{o}.attention_norm", f"{t}.attention.output.LayerNorm"))
+        rules.update(linear_rules(f"{o}.mlp.fc_in", f"{t}.intermediate.dense"))
+        rules.update(linear_rules(f"{o}.mlp.fc_out", f"{t}.output.dense"))
+        rules.update(norm_rules(f"{o}.mlp_norm", f"{t}.output.LayerNorm"))
     if task == "pretraining":
-        rules.update(_linear("mlm_transform", "cls.predictions.transform.dense"))
-        rules.update(_norm("mlm_norm", "cls.predictions.transform.LayerNorm"))
+        rules.update(linear_rules("mlm_transform", "cls.predictions.transform.dense"))
+        rules.update(norm_rules("mlm_norm", "cls.predictions.transform.LayerNorm"))
         rules["mlm_bias"] = Plain("cls.predictions.bias")
-        rules.update(_linear("nsp", "cls.seq_relationship"))
+        rules.update(linear_rules("nsp", "cls.seq_relationship"))
     if task == "classification":
-        rules.update(_linear("classifier", "classifier"))
+        rules.update(linear_rules("classifier", "classifier"))
     return rules
 
 
@@ -104,17 +72,17 @@ def gpt_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Rul
     rules: dict[str, Rule] = {
         f"{ours}wte.weight": Plain(f"{p}wte.weight"),
         f"{ours}wpe.weight": Plain(f"{p}wpe.weight"),
-        **_norm(f"{ours}norm", f"{p}ln_f"),
+        **norm_rules(f"{ours}norm", f"{p}ln_f"),
     }
     for i in range(config.num_layers):
         o, t = f"{ours}decoder.layers.{i}", f"{p}h.{i}"
         rules[f"{o}.attention.qkv.weight"] = FusedQKV((f"{t}.attn.c_attn.weight",), transposed=True)
         rules[f"{o}.attention.qkv.bias"] = FusedQKV((f"{t}.attn.c_attn.bias",))
-        rules.update(_linear(f"{o}.attention.out", f"{t}.attn.c_proj", transposed=True))
-        rules.update(_norm(f"{o}.attention_norm", f"{t}.ln_1"))
-        rules.update(_linear(f"{o}.mlp.fc_in", f"{t}.mlp.c_fc", transposed=True))
-        rules.update(_linear(f"{o}.mlp.fc_out", f"{t}.mlp.c_proj", transposed=True))
-        rules.update(_norm(f"{o}.mlp_norm", f"{t}.ln_2"))
+        rules.update(linear_rules(f"{o}.attention.out", f"{t}.attn.c_proj", transposed=True))
+        rules.update(norm_rules(f"{o}.attention_norm", f"{t}.ln_1"))
+        rules.update(linear_rules(f"{o}.mlp.fc_in", f"{t}.mlp.c_fc", transposed=True))
+        rules.update(linear_rules(f"{o}.mlp.fc_out", f"{t}.mlp.c_proj", transposed=True))
+        rules.update(norm_rules(f"{o}.mlp_norm", f"{t}.ln_2"))
     return rules
 
 
@@ -145,10 +113,10 @@ def llama_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, R
 
 
 def hf_family(config: ModelConfig) -> str:
-    """The Hugging Face family a config maps to: bert, gpt2, or llama (a GPT-family config with
-    rotary positions)."""
+    """The Hugging Face family a config maps to: bert or modernbert (an encoder with rotary
+    positions), gpt2 or llama (a decoder with rotary positions)."""
     if config.arch == "bert":
-        return "bert"
+        return "modernbert" if config.position_embedding == "rope" else "bert"
     return "llama" if config.position_embedding == "rope" else "gpt2"
 
 
@@ -156,8 +124,9 @@ KEY_MAPS: dict[str, Callable[[ModelConfig, str, str], dict[str, Rule]]] = {
     "bert": bert_key_map,
     "gpt2": gpt_key_map,
     "llama": llama_key_map,
+    "modernbert": modernbert_key_map,
 }
-BODY_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}
+BODY_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model.", "modernbert": "model."}
 """The HF body prefix of each family's task models (absent in the base model's files)."""
 
 _MLM_TIED = {
@@ -168,6 +137,7 @@ HF_TIED = {
     "BertForMaskedLM": _MLM_TIED,
     "BertForPreTraining": _MLM_TIED,
     "GPT2LMHeadModel": {"lm_head.weight": "transformer.wte.weight"},
+    "ModernBertForMaskedLM": {"decoder.weight": "model.embeddings.tok_embeddings.weight"},
 }
 """HF keys that are tied copies of another key (written on export, accepted on load)."""
 
@@ -228,9 +198,11 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
         )
     if hf.get("model_type") in ("llama", "mistral"):
         return _llama_config(hf)
+    if hf.get("model_type") == "modernbert":
+        return modernbert_config(hf)
     raise ValueError(
-        f"model_type={hf.get('model_type')!r} is not supported; use a BERT, GPT-2, Llama or "
-        "Mistral checkpoint"
+        f"model_type={hf.get('model_type')!r} is not supported; use a BERT, GPT-2, Llama, "
+        "Mistral or ModernBERT checkpoint"
     )
 
 
@@ -313,6 +285,8 @@ def hf_config_from_model(config: ModelConfig, architecture: str, **extra: Any) -
 
     if hf_family(config) == "llama":
         return _llama_hf_config(config, architecture, **extra)
+    if hf_family(config) == "modernbert":
+        return modernbert_hf_config(config, architecture, **extra)
 
     if config.arch == "bert":
         return BertConfig(

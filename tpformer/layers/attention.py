@@ -45,9 +45,12 @@ class ParallelSelfAttention(nn.Module):
         kv_heads: int = 0,
         bias: bool = True,
         rotary: Rotary | None = None,
+        window: int = 0,
     ) -> None:
         super().__init__()
         self.tp, self.cp, self.causal, self.rotary = ctx.tp, ctx.cp, causal, rotary
+        self.reach = window // 2
+        """Sliding-window attention: keys at most this many positions away (0: all)."""
         self.head_dim = divide(hidden_size, num_heads, what="hidden_size")
         kv_heads = kv_heads or num_heads
         self.group = divide(num_heads, kv_heads, what="num_heads")
@@ -80,6 +83,8 @@ class ParallelSelfAttention(nn.Module):
         if self.rotary is not None:
             q, k = self._rotate(q, k, cache, positions)
         causal = self.causal
+        if self.reach:
+            mask = self._windowed(mask, s, q.device)
         if cache is not None:
             if self.cp.size > 1:
                 raise ValueError("decoding with a KV cache runs without context parallelism")
@@ -104,6 +109,16 @@ class ParallelSelfAttention(nn.Module):
         q = qkv[:, :, :, : self.group].reshape(b, s, self.local_heads, self.head_dim)
         k, v = qkv[:, :, :, self.group], qkv[:, :, :, self.group + 1]
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _windowed(self, mask: Tensor | None, s: int, device: torch.device) -> Tensor:
+        """`mask` and the band |query - key| <= reach over the whole sequence of s positions:
+        one bool mask for SDPA's fused kernels (memory-efficient on CUDA: flash takes no mask).
+        Context parallelism and caches are refused for local layers (config/validate.py)."""
+        index = torch.arange(s, device=device)
+        band = (index[:, None] - index[None, :]).abs() <= self.reach
+        if self.causal:
+            band = band & (index[:, None] >= index[None, :])
+        return band if mask is None else mask & band
 
     def _rotate(
         self, q: Tensor, k: Tensor, cache: KVCache | None, positions: Tensor | None

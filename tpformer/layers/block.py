@@ -24,19 +24,29 @@ from tpformer.parallel.init import mark_sequence_parallel
 
 class TransformerLayer(nn.Module):
     """post-norm (BERT): x = N(x + drop(attn(x))); x = N(x + drop(mlp(x))).
-    pre-norm (GPT-2, Llama): x = x + drop(attn(N(x))); x = x + drop(mlp(N(x))).
-    N is the config's norm (LayerNorm, RMSNorm)."""
+    pre-norm (GPT-2, Llama, ModernBERT): x = x + drop(attn(N(x))); x = x + drop(mlp(N(x))).
+    N is the config's norm (LayerNorm, RMSNorm). Layer `index` of a pre-norm encoder
+    (ModernBERT) skips the first layer's attention norm (its input is the normalized
+    embeddings) and attends locally as config.is_local says, with the local rope base."""
 
     def __init__(
-        self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool, causal: bool
+        self,
+        config: ModelConfig,
+        ctx: ParallelContext,
+        *,
+        pre_norm: bool,
+        causal: bool,
+        index: int = 0,
     ) -> None:
         super().__init__()
         self.pre_norm = pre_norm
         h, sp = config.hidden_size, ctx.sequence_parallel
         sequence = ctx.tp if sp else None
+        local = config.is_local(index)
         rotary = None
         if config.position_embedding == "rope":
-            rotary = Rotary(config, h // config.num_heads)
+            theta = config.local_rope_theta if local else None
+            rotary = Rotary(config, h // config.num_heads, theta)
         self.attention = ParallelSelfAttention(
             h,
             config.num_heads,
@@ -46,11 +56,13 @@ class TransformerLayer(nn.Module):
             kv_heads=config.kv_heads,
             bias=config.bias,
             rotary=rotary,
+            window=config.local_window if local else 0,
         )
         self.attention_dropout = ParallelDropout(
             config.dropout, ctx.rng, sequence=sequence, context=ctx.cp
         )
-        self.attention_norm = make_norm(config)
+        skip = pre_norm and not causal and index == 0  # ModernBERT's first layer
+        self.attention_norm = nn.Identity() if skip else make_norm(config)
         self.mlp = ParallelMLP(
             h,
             config.intermediate_size,
@@ -98,8 +110,8 @@ class TransformerStack(nn.Module):
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            TransformerLayer(config, ctx, pre_norm=pre_norm, causal=causal)
-            for _ in range(config.num_layers)
+            TransformerLayer(config, ctx, pre_norm=pre_norm, causal=causal, index=i)
+            for i in range(config.num_layers)
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -13,16 +13,18 @@ from tpformer.config.schema import ModelConfig
 
 
 class Rotary:
-    """cos/sin of each position for a head_dim; `rotate(q, k, positions, longest)`."""
+    """cos/sin of each position for a head_dim; `rotate(q, k, positions, longest)`. `theta`:
+    another base than config.rope_theta (ModernBERT's local layers)."""
 
-    def __init__(self, config: ModelConfig, head_dim: int) -> None:
+    def __init__(self, config: ModelConfig, head_dim: int, theta: float | None = None) -> None:
         self.config, self.head_dim = config, head_dim
+        self.theta = config.rope_theta if theta is None else theta
         self.original = config.rope_original_max_positions or config.max_position_embeddings
 
     def inverse_frequencies(self, longest: int, device: torch.device) -> Tensor:
         """theta^(-2i/d), scaled as config.rope_scaling says (fp32; HF's formulas)."""
         c, d = self.config, self.head_dim
-        base = c.rope_theta
+        base = self.theta
         if c.rope_scaling == "dynamic" and longest > self.original:
             grown = c.rope_factor * longest / self.original - (c.rope_factor - 1)
             base = base * grown ** (d / (d - 2))

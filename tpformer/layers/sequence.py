@@ -145,6 +145,24 @@ class SequenceRows:
         """hidden[:, 0] of the whole sequence, replicated on every rank (the pooler's input)."""
         return from_first_rank(first_token(hidden, self.tp, self.sequence_parallel), self.cp)
 
+    def mean(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """The mean of the whole sequence's rows over its tokens (attention_mask [b, s], 1 =
+        token; None: every position), replicated as first_token's: this rank's rows summed,
+        then over the sequence's ranks (TP under SP: all-reduce, identity backward as for any
+        replicated region; CP: all-reduce both ways, as only CP rank 0's loss counts)."""
+        s = attention_mask.shape[1] if attention_mask is not None else None
+        if s is None:
+            s = hidden.shape[1] * self.cp.size * (self.tp.size if self.sequence_parallel else 1)
+            attention_mask = torch.ones(hidden.shape[0], s, device=hidden.device)
+        weights = attention_mask.to(hidden.dtype)
+        held = weights[:, self.positions(s, hidden.device)]
+        total = (hidden * held.unsqueeze(-1)).sum(1)
+        if self.sequence_parallel:
+            total = reduce_from_tp(total, self.tp)
+        if self.split_over_context:
+            total = copy_to_tp(reduce_from_tp(total, self.cp), self.cp)
+        return total / weights.sum(1, keepdim=True).clamp(min=1)
+
     def first_token_weight(self) -> float:
         """1.0, or 0.0 on CP ranks other than 0: how much of a loss on the first token this rank
         counts (every CP rank runs the same head on the same input; gradients are summed over

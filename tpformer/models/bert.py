@@ -19,6 +19,7 @@ from tpformer.layers.dropout import ParallelDropout
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.loss import vocab_parallel_cross_entropy_and_hits
 from tpformer.layers.mlp import activation_fn
+from tpformer.layers.norm import make_norm
 from tpformer.layers.sequence import SequenceRows, labeled_positions, sequence_rows
 from tpformer.models.base import TPModel
 from tpformer.parallel.comm import copy_to_tp
@@ -35,8 +36,9 @@ def check_sequence_length(seq_len: int, config: ModelConfig) -> None:
 
 
 class BertEmbeddings(nn.Module):
-    """word (vocab-parallel) + position + token type, then LayerNorm and dropout; replicated
-    out for this rank's rows (SequenceRows)."""
+    """word (vocab-parallel) + position (learned positions) + token type (type_vocab_size > 0),
+    then the norm and dropout; out for this rank's rows (SequenceRows). ModernBERT: the word
+    embedding alone (rotary positions, no segments)."""
 
     def __init__(self, config: ModelConfig, rows: SequenceRows, ctx: ParallelContext) -> None:
         super().__init__()
@@ -48,37 +50,48 @@ class BertEmbeddings(nn.Module):
             pad_to_multiple_of=config.pad_vocab_to,
             sequence_parallel=ctx.sequence_parallel,
         )
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(
-            max(config.type_vocab_size, 1), config.hidden_size
-        )
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        h = config.hidden_size
+        self.position_embeddings: nn.Embedding | None = None
+        if config.position_embedding == "learned":
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
+        self.token_type_embeddings: nn.Embedding | None = None
+        if config.type_vocab_size > 0:
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h)
+        self.norm = make_norm(config)
         self.dropout = ParallelDropout(
             config.dropout, ctx.rng, sequence=rows.sequence_group, context=ctx.cp
         )
-        rows.mark_replicated(self.position_embeddings, self.token_type_embeddings, self.norm)
+        replicated = [self.position_embeddings, self.token_type_embeddings, self.norm]
+        rows.mark_replicated(*(m for m in replicated if m is not None))
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """input_ids [b, s] of the whole sequence -> this rank's rows."""
         positions = self.rows.positions(input_ids.shape[1], input_ids.device)
         x = self.word_embeddings(self.rows.context_part(input_ids))
-        x = x + self.position_embeddings(positions)
-        if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]
-        else:
-            x = x + self.token_type_embeddings(token_type_ids[:, positions])
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(positions)
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                x = x + self.token_type_embeddings.weight[0]
+            else:
+                x = x + self.token_type_embeddings(token_type_ids[:, positions])
         return self.dropout(self.norm(x))
 
 
 class BertModel(TPModel):
-    """Embeddings, post-LayerNorm encoder and the tanh pooler over the first token."""
+    """Embeddings, the encoder (post-norm; pre-norm with a final norm: ModernBERT) and, with
+    model.pooler=tanh, the tanh pooler over the first token."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, pooler: bool = True) -> None:
         super().__init__()
         self.config, self.tp, self.rows = config, ctx.tp, sequence_rows(ctx)
         self.embeddings = BertEmbeddings(config, self.rows, ctx)
-        self.encoder = TransformerStack(config, ctx, pre_norm=False, causal=False)
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if pooler else None
+        self.encoder = TransformerStack(config, ctx, pre_norm=config.pre_norm, causal=False)
+        self.final_norm = make_norm(config) if config.pre_norm else None
+        if self.final_norm is not None:
+            self.rows.mark_replicated(self.final_norm)
+        tanh = pooler and config.pooler == "tanh"
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if tanh else None
 
     def blocks(self) -> list[nn.Module]:
         """The repeated units the engine buckets and recomputation wraps, in forward order."""
@@ -90,7 +103,9 @@ class BertModel(TPModel):
         return self.embeddings(input_ids, token_type_ids)
 
     def finish(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The last block's output -> (sequence output, pooled or None)."""
+        """The last block's output -> (sequence output, tanh-pooled or None)."""
+        if self.final_norm is not None:
+            x = self.final_norm(x)
         if self.pooler is None:
             return x, None
         # every rank runs the pooler on the first token; a loss on it counts with
@@ -108,6 +123,11 @@ class BertModel(TPModel):
         mask = self.rows.key_mask(attention_mask, causal=False)
         x = self.encoder(self.embed(input_ids, token_type_ids), mask)
         return self.finish(x)
+
+
+def _body_head(bert: BertModel) -> list[str]:
+    """The encoder's modules that run in a pipeline's last stage: the final norm, the pooler."""
+    return [f"bert.{name}" for name in ("final_norm", "pooler") if getattr(bert, name) is not None]
 
 
 class _PipelinedBert(TPModel):
@@ -171,16 +191,22 @@ class BertForPreTraining(_PipelinedBert):
         self.config, self.tp = config, ctx.tp
         self.bert = BertModel(config, ctx)
         h = config.hidden_size
-        self.mlm_transform = nn.Linear(h, h)
+        self.mlm_transform = nn.Linear(h, h, bias=config.bias)
         self.mlm_act = activation_fn(config.activation)
-        self.mlm_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.mlm_norm = make_norm(config)
         embedding = self.bert.embeddings.word_embeddings
         self.mlm_bias = mark_sharded(
             nn.Parameter(torch.zeros(embedding.rows_per_rank)), 0, config.vocab_size
         )
-        self.nsp = nn.Linear(h, 2)
+        self.nsp = nn.Linear(h, 2) if self.bert.pooler is not None else None  # MLM only: none
+        self.pipeline_head = (
+            *_body_head(self.bert),
+            "mlm_transform",
+            "mlm_norm",
+            "mlm_bias",
+            *(["nsp"] if self.nsp is not None else []),
+        )
 
-    pipeline_head = ("bert.pooler", "mlm_transform", "mlm_norm", "mlm_bias", "nsp")
     pipeline_tied = ("bert.embeddings.word_embeddings.weight",)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
@@ -219,7 +245,9 @@ class BertForPreTraining(_PipelinedBert):
         """`mlm_positions` [b, P]: the labeled positions (layers/sequence.labeled_positions,
         prepared with the batch on the host by the loader)."""
         sequence, pooled = self.bert.finish(hidden)
-        out = PretrainingOutput(nsp_logits=self.nsp(pooled))
+        out = PretrainingOutput()
+        if self.nsp is not None and pooled is not None:
+            out.nsp_logits = self.nsp(pooled)
         b, s = input_ids.shape
         rows = self.bert.rows
         if mlm_labels is None:  # every position this CP rank holds
@@ -263,7 +291,9 @@ class ClassificationOutput:
 
 
 class BertForSequenceClassification(_PipelinedBert):
-    """Pooler -> dropout -> linear; cross-entropy, or MSE regression when num_labels == 1."""
+    """BERT: the tanh pooler -> dropout -> linear. ModernBERT (model.pooler=head): the first
+    token or the mean over the tokens (model.classifier_pooling) -> dense, activation, norm ->
+    dropout -> linear. Cross-entropy, or MSE regression when num_labels == 1."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, num_labels: int = 2) -> None:
         super().__init__()
@@ -271,10 +301,17 @@ class BertForSequenceClassification(_PipelinedBert):
             raise ValueError(f"num_labels={num_labels} must be >= 1 (1 = regression)")
         self.config, self.tp, self.num_labels = config, ctx.tp, num_labels
         self.bert = BertModel(config, ctx)
+        h = config.hidden_size
+        self.pool_head: nn.Sequential | None = None
+        if config.pooler == "head":
+            self.pool_head = nn.Sequential(
+                nn.Linear(h, h, bias=config.bias), activation_fn(config.activation)
+            )
+            self.pool_head.append(make_norm(config))
         self.dropout = ParallelDropout(config.dropout, ctx.rng)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-
-    pipeline_head = ("bert.pooler", "dropout", "classifier")
+        self.classifier = nn.Linear(h, num_labels)
+        named = ["pool_head"] if self.pool_head is not None else []
+        self.pipeline_head = (*_body_head(self.bert), *named, "dropout", "classifier")
 
     def forward(
         self,
@@ -290,14 +327,25 @@ class BertForSequenceClassification(_PipelinedBert):
             labels=labels,
         )
 
+    def pooled(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+        """[b, hidden], replicated: the tanh pooler's output, or the pool head's."""
+        sequence, pooled = self.bert.finish(hidden)
+        if self.pool_head is None:
+            assert pooled is not None
+            return pooled
+        rows = self.bert.rows
+        if self.config.classifier_pooling == "mean":
+            return self.pool_head(rows.mean(sequence, attention_mask))
+        return self.pool_head(rows.first_token(sequence))
+
     def head(
         self,
         hidden: Tensor,
         labels: Tensor | None = None,
+        attention_mask: Tensor | None = None,
         **_: Tensor | None,
     ) -> ClassificationOutput:
-        _sequence, pooled = self.bert.finish(hidden)
-        logits = self.classifier(self.dropout(pooled))
+        logits = self.classifier(self.dropout(self.pooled(hidden, attention_mask)))
         if labels is None:
             return ClassificationOutput(logits)
         if self.num_labels == 1:

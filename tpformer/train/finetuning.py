@@ -21,6 +21,7 @@ from torch import nn
 
 from tpformer.checkpoint import store
 from tpformer.config.derive import finetune_micro_batching
+from tpformer.config.model_rules import validate_model_layout
 from tpformer.config.schema import FinetuneConfig, ModelConfig
 from tpformer.config.validate import (
     context_multiple,
@@ -228,9 +229,12 @@ def _evaluation(
     return evaluator, write_predictions
 
 
-def _micro_batch(config: FinetuneConfig, ctx: ParallelContext, num_layers: int) -> int:
+def _micro_batch(config: FinetuneConfig, ctx: ParallelContext, model: ModelConfig) -> int:
     """trainer.micro_batch_size (default: this DP rank's whole batch), checked with the
-    recomputation and pipeline settings against the loaded model's depth."""
+    recomputation and pipeline settings against the loaded model's depth (and its
+    architecture against the layout)."""
+    num_layers = model.num_layers
+    validate_model_layout(model, ctx.layout)
     validate_recompute_granularity(config.parallel, num_layers)
     micro, accumulation = finetune_micro_batching(config.trainer, ctx.dp.size)
     validate_pipeline(config.parallel, ctx.layout.pp, num_layers, accumulation)
@@ -282,7 +286,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     model, tokenizer_path = load_classifier(
         Path(config.init), ctx, num_labels=task.num_labels, overrides=config.model.given()
     )
-    micro = _micro_batch(config, ctx, model.config.num_layers)
+    micro = _micro_batch(config, ctx, model.config)
     tokenizer = Tokenizer(tokenizer_path)
     tokenizer.check_vocab(model.config.vocab_size)
     splits = {

@@ -82,8 +82,10 @@ class MaskedLMObjective(_Objective):
 
     names: tuple[str, ...] = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
 
-    def __init__(self, mask_prob: float) -> None:
-        self.head_fraction = mask_prob
+    def __init__(self, mask_prob: float, *, pair_head: bool = True) -> None:
+        self.head_fraction, self.pair_head = mask_prob, pair_head
+        if not pair_head:  # MLM only (model.pooler=head: ModernBERT's recipe)
+            self.names = ("loss", "mlm_accuracy")
 
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
         return [float(int((batch["mlm_labels"] != -100).sum())), float(batch["input_ids"].shape[0])]
@@ -95,6 +97,8 @@ class MaskedLMObjective(_Objective):
     def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
         masked, samples = counts[0], counts[1]
         mlm = _mean(out.mlm_loss_sum, masked)
+        if not self.pair_head:
+            return [mlm, _mean(out.mlm_correct, masked)]
         nsp = _mean(out.nsp_loss * batch["input_ids"].shape[0], samples)
         return [
             mlm + nsp,
@@ -136,10 +140,11 @@ class ClassificationObjective(_Objective):
         return [_share(out.loss, batch["input_ids"].shape[0], counts[0])]
 
 
-def objective_for(task: str, *, mask_prob: float = 0.15) -> Objective:
-    """The objective of a model task ("pretraining", "causal_lm" or "classification")."""
+def objective_for(task: str, *, mask_prob: float = 0.15, pair_head: bool = True) -> Objective:
+    """The objective of a model task ("pretraining", "causal_lm" or "classification");
+    `pair_head`: BERT pretraining's NSP/SOP loss (false: MLM only)."""
     if task == "pretraining":
-        return MaskedLMObjective(mask_prob)
+        return MaskedLMObjective(mask_prob, pair_head=pair_head)
     return CausalLMObjective() if task == "causal_lm" else ClassificationObjective()
 
 

@@ -188,7 +188,7 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
     prepared = prepare_data_on_rank0(config, ctx)
     data = load_pretraining_data(config.data, m, seed=config.parallel.seed, prepared=prepared)
     global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
-    objective = objective_for(task, mask_prob=config.data.mask_prob)
+    objective = objective_for(task, mask_prob=config.data.mask_prob, pair_head=m.pooler == "tanh")
 
     batches = _step_batches(config, ctx, data)
 

@@ -138,6 +138,17 @@ class PipeDreamUpdate(Choice):
 class SentencePairs(Choice):
     nsp = "nsp"
     sop = "sop"
+    none = "none"
+
+
+class Pooler(Choice):
+    tanh = "tanh"
+    head = "head"
+
+
+class ClassifierPooling(Choice):
+    cls = "cls"
+    mean = "mean"
 
 
 class GlueTaskName(Choice):

@@ -50,7 +50,9 @@ class DataConfig(LoaderConfig):
     whole_word_mask: bool = False
     """BERT: mask all tokens of a word together."""
     sentence_pairs: SentencePairs = SentencePairs.nsp
-    """BERT: nsp (50% random next segment) or sop (50% swapped segments)."""
+    """BERT: nsp (50% random next segment), sop (50% swapped segments) or none (RoBERTa's and
+    ModernBERT's MLM only: [CLS] sentences of one document [SEP], no pair head; needs
+    model.pooler=head)."""
     eval_fraction: float = ranged(0.02, 0, 1, hi_open=True)
     """Fraction of the documents held out for evaluation (at least one when there are two)."""
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from tpformer.config.schema.choices import (
     Activation,
     Arch,
+    ClassifierPooling,
     Norm,
+    Pooler,
     PositionEmbedding,
     RopeScaling,
     ranged,
@@ -19,8 +21,8 @@ class ModelConfig:
     """Architecture hyper-parameters; `model=<preset>` picks one of tpformer.config.presets."""
 
     arch: Arch = Arch.bert
-    """bert (post-norm encoder) or gpt (pre-norm causal decoder: GPT-2, and with the keys
-    below the Llama family)."""
+    """bert (encoder: BERT, and with the keys below ModernBERT) or gpt (pre-norm causal
+    decoder: GPT-2, and with the keys below the Llama family)."""
     vocab_size: int = ranged(30522, 1)
     """Real vocabulary size; the embedding is padded to a multiple of pad_vocab_to * tp."""
     hidden_size: int = ranged(768, 1)
@@ -50,6 +52,10 @@ class ModelConfig:
     act(x W_gate) * (x W_up), a column of each on the same TP rank."""
     norm: Norm = Norm.layernorm
     """layernorm or rmsnorm (Llama)."""
+    pre_norm: bool = False
+    """bert: pre-norm layers (ModernBERT): the embeddings normalized, the first layer's
+    attention norm skipped, a final norm after the last layer; false: BERT's post-norm. gpt is
+    pre-norm always."""
     layer_norm_eps: float = ranged(1e-12, 0, lo_open=True)
     """LayerNorm / RMSNorm epsilon (BERT 1e-12, GPT-2 1e-5, Llama 1e-5 or 1e-6)."""
     bias: bool = True
@@ -72,6 +78,23 @@ class ModelConfig:
     """llama3: wavelengths above rope_original_max_positions / this are scaled whole."""
     rope_high_freq_factor: float = ranged(4.0, 0, lo_open=True)
     """llama3: wavelengths below rope_original_max_positions / this are kept."""
+    local_window: int = ranged(0, 0)
+    """Sliding-window (local) attention: a token attends to the keys at most local_window / 2
+    positions away (ModernBERT's local_attention, 128); 0: every layer attends globally."""
+    global_every: int = ranged(1, 1)
+    """With local_window: layers 0, n, 2n, ... attend globally, the others locally
+    (ModernBERT: 3)."""
+    local_rope_theta: float = ranged(10000.0, 0, lo_open=True)
+    """The RoPE base of local layers (ModernBERT: 10,000; its global layers' is rope_theta,
+    160,000)."""
+    pooler: Pooler = Pooler.tanh
+    """bert: tanh (BERT: dense + tanh on the first token, feeding the NSP/SOP head and the
+    classifier) or head (ModernBERT: no pair head, pretraining is MLM only with
+    data.sentence_pairs=none; the classifier reads dense + activation + norm of the pooled
+    sequence)."""
+    classifier_pooling: ClassifierPooling = ClassifierPooling.cls
+    """pooler=head: what the classifier pools, the first token (cls) or the mean over the
+    tokens (mean)."""
     init_std: float = ranged(0.02, 0, lo_open=True)
     """Standard deviation of the normal init of weight matrices and embeddings."""
     pad_vocab_to: int = ranged(128, 0)
@@ -81,3 +104,7 @@ class ModelConfig:
     def kv_heads(self) -> int:
         """Key/value heads: num_kv_heads, or num_heads when it is 0."""
         return self.num_kv_heads or self.num_heads
+
+    def is_local(self, layer: int) -> bool:
+        """Whether `layer` attends in a sliding window (local_window, global_every)."""
+        return self.local_window > 0 and layer % self.global_every != 0

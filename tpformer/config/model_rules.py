@@ -1,0 +1,57 @@
+"""The rules of the model keys that shape the architecture families (Llama's grouped-query
+attention and rotary positions, ModernBERT's local attention and heads), and those that
+depend on the layout."""
+
+from __future__ import annotations
+
+from tpformer.config.schema import ModelConfig
+from tpformer.parallel.layout import Layout, divisors
+
+
+def validate_model_family(model: ModelConfig, tp: int) -> None:
+    """The family keys: grouped-query heads that split over `tp`, rotary positions with an even
+    head size, BERT's tied MLM head, the encoder-only keys (local attention, pooler, pre-norm)
+    on encoders only."""
+    kv = model.kv_heads
+    if model.num_heads % kv != 0:
+        raise ValueError(
+            f"model.num_kv_heads={model.num_kv_heads} must divide model.num_heads="
+            f"{model.num_heads} (valid: {divisors(model.num_heads)}; 0 means num_heads)"
+        )
+    if kv % tp != 0:
+        raise ValueError(
+            f"parallel.tensor={tp} must divide model.num_kv_heads={kv}: each TP rank holds "
+            f"whole key/value groups (valid: {divisors(kv)}; replicating key/value heads over "
+            "TP is not built)"
+        )
+    if model.position_embedding == "rope" and (model.hidden_size // model.num_heads) % 2:
+        raise ValueError(
+            f"model.position_embedding=rope needs an even head size (hidden_size / num_heads = "
+            f"{model.hidden_size // model.num_heads})"
+        )
+    if model.arch == "bert" and not model.tie_embeddings:
+        raise ValueError(
+            "model.tie_embeddings=false is built for arch=gpt; BERT's MLM head is tied"
+        )
+    if model.arch == "gpt" and model.local_window:
+        raise ValueError(
+            f"model.local_window={model.local_window} is built for arch=bert (ModernBERT's "
+            "bidirectional window); a decoder's sliding window (Mistral) is not built: set "
+            "model.local_window=0"
+        )
+    if model.arch == "gpt" and (model.pooler != "tanh" or model.pre_norm):
+        raise ValueError(
+            "model.pooler and model.pre_norm are encoder (arch=bert) keys: a decoder is "
+            "pre-norm and has no pooler; leave them at their defaults"
+        )
+
+
+def validate_model_layout(model: ModelConfig, layout: Layout) -> None:
+    """What a model's architecture cannot run under: local attention over a context-parallel
+    ring (ring attention builds no window)."""
+    if model.local_window and layout.cp > 1:
+        raise ValueError(
+            f"model.local_window={model.local_window} with parallel.context={layout.cp}: ring "
+            "attention has no sliding window; use parallel.context=1 (sequence parallelism "
+            "splits long sequences too) or model.local_window=0"
+        )
