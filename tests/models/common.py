@@ -63,6 +63,25 @@ def tiny_llama(dropout: float = 0.0) -> ModelConfig:
     )
 
 
+def tiny_modernbert(dropout: float = 0.0, **overrides: object) -> ModelConfig:
+    """ModernBERT's options (pre-norm without biases, GeGLU, rotary positions with two bases,
+    no segments, the pooled head) with 4 layers: 0 and 3 global, 1 and 2 in a window of 4 (2
+    positions either side of the 12), so the window shapes every row; dropout, which ModernBERT
+    does not use, checks its masks under these blocks too."""
+    fields = {
+        "vocab_size": 99,
+        "hidden_size": 32,
+        "num_heads": 4,
+        "intermediate_size": 48,
+        "max_position_embeddings": 32,
+        "local_window": 4,
+        "dropout": dropout,
+        "attention_dropout": dropout,
+        "pad_vocab_to": 8,
+    }
+    return preset("modernbert_tiny", **{**fields, **overrides})
+
+
 def bert_batch(vocab: int = 99) -> dict[str, torch.Tensor]:
     ids = torch.randint(5, vocab, (BATCH, SEQ), generator=seeded(10))
     attention_mask = torch.ones(BATCH, SEQ, dtype=torch.long)

@@ -1,19 +1,27 @@
-"""BERT, GPT-2 and a Llama-style decoder at TP=1/2/4 against the one-process model: losses,
+"""BERT, GPT-2, a Llama-style decoder and a ModernBERT-style encoder at TP=1/2/4 against the one-process model: losses,
 gradients, dropout, communication."""
 
 import pytest
 import torch
 
 from tests.dist import run_distributed
-from tests.models.common import bert_batch, full_grads, tiny_bert, tiny_gpt, tiny_llama
+from tests.models.common import (
+    bert_batch,
+    full_grads,
+    tiny_bert,
+    tiny_gpt,
+    tiny_llama,
+    tiny_modernbert,
+)
 from tests.tolerances import FP32_MODEL_REL, assert_rel_close, rel_err
 from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext
 
 
-def _bert_step(ctx: ParallelContext, dropout: float) -> dict:
-    model = build_model(tiny_bert(dropout), ctx, task="pretraining")
+def _bert_step(ctx: ParallelContext, dropout: float, modern: bool = False) -> dict:
+    config = tiny_modernbert(dropout) if modern else tiny_bert(dropout)
+    model = build_model(config, ctx, task="pretraining")
     ctx.rng.set_position(step=3, sample_offset=0)
     out = model(**bert_batch())
     out.loss.backward()
@@ -35,10 +43,15 @@ def _llama_step(ctx: ParallelContext, dropout: float) -> dict:
     return _gpt_step(ctx, dropout, llama=True)
 
 
-STEPS = {"bert": _bert_step, "gpt": _gpt_step, "llama": _llama_step}
+def _modernbert_step(ctx: ParallelContext, dropout: float) -> dict:
+    """MLM only: the batch's NSP labels find no pair head."""
+    return _bert_step(ctx, dropout, modern=True)
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt", "llama"])
+STEPS = {"bert": _bert_step, "gpt": _gpt_step, "llama": _llama_step, "modernbert": _modernbert_step}
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt", "llama", "modernbert"])
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_matches_single_process(arch: str, dropout: float, tp: int) -> None:

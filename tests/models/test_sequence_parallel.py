@@ -14,6 +14,7 @@ from tests.models.common import (
     tiny_bert,
     tiny_gpt,
     tiny_llama,
+    tiny_modernbert,
 )
 from tests.tolerances import (
     FP32_LAYER_REL,
@@ -113,8 +114,9 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
                 attention_mask=batch["attention_mask"],
                 labels=batch["input_ids"],
             )
-    elif task == "classification":
-        model = build_model(tiny_bert(dropout), ctx, task=task, num_labels=3)
+    elif task in ("classification", "modernbert_cls"):
+        config = tiny_modernbert(dropout) if task == "modernbert_cls" else tiny_bert(dropout)
+        model = build_model(config, ctx, task="classification", num_labels=3)
 
         def run():
             return model(
@@ -139,7 +141,9 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     }
 
 
-@pytest.mark.parametrize("task", ["pretraining", "causal_lm", "classification", "llama"])
+@pytest.mark.parametrize(
+    "task", ["pretraining", "causal_lm", "classification", "llama", "modernbert_cls"]
+)
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_model_matches_single_process(task: str, dropout: float, tp: int) -> None:

@@ -28,6 +28,14 @@ def pipeline_config(
             intermediate_size=128, num_layers=4, max_position_embeddings=64,
         )  # fmt: skip
         return replace(config, model=llama)
+    if arch == "modernbert":  # pre-norm GeGLU, rope, layers 1-2 in a window of 8, MLM only
+        modern = preset(
+            "modernbert_tiny", vocab_size=128, hidden_size=64, num_heads=4, intermediate_size=128,
+            num_layers=4, max_position_embeddings=64, local_window=8, dropout=0.1,
+            attention_dropout=0.1,
+        )  # fmt: skip
+        data = replace(config.data, sentence_pairs="none")
+        return replace(config, model=modern, data=data)
     model = (
         replace(config.model, num_layers=4)
         if arch == "bert"
@@ -124,13 +132,15 @@ def test_pipeline_with_tp_sequence_parallel_and_explicit_split(tmp_path: Path, e
         ("gpt", "interleaved_1f1b", {}),
         ("llama", "1f1b", {}),
         ("llama", "1f1b", {"data": 2, "zero_stage": 1}),
+        ("modernbert", "1f1b", {}),
     ],
 )
 def test_gpt_pipeline_loss_curve_equals_one_process(
     tmp_path: Path, arch: str, schedule: str, extra: dict
 ) -> None:
     """GPT: the tied LM head on the last stage, the token embedding on the first; a Llama-style
-    decoder's own LM head on the last stage (nothing tied), also under DP=2 with ZeRO-1."""
+    decoder's own LM head on the last stage (nothing tied), also under DP=2 with ZeRO-1; a
+    ModernBERT-style encoder's final norm and MLM-only head on the last stage."""
     reference = _reference(tmp_path, arch)
     dp = extra.get("data", 1)
     config = pipeline_config(

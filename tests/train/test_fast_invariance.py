@@ -74,6 +74,7 @@ REFERENCES = {  # name: (arch, world, parallel keys): only the TP and CP degrees
     "bert_cp2": ("bert", 2, {"context": 2}),
     "gpt": ("gpt", 1, {}),
     "llama": ("llama", 1, {}),  # no dropout: its TP=2 rows take the one-process reference
+    "modernbert": ("modernbert", 1, {}),  # dropout 0.1 (tests/pipeline's config)
 }
 
 DP2 = {"data": 2}
@@ -120,6 +121,10 @@ ROWS = [  # (row, reference, world, parallel keys, trainer keys, slow)
     ("llama_tp2_sp", "llama", 2, {"tensor": 2, "sequence_parallel": True}, {}, False),
     ("llama_recompute_full", "llama", 1, FULL, {}, False),
     ("llama_compile", "llama", 1, {}, COMPILE, True),
+    ("modernbert_dp2_zero3", "modernbert", 2, {**DP2, "zero_stage": 3}, {}, False),
+    ("modernbert_pp2_1f1b", "modernbert", 2, PP2, {}, False),
+    ("modernbert_recompute_full", "modernbert", 1, FULL, {}, False),
+    ("modernbert_compile", "modernbert", 1, {}, COMPILE, True),
 ]
 
 
