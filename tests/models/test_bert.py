@@ -1,5 +1,5 @@
-"""BERT, GPT-2, a Llama-style decoder and a ModernBERT-style encoder at TP=1/2/4 against the one-process model: losses,
-gradients, dropout, communication."""
+"""BERT, GPT-2, a Llama-style decoder and a ModernBERT-style encoder at TP=1/2/4 against the
+one-process model: losses, gradients, dropout, communication."""
 
 import pytest
 import torch

@@ -105,7 +105,11 @@ class BufferPool:
     them to the allocator.
 
     The pool never holds more than the most buffers in use at once, which the peak already
-    paid for; reuse avoids faulting in fresh pages for every bucket (tens of MB per layer).
+    paid for; reuse avoids faulting in fresh pages for every bucket (tens of MB per layer). A
+    request that no free buffer of its size meets takes the front of a free one at most 1/64
+    larger: a pre-norm encoder's first layer lacks a norm, and its buckets would otherwise
+    make a second set of buffers. (Not a larger margin: a shard or a layer taking the root's
+    buffer leaves the root to make a new one.)
     """
 
     def __init__(self) -> None:
@@ -114,9 +118,14 @@ class BufferPool:
         """Bytes of every buffer it made (in use or waiting): they are never freed."""
 
     def take(self, numel: int, dtype: torch.dtype, device: torch.device, *, zero: bool) -> Tensor:
-        stack = self._free.get((numel, dtype, device))
+        key = (numel, dtype, device)
+        if not self._free.get(key):
+            most = numel + numel // 64
+            near = [k for k, v in self._free.items() if v and k[1:] == key[1:]]
+            key = min((k for k in near if numel < k[0] <= most), default=key)
+        stack = self._free.get(key)
         if stack:
-            buf = stack.pop()
+            buf = stack.pop()[:numel]
         else:
             buf = torch.empty(numel, dtype=dtype, device=device)
             self.made_bytes += buf.nbytes
@@ -124,4 +133,5 @@ class BufferPool:
 
     def give(self, buf: Tensor | None) -> None:
         if buf is not None:
-            self._free.setdefault((buf.numel(), buf.dtype, buf.device), []).append(buf)
+            whole = buf if buf._base is None else buf._base  # the front of a larger one
+            self._free.setdefault((whole.numel(), whole.dtype, whole.device), []).append(whole)

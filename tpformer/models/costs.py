@@ -43,8 +43,11 @@ def head_flops_per_token(config: ModelConfig, vocab: int | None = None) -> int:
 
 def pooled_flops_per_sample(config: ModelConfig, task: str, num_labels: int = 2) -> int:
     """Forward FLOPs of the per-sample heads: BERT's pooler and its NSP/SOP (2 classes) or
-    classifier (num_labels) on the first token; GPT has none."""
+    classifier (num_labels) on the first token (ModernBERT's pool head: the same dense layer,
+    and no pair head in pretraining); GPT has none."""
     if config.arch != "bert" or task == "causal_lm":
+        return 0
+    if task == "pretraining" and config.pooler == "head":  # MLM only: no pair head
         return 0
     h = config.hidden_size
     classes = 2 if task == "pretraining" else num_labels
@@ -168,31 +171,38 @@ def word_embedding_params(config: ModelConfig, tp: int) -> int:
 
 def embedding_params(config: ModelConfig, tp: int) -> int:
     """The embedding stage on one TP rank: the word embedding, positions, BERT's segments and
-    its LayerNorm."""
+    its norm."""
     h = config.hidden_size
     positions = config.max_position_embeddings * h if config.position_embedding == "learned" else 0
     if config.arch == "bert":
-        return (
-            word_embedding_params(config, tp)
-            + positions
-            + max(config.type_vocab_size, 1) * h
-            + 2 * h
-        )
+        segments = config.type_vocab_size * h
+        return word_embedding_params(config, tp) + positions + segments + norm_params(config)
     return word_embedding_params(config, tp) + positions
+
+
+def first_layer_saving(config: ModelConfig) -> int:
+    """Parameters the first layer lacks: a pre-norm encoder's (ModernBERT) first layer has no
+    attention norm, its input being the normalized embeddings."""
+    return norm_params(config) if config.arch == "bert" and config.pre_norm else 0
 
 
 def head_params(
     config: ModelConfig, tp: int, *, nsp: bool, task: str = "pretraining", num_labels: int = 2
 ) -> int:
-    """The head on one TP rank, without the tied word embedding: BERT's transform, LayerNorm
-    and vocabulary bias (vocabulary-parallel), and its pooler and NSP classifier; GPT's final
+    """The head on one TP rank, without the tied word embedding: BERT's transform, norm and
+    vocabulary bias (vocabulary-parallel), and its pooler and NSP classifier; GPT's final
     norm, and its own LM head (vocabulary-parallel) when not tied; a classification task's
-    pooler and classifier (whole on every rank)."""
+    pooler (ModernBERT: dense, norm) and classifier (whole on every rank); a pre-norm
+    encoder's final norm."""
     h = config.hidden_size
+    dense = h * h + (h if config.bias else 0)
+    final = norm_params(config) if config.pre_norm and config.arch == "bert" else 0
     if task == "classification":
-        return (h * h + h) + (h * num_labels + num_labels)
+        pool = (h * h + h) if config.pooler == "tanh" else dense + norm_params(config)
+        return final + pool + (h * num_labels + num_labels)
     if config.arch != "bert":
         untied = 0 if config.tie_embeddings else word_embedding_params(config, tp)
         return norm_params(config) + untied
     vocab = padded_vocab_size(config.vocab_size, tp, config.pad_vocab_to) // tp
-    return (h * h + h) + 2 * h + vocab + ((h * h + h) + 2 * h + 2 if nsp else 0)
+    pair = (h * h + h) + 2 * h + 2 if nsp else 0
+    return final + dense + norm_params(config) + vocab + pair

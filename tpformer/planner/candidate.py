@@ -63,7 +63,7 @@ class Workload:
     """Share of a sample's tokens that go through the vocabulary head (MLM: mask_prob)."""
     grad_compression: str = "none"
     nsp: bool = True
-    """BERT's pooler and next-sentence head are part of the model."""
+    """BERT's pooler and next-sentence head are part of the model (not ModernBERT's)."""
     name: str = ""
     """The model's preset name, for messages."""
     rng: str = "auto"
@@ -85,6 +85,9 @@ class Workload:
     """models/costs.TASKS: pretraining, causal_lm, or classification (fine-tuning: the pooler
     and a classifier of `num_labels` outputs are the whole head)."""
     num_labels: int = 2
+    padded: bool = True
+    """Batches carry a padding mask (real corpora, GLUE; not synthetic pretraining data), so a
+    local-attention layer's mask is [b, 1, s, s] rather than the band [s, s] alone."""
 
     @classmethod
     def finetuning(cls, config: FinetuneConfig, model: ModelConfig, num_labels: int) -> Workload:
@@ -114,13 +117,14 @@ class Workload:
             str(config.parallel.precision),
             config.data.mask_prob if bert else 1.0,
             str(config.parallel.grad_compression),
-            nsp=bert,
+            nsp=bert and config.model.pooler == "tanh",
             name=name or str(config.model.arch),
             rng=str(config.parallel.rng),
             bucket_elements=bucket_elements(config.parallel.bucket_mb),
             pipedream_every_step=config.parallel.pipedream_update == "step",
             pipedream_vertical_sync=config.parallel.pipedream_vertical_sync,
             task="pretraining" if bert else "causal_lm",
+            padded=config.data.source != "synthetic",
         )
 
     @property

@@ -47,7 +47,8 @@ def layer_activation_bytes(
     projections' output, the activation and the product (4 sbf / t instead of 2); rotary
     queries and keys and grouped-query attention's expanded keys and values are new tensors,
     and the fused QKV output stays only while a view of it is kept (RMSNorm keeps what
-    LayerNorm keeps: layers/norm.py); no hidden dropout keeps no masks."""
+    LayerNorm keeps: layers/norm.py); rotary's cos and sin of the positions ([s, head_dim]
+    each, shared by the queries and keys) are kept too; no hidden dropout keeps no masks."""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
     local = s / context
     sbh, attention = local * b * h, a * s * local * b
@@ -57,7 +58,8 @@ def layer_activation_bytes(
     core = shape.attention_elements(sbh)
     mlp = (4 if shape.gated else 2) * local * b * f
     masks = mask_bytes * 2 * sbh / q if shape.dropout else 0.0
-    kept = itemsize * (4 * sbh / q + (core + mlp) / tp) + masks
+    rotary = 2 * local * (h / a) * itemsize if shape.rotary else 0.0  # its cos and sin
+    kept = itemsize * (4 * sbh / q + (core + mlp) / tp) + masks + rotary
     if recompute == "selective":
         return kept
     if context > 1:

@@ -14,6 +14,7 @@ from tpformer.layers.embedding import padded_vocab_size
 from tpformer.layers.sequence import labeled_width
 from tpformer.models.costs import (
     embedding_params,
+    first_layer_saving,
     head_params,
     layer_params,
     word_embedding_params,
@@ -78,8 +79,8 @@ def stage_params(work: Workload, c: Candidate, only: list[int] | None = None) ->
     per_layer = layer_params(work.model, c.tp)
     stages = []
     for r in range(c.pp) if only is None else only:
-        layers = sum(split[r :: c.pp]) * per_layer
         first, last = r == 0, r == c.pp - 1
+        layers = sum(split[r :: c.pp]) * per_layer - (first_layer_saving(m) if first else 0)
         stages.append(
             StageParams(
                 embedding if first else 0,
@@ -99,20 +100,23 @@ def held_at_backward(
     head: float,
     boundary: float,
     stash: float = 0.0,
+    local: float = 0.0,
 ) -> float:
     """The most stage `stage` holds when one of its backwards is called, walking its schedule's
     actions (parallel/pipeline/schedule.py): per chunk of a micro-batch in flight, its layers'
-    activations, on virtual stage 0 the embedding's, on the last the head's, elsewhere the
-    output kept for its backward; plus the gradient received for the backward under way and,
-    under PipeDream, its stashed weight versions (`stash` bytes each)."""
+    activations (`local` more for each local-attention layer), on virtual stage 0 the
+    embedding's, on the last the head's, elsewhere the output kept for its backward; plus the
+    gradient received for the backward under way and, under PipeDream, its stashed weight
+    versions (`stash` bytes each)."""
     split = c.split(work)  # layers per virtual stage
+    locals_ = local_layers(work, split)
     last = c.pp * c.chunks - 1
     if c.pp == 1:
-        return split[0] * layer + embedding + head
+        return split[0] * layer + locals_[0] * local + embedding + head
 
     def kept(vs: int) -> float:
         ends = (embedding if vs == 0 else 0) + (head if vs == last else boundary)
-        return split[vs] * layer + ends
+        return split[vs] * layer + locals_[vs] * local + ends
 
     held = peak = 0.0
     for action, versions in _walk(work, c, stage):
@@ -123,6 +127,27 @@ def held_at_backward(
             peak = max(peak, held + (boundary if vs < last else 0) + versions * stash)
             held -= kept(vs)
     return peak
+
+
+def local_layers(work: Workload, split: list[int]) -> list[int]:
+    """Local-attention layers per virtual stage (split: its layers, in forward order)."""
+    counts, start = [], 0
+    for n in split:
+        counts.append(sum(work.model.is_local(i) for i in range(start, start + n)))
+        start += n
+    return counts
+
+
+def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
+    """What a local (sliding-window) layer keeps beyond a global one: its [b, 1, s, s] mask of
+    the whole sequence (the padding and the band; [s, s] for unpadded batches), as the
+    additive bias a fused kernel saves (itemsize bytes), or as the bool mask the explicit
+    core's masked_fill and selective recomputation's checkpoint keep; nothing under full
+    recomputation. Each local layer makes its own (layers/attention.py)."""
+    if not work.model.local_window or c.recompute == "full":
+        return 0.0
+    area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
+    return float(area * (work.itemsize if fused and c.recompute != "selective" else 1))
 
 
 def _walk(work: Workload, c: Candidate, stage: int) -> list[tuple[Action, int]]:
@@ -202,21 +227,30 @@ def activation_parts(
     local = s // c.cp
     sbh = local * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
+    # a pre-norm encoder (ModernBERT): its first layer has no attention norm, so it keeps no
+    # norm input (its QKV projection keeps the embedding output itself), and a final norm
+    # keeps the encoder's output; BERT's pooler keeps that output by its view of the first token
+    prenorm = m.arch == "bert" and m.pre_norm
+    first_norm = sbh * i / q if prenorm and c.recompute != "full" else 0.0
+    dropout_mask = mask_bytes if m.dropout > 0 else 0
     if work.task == "classification":  # embedding: as BERT's, and the batch's three int64
         # [b, s] tensors (ids, segments, mask; at full recomputation a layer's share of them is
         # large). head: the encoder's output, kept whole by the pooler's view of its first
-        # token, unless SP or CP hand the pooler a copy of that token; the pooler's and
-        # classifier's [b, h] rows are not priced
+        # token, unless SP or CP hand the pooler a copy of that token (or it pools the mean,
+        # whose product keeps only the mask); the pooler's and classifier's [b, h] rows are
+        # not priced
         batch = 3 * 8 * b * s
-        copied = c.sequence_parallel or c.cp > 1
-        return layer, sbh * (i + mask_bytes) / q + batch, 0.0 if copied else sbh * i / q
-    if m.arch == "bert":  # embedding: LayerNorm input, dropout mask. head: the encoder's
-        # output (kept whole by the pooler's view of its first token); on every TP and CP
-        # rank the gathered labeled rows, the transform's and GELU's outputs, the LayerNorm's
-        # output, and the fp32 softmax of the logits (the loss keeps no logits)
-        embedding = sbh * (i + mask_bytes) / q
+        copied = c.sequence_parallel or c.cp > 1 or (prenorm and m.classifier_pooling == "mean")
+        head = (0.0 if copied else sbh * i / q) + (sbh * i / q if prenorm else 0.0)
+        return layer, sbh * (i + dropout_mask) / q + batch - first_norm, head
+    if m.arch == "bert":  # embedding: the norm's input, dropout mask. head: the encoder's
+        # output (the pooler's view, or the final norm's input); on every TP and CP rank the
+        # gathered labeled rows, the transform's and GELU's outputs, the norm's output, and
+        # the fp32 softmax of the logits (the loss keeps no logits)
+        embedding = sbh * (i + dropout_mask) / q - first_norm
         rows = b * labeled_width(s, work.head_fraction)
-        head = sbh * i / q + rows * (4 * m.hidden_size * i + 4 * vocab)
+        final = sbh * i / q if prenorm else 0.0  # the final norm's output, kept by the gather
+        head = sbh * i / q + final + rows * (4 * m.hidden_size * i + 4 * vocab)
     else:  # embedding: dropout mask. head: the final norm's input and output (the
         # vocabulary projection's input, kept as the sequence chunk under SP), the fp32 softmax
         embedding = sbh * mask_bytes / q if m.dropout > 0 else 0.0
@@ -237,9 +271,11 @@ def working_params(
     its bias's), each at most the cap or one parameter larger than it (a layer's largest matrix,
     or for one of the three the word embedding); an engine that also gathers per bucket
     (`work.stack.gather_per_bucket`, DeepSpeed's ZeRO-3) holds two buckets of gradients and of
-    parameters, none smaller than a layer's largest matrix."""
-    per_layer = params.layers / max(1, layers)
-    blocks = params.embedding + params.head + 2 * per_layer
+    parameters, none smaller than a layer's largest matrix. (A pre-norm encoder's smaller
+    first layer takes the front of a full layer's pooled buffer: engine/flat_buffer.py.)"""
+    per_layer = layer_params(work.model, c.tp) if layers else 0  # the largest layer's
+    smaller = first_layer_saving(work.model) if params.embedding and layers <= 2 else 0
+    blocks = params.embedding + params.head + 2 * per_layer - smaller
     if not work.bucket_elements:
         return blocks, blocks
     h, f = work.model.hidden_size, work.model.intermediate_size
@@ -259,14 +295,16 @@ def predict_stage_memory(
     work: Workload, c: Candidate, cluster: Cluster, only: list[int] | None = None
 ) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage (or of the stages `only` names, in order)."""
+    fused = fused_attention(work, cluster)
     layer, embedding, head = activation_parts(
         work,
         c,
         cluster.activation_scale,
         cluster.mask_bytes,
-        fused_attention(work, cluster),
+        fused,
         exact_attention_dropout(work, cluster),
     )
+    local = cluster.activation_scale * local_attention_bytes(work, c, fused)
     q = c.tp if c.sequence_parallel else 1
     boundary = work.seq // c.cp * c.micro_batch * work.model.hidden_size * work.itemsize / q
     split = c.split(work)
@@ -283,7 +321,7 @@ def predict_stage_memory(
             grad_bytes=work.stack.grad_bytes,
         )
         stash = work.itemsize * params.total  # a PipeDream weight version: the stage's weights
-        acts = held_at_backward(work, c, r, layer, embedding, head, boundary, stash)
+        acts = held_at_backward(work, c, r, layer, embedding, head, boundary, stash, local)
         layers = sum(split[r :: c.pp])
         host = 0.0
         optimizer, params_bytes = float(state.optimizer), float(state.params)

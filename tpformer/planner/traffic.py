@@ -45,11 +45,20 @@ def step_traffic(work: Workload, c: Candidate, stage: int) -> dict[str, float]:
 
     if c.tp > 1:
         _tensor_parallel(work, c, add, act, layers, recomputed, first=first, last=last)
-    if last and work.model.arch == "bert":  # the pooler's first token, from the rank holding it
-        if c.sequence_parallel and c.tp > 1:
-            add("broadcast", "tp", c.tp, b * h * i, m)
-        if c.cp > 1:
-            add("broadcast", "cp", c.cp, b * h * i, m)
+    model = work.model
+    classifying = work.task == "classification"
+    if last and model.arch == "bert" and (classifying or model.pooler == "tanh"):
+        if classifying and model.pooler == "head" and model.classifier_pooling == "mean":
+            # the mean's row sums over the sequence's ranks (CP: its gradient too)
+            if c.sequence_parallel and c.tp > 1:
+                add("all_reduce", "tp", c.tp, b * h * i, m)
+            if c.cp > 1:
+                add("all_reduce", "cp", c.cp, b * h * i, 2 * m)
+        else:  # the pooler's first token, from the rank holding it
+            if c.sequence_parallel and c.tp > 1:
+                add("broadcast", "tp", c.tp, b * h * i, m)
+            if c.cp > 1:
+                add("broadcast", "cp", c.cp, b * h * i, m)
     if c.cp > 1:  # ring attention: keys and values around the ring, their gradients back
         heads = work.model.num_heads
         ring = ring_bytes_per_layer(b, heads, work.seq, h, tp=c.tp, cp=c.cp, itemsize=i)
@@ -118,11 +127,14 @@ def _tensor_parallel(
     model = work.model
     # each layer's two norms and two row-parallel biases
     marked = (2 * norm_params(model) + (2 * h if model.bias else 0)) * layers
-    if first:  # the embeddings outside the vocabulary: positions (BERT: segments, LayerNorm)
+    prenorm_encoder = not gpt and model.pre_norm
+    if first:  # the embeddings outside the vocabulary: positions (BERT: segments, the norm;
+        # a pre-norm encoder's first layer has no attention norm)
         learned = model.position_embedding == "learned"
         marked += model.max_position_embeddings * h if learned else 0
-        marked += 0 if gpt else (model.type_vocab_size + 2) * h
-    if last and gpt:
+        marked += 0 if gpt else model.type_vocab_size * h + norm_params(model)
+        marked -= norm_params(model) if prenorm_encoder else 0
+    if last and (gpt or prenorm_encoder):
         marked += norm_params(model)  # the final norm
     add("all_reduce", "tp", t, 4 * marked)
 

@@ -242,13 +242,17 @@ def format_plan(
 
 
 def _family(model: ModelConfig) -> str:
-    """The architecture, with the Llama family's blocks named when set."""
+    """The architecture, with the Llama and ModernBERT families' blocks named when set."""
+    window = f"window {model.local_window} but every {model.global_every}th layer"
     blocks = [
+        *(["pre-norm"] if model.pre_norm and model.arch == "bert" else []),
         *(["rope"] if model.position_embedding == "rope" else []),
+        *([window] if model.local_window else []),
         *(["rmsnorm"] if model.norm == "rmsnorm" else []),
         *([f"gated {model.activation}"] if model.gated_mlp else []),
         *(["no bias"] if not model.bias else []),
         *(["untied head"] if not model.tie_embeddings and model.arch == "gpt" else []),
+        *(["MLM only"] if model.pooler == "head" and model.arch == "bert" else []),
     ]
     return f"{model.arch} ({', '.join(blocks)})" if blocks else str(model.arch)
 
