@@ -101,6 +101,8 @@ OPTION_RUNS = [["optim.name=lars"]]
 """Keys only an option reads (LARS's momentum and trust coefficient): one more run with it."""
 ROTARY_RUN = ["model.arch=gpt", "model.position_embedding=rope", "model.rope_scaling=llama3"]
 """The rotary keys (a decoder with Llama 3.1's scaling reads every one of them)."""
+MODERNBERT_RUN = ["model=modernbert_tiny", "data.sentence_pairs=none"]
+"""The encoder's family keys (pre-norm, local attention and its rope base, the pooler)."""
 
 
 def _assert_every_key_read(
@@ -150,7 +152,7 @@ def test_every_pretraining_key_is_read(tmp_path: Path, monkeypatch: pytest.Monke
             "trainer.eval_steps=1",
             "parallel.recompute=full",
         ],
-        options=[*OPTION_RUNS, ROTARY_RUN],
+        options=[*OPTION_RUNS, ROTARY_RUN, MODERNBERT_RUN],
     )
     assert len(keys) > 60
 

@@ -60,7 +60,12 @@ def load_pretraining_data(
     corpus.check_token_ids(model.vocab_size)
     if model.arch == "gpt":
         return CausalLMDataset(
-            corpus, seq_length=data.seq_length, seed=seed, eval_fraction=data.eval_fraction
+            corpus,
+            seq_length=data.seq_length,
+            seed=seed,
+            eval_fraction=data.eval_fraction,
+            bos=tokenizer.bos_id,
+            eos=tokenizer.eos_id,
         )
     return BertPretrainingDataset(
         corpus,

@@ -91,6 +91,7 @@ class BertPretrainingDataset:
         seed: int,
         eval_fraction: float,
     ) -> None:
+        tokenizer.check_bert_specials()
         self.corpus, self.tok, self.seq, self.seed = corpus, tokenizer, seq_length, seed
         self.mask_prob, self.whole_word, self.pairs = mask_prob, whole_word, sentence_pairs
         train_docs, eval_docs = split_documents(corpus, eval_fraction)
@@ -194,38 +195,74 @@ class BertPretrainingDataset:
         return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
 
 
-class CausalLMDataset:
-    """GPT samples: consecutive seq_length-token windows of the concatenated documents."""
+class DocumentStream:
+    """The token stream of documents [first, stop) of a corpus, each between the tokenizer's
+    BOS and EOS when it has them (Llama's and GPT-2's convention): windows are read from it
+    without materializing it (vectorized, per window)."""
 
     def __init__(
-        self, corpus: IndexedCorpus, *, seq_length: int, seed: int, eval_fraction: float
+        self, corpus: IndexedCorpus, documents: range, bos: int | None, eos: int | None
+    ) -> None:
+        self.tokens, self.bos, self.eos = corpus.tokens, bos, eos
+        starts = corpus.sentence_offsets[corpus.doc_offsets[documents.start : documents.stop + 1]]
+        self.doc_starts = np.asarray(starts[:-1], dtype=np.int64)
+        self.doc_lengths = np.diff(starts).astype(np.int64)
+        extra = (bos is not None) + (eos is not None)
+        self.stream_starts = np.concatenate([[0], np.cumsum(self.doc_lengths + extra)])
+        self.plain = extra == 0  # one slice of the token file
+
+    def __len__(self) -> int:
+        return int(self.stream_starts[-1])
+
+    def window(self, start: int, length: int) -> Tensor:
+        if self.plain:
+            first = int(self.doc_starts[0]) + start if len(self.doc_starts) else start
+            return torch.from_numpy(self.tokens[first : first + length].astype(np.int64))
+        position = np.arange(start, start + length, dtype=np.int64)
+        doc = np.searchsorted(self.stream_starts, position, side="right") - 1
+        inside = position - self.stream_starts[doc] - (self.bos is not None)
+        length_of = self.doc_lengths[doc]
+        token = self.tokens[self.doc_starts[doc] + np.clip(inside, 0, length_of - 1)]
+        out = token.astype(np.int64)
+        if self.bos is not None:
+            out[inside < 0] = self.bos
+        if self.eos is not None:
+            out[inside >= length_of] = self.eos
+        return torch.from_numpy(out)
+
+
+class CausalLMDataset:
+    """GPT samples: consecutive seq_length-token windows of the concatenated documents (each
+    between BOS and EOS when the tokenizer has them)."""
+
+    def __init__(
+        self,
+        corpus: IndexedCorpus,
+        *,
+        seq_length: int,
+        seed: int,
+        eval_fraction: float,
+        bos: int | None = None,
+        eos: int | None = None,
     ) -> None:
         train_docs, eval_docs = split_documents(corpus, eval_fraction)
         check_corpus_size(corpus, train_docs, seq_length)
-        offsets = corpus.sentence_offsets[corpus.doc_offsets]
-        self.tokens, self.seq = corpus.tokens, seq_length
-        self.train = (int(offsets[train_docs.start]), int(offsets[train_docs.stop]))
-        self.eval = (
-            (int(offsets[eval_docs.start]), int(offsets[eval_docs.stop]))
-            if len(eval_docs) and offsets[eval_docs.stop] - offsets[eval_docs.start] >= seq_length
-            else self.train
-        )
+        self.seq = seq_length
+        self.train = DocumentStream(corpus, train_docs, bos, eos)
+        held = DocumentStream(corpus, eval_docs, bos, eos) if len(eval_docs) else None
+        self.eval = held if held is not None and len(held) >= seq_length else self.train
         self.order = EpochOrder(len(self), seed)
 
     def __len__(self) -> int:
-        return (self.train[1] - self.train[0]) // self.seq
-
-    def _window(self, bounds: tuple[int, int], k: int) -> Tensor:
-        start = bounds[0] + k * self.seq
-        return torch.from_numpy(self.tokens[start : start + self.seq].astype(np.int64))
+        return len(self.train) // self.seq
 
     def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]:
         if split == "train":
-            rows = [self._window(self.train, self.order(i)) for i in indices]
+            rows = [self.train.window(self.order(i) * self.seq, self.seq) for i in indices]
         else:
-            count = (self.eval[1] - self.eval[0]) // self.seq
-            rows = [self._window(self.eval, i % count) for i in indices]
+            count = len(self.eval) // self.seq
+            rows = [self.eval.window(i % count * self.seq, self.seq) for i in indices]
         return {"input_ids": torch.stack(rows)}
 
 
-__all__ = ["IGNORE", "BertPretrainingDataset", "CausalLMDataset", "EpochOrder"]
+__all__ = ["IGNORE", "BertPretrainingDataset", "CausalLMDataset", "DocumentStream", "EpochOrder"]

@@ -1,8 +1,10 @@
-"""Tokenizers: a sentencepiece model trained here (BERT's special tokens at fixed ids 0-4), or a
-Hugging Face WordPiece directory (vocab.txt) for continuing from HF checkpoints.
+"""Tokenizers: a sentencepiece model trained here (BERT's special tokens at fixed ids 0-4), a
+Hugging Face WordPiece directory (vocab.txt) for continuing from HF checkpoints, or a Hugging
+Face tokenizer.json (byte-level BPE, as Llama 3, GPT-2, Qwen and ModernBERT ship) whose special
+tokens and BOS/EOS come from its tokenizer_config.json.
 
-Both expose the same small surface: encode, the special ids, which ids start a word (for
-whole-word masking) and the files to copy into a checkpoint.
+All expose the same small surface: encode, the special ids, which ids start a word (for
+whole-word masking), a causal LM's document BOS/EOS and the files to copy into a checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 """Fixed ids 0..4 in every sentencepiece model trained by tpformer."""
 SP_FILE = "tokenizer.model"
+HF_JSON = "tokenizer.json"
+HF_FILES = (HF_JSON, "tokenizer_config.json", "special_tokens_map.json")
 MAX_TRAINING_SENTENCES = 2_000_000
 """Sentencepiece samples this many sentences of a larger corpus for training."""
 
@@ -29,18 +33,28 @@ MAX_TRAINING_SENTENCES = 2_000_000
 class Tokenizer:
     """Encode text to ids; knows its special ids and word starts."""
 
+    bos_id: int | None = None
+    eos_id: int | None = None
+    """A causal LM's document start and end (a tokenizer.json's bos/eos tokens; None: none)."""
+    absent: tuple[str, ...] = ()
+    """BERT's special tokens a tokenizer.json lacks (their ids are -1)."""
+
     def __init__(self, path: Path) -> None:
         path = Path(path).expanduser()
         if path.is_dir() and (path / SP_FILE).is_file():
             path = path / SP_FILE
+        if path.is_dir() and not (path / "vocab.txt").is_file() and (path / HF_JSON).is_file():
+            path = path / HF_JSON
         if path.is_file() and path.suffix == ".model":
             self._load_sentencepiece(path)
         elif path.is_dir() and (path / "vocab.txt").is_file():
             self._load_wordpiece(path)
+        elif path.is_file() and path.suffix == ".json":
+            self._load_hf_json(path)
         else:
             raise FileNotFoundError(
-                f"data.tokenizer={str(path)!r} is neither a sentencepiece "
-                f"model ({SP_FILE}) nor a directory with a WordPiece vocab.txt"
+                f"data.tokenizer={str(path)!r} is neither a sentencepiece model ({SP_FILE}), a "
+                f"directory with a WordPiece vocab.txt, nor a Hugging Face {HF_JSON}"
             )
         self.path = path
 
@@ -90,9 +104,62 @@ class Tokenizer:
             e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)
         ]
 
+    def _load_hf_json(self, path: Path) -> None:
+        """A tokenizer.json; its tokenizer_config.json beside it names the special tokens."""
+        import json
+
+        from tokenizers import Tokenizer as Backend
+
+        try:
+            tok = Backend.from_file(str(path))
+        except Exception as err:  # tokenizers raises its own Exception subclass
+            raise ValueError(f"{path} is not a readable Hugging Face tokenizer ({err})") from None
+        tok.no_truncation()
+        tok.no_padding()
+        config_file = path.parent / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+
+        def special(role: str) -> int | None:
+            token = config.get(f"{role}_token")
+            token = token.get("content") if isinstance(token, dict) else token
+            found = tok.token_to_id(token) if isinstance(token, str) else None
+            return None if found is None else int(found)
+
+        self.bos_id, self.eos_id = special("bos"), special("eos")
+        roles = {r: special(r) for r in ("pad", "unk", "cls", "sep", "mask")}
+        if roles["pad"] is None:  # a decoder's batches pad with its end of text
+            roles["pad"] = self.eos_id
+        self.absent = tuple(f"{r}_token" for r, i in roles.items() if i is None)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            -1 if i is None else i for i in roles.values()
+        )
+        self.vocab_size = tok.get_vocab_size()
+        pieces = [tok.id_to_token(i) or "" for i in range(self.vocab_size)]
+        self.word_start = torch.tensor([p.startswith(("\u0120", "\u2581")) for p in pieces])
+        self.files = [path.parent / f for f in os.listdir(path.parent) if f in HF_FILES]
+        byte_level = "ByteLevel" in json.dumps(json.loads(path.read_text()).get("pre_tokenizer"))
+
+        def encode(texts: Iterable[str]) -> list[list[int]]:
+            texts = list(texts)
+            if byte_level:  # a document's later sentences keep the space before them
+                texts = texts[:1] + [" " + t for t in texts[1:]]
+            return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+        self._encode = encode
+
+    def check_bert_specials(self) -> None:
+        """BERT's samples need [PAD], [CLS], [SEP] and [MASK] (and [UNK] to exist)."""
+        if self.absent:
+            raise ValueError(
+                f"tokenizer {self.path} has no {', '.join(self.absent)} in its "
+                "tokenizer_config.json: BERT pretraining and fine-tuning need pad, unk, cls, "
+                "sep and mask tokens"
+            )
+
     @property
     def special_ids(self) -> list[int]:
-        return [self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]
+        ids = [self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]
+        return [i for i in (*ids, self.bos_id, self.eos_id) if i is not None and i >= 0]
 
     def encode(self, texts: Iterable[str]) -> list[list[int]]:
         """Token ids of each text, without special tokens."""

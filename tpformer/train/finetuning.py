@@ -288,6 +288,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     )
     micro = _micro_batch(config, ctx, model.config)
     tokenizer = Tokenizer(tokenizer_path)
+    tokenizer.check_bert_specials()
     tokenizer.check_vocab(model.config.vocab_size)
     splits = {
         split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)

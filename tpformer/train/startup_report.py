@@ -252,7 +252,11 @@ def _family(model: ModelConfig) -> str:
         *([f"gated {model.activation}"] if model.gated_mlp else []),
         *(["no bias"] if not model.bias else []),
         *(["untied head"] if not model.tie_embeddings and model.arch == "gpt" else []),
-        *(["MLM only"] if model.pooler == "head" and model.arch == "bert" else []),
+        *(
+            [f"MLM only, {model.classifier_pooling}-pooled classifier"]
+            if model.pooler == "head" and model.arch == "bert"
+            else []
+        ),
     ]
     return f"{model.arch} ({', '.join(blocks)})" if blocks else str(model.arch)
 

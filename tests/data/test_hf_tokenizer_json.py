@@ -1,0 +1,147 @@
+"""A Hugging Face tokenizer.json (byte-level BPE, as Llama 3, GPT-2 and Qwen ship) as
+data.tokenizer: the ids transformers' tokenizer gives, the special tokens and BOS/EOS of its
+tokenizer_config.json, causal-LM windows with each document between BOS and EOS, and a
+converted Llama continued in pretraining on the user's own text with its own tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from tests.data.common import write_corpus
+from tests.train.test_trainer import REPO
+from tpformer.config.schema import ParallelConfig
+from tpformer.data.corpus import CorpusSpec, split_sentences
+from tpformer.data.preprocess import preprocess
+from tpformer.data.pretraining import CausalLMDataset
+from tpformer.data.tokenizer import Tokenizer
+
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+
+def write_byte_level_bpe(directory: Path, corpus: Path, vocab: int = 300) -> Path:
+    """A byte-level BPE tokenizer trained with `tokenizers` on the corpus, saved by
+    transformers' save_pretrained (tokenizer.json and tokenizer_config.json, BOS and EOS)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=[BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(corpus.read_text().split("\n"), trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=BOS, eos_token=EOS
+    )
+    fast.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bpe")
+    corpus = write_corpus(root / "corpus.txt", documents=12)
+    return write_byte_level_bpe(root / "tokenizer", corpus), corpus
+
+
+def test_ids_and_specials_are_transformers(bpe: tuple[Path, Path]) -> None:
+    """The same ids as AutoTokenizer, sentence by sentence with the space before each later
+    one (as the whole text gives them); BOS and EOS from tokenizer_config.json; a directory or
+    its tokenizer.json."""
+    directory, corpus = bpe
+    ours = Tokenizer(directory)
+    hf = transformers.AutoTokenizer.from_pretrained(directory)
+    document = corpus.read_text().split("\n\n")[0].replace("\n", " ")
+    sentences = split_sentences(document)
+    assert len(sentences) > 2
+    got = [i for ids in ours.encode(sentences) for i in ids]
+    assert got == hf(" ".join(sentences), add_special_tokens=False)["input_ids"]
+    assert (ours.bos_id, ours.eos_id) == (hf.bos_token_id, hf.eos_token_id)
+    assert ours.pad_id == ours.eos_id and ours.vocab_size == len(hf)
+    assert Tokenizer(directory / "tokenizer.json").fingerprint() == ours.fingerprint()
+    with pytest.raises(ValueError, match="no unk_token, cls_token, sep_token, mask_token"):
+        ours.check_bert_specials()
+
+
+def test_causal_windows_put_each_document_between_bos_and_eos(
+    bpe: tuple[Path, Path], tmp_path: Path
+) -> None:
+    directory, corpus = bpe
+    tokenizer = Tokenizer(directory)
+    spec = CorpusSpec(source="text", paths=(str(corpus),))
+    indexed = preprocess(spec, tokenizer, cache=tmp_path, workers=1)
+    data = CausalLMDataset(
+        indexed, seq_length=32, seed=0, eval_fraction=0.0, bos=tokenizer.bos_id,
+        eos=tokenizer.eos_id,
+    )  # fmt: skip
+    stream = torch.cat([data.train.window(k * 32, 32) for k in range(len(data))])
+    docs = indexed.num_documents
+    expected: list[int] = []
+    for d in range(docs):
+        start = indexed.sentence_offsets[indexed.doc_offsets[d]]
+        stop = indexed.sentence_offsets[indexed.doc_offsets[d + 1]]
+        expected += [tokenizer.bos_id, *indexed.tokens[start:stop].tolist(), tokenizer.eos_id]
+    assert stream.tolist() == expected[: len(stream)]
+    assert (stream == tokenizer.bos_id).sum() >= docs - 1
+
+
+def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
+    bpe: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A LlamaForCausalLM saved with its byte-level tokenizer -> tpformer-convert from-hf ->
+    tpformer-pretrain resumes it on the user's text at TP=2 with data.tokenizer=<its dir>;
+    the first loss is the converted model's own loss on its first batch."""
+    directory, corpus = bpe
+    size = Tokenizer(directory).vocab_size
+    config = transformers.LlamaConfig(
+        vocab_size=size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        bos_token_id=size - 2, eos_token_id=size - 1,
+    )  # fmt: skip
+    hf_dir = tmp_path / "llama"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(hf_dir)
+    for f in directory.iterdir():
+        (hf_dir / f.name).write_bytes(f.read_bytes())
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, "-m"]
+    subprocess.run(
+        [*run, "tpformer.cli.convert", "from-hf", str(hf_dir), str(tmp_path / "ours")],
+        check=True, env=env, capture_output=True, timeout=300,
+    )  # fmt: skip
+    checkpoint = tmp_path / "ours" / "checkpoints" / "step00000000"
+    keys = json.loads((checkpoint / "meta.json").read_text())["config"]["model"]
+    overrides = [f"model.{k}={v}" for k, v in keys.items() if not isinstance(v, (list, dict))]
+    result = subprocess.run(
+        [*run, "tpformer.cli.pretrain", *overrides, "data.source=text",
+         f"data.paths=[{corpus}]", f"data.tokenizer={hf_dir}", f"data.cache_dir={tmp_path}",
+         "data.seq_length=32", "trainer.micro_batch_size=4", "trainer.max_steps=3",
+         f"trainer.resume={checkpoint}", "trainer.progress=false", "trainer.log_every=1",
+         "parallel.tensor=2", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'run'}"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    tokenizer = Tokenizer(hf_dir)
+    spec = CorpusSpec(source="text", paths=(str(corpus),))
+    indexed = preprocess(spec, tokenizer, cache=tmp_path, workers=1)
+    data = CausalLMDataset(
+        indexed, seq_length=32, seed=ParallelConfig().seed, eval_fraction=0.02,
+        bos=tokenizer.bos_id, eos=tokenizer.eos_id,
+    )  # fmt: skip
+    batch = data.batch(range(4))["input_ids"]
+    hf = transformers.LlamaForCausalLM.from_pretrained(hf_dir).eval()
+    with torch.no_grad():
+        expected = hf(input_ids=batch, labels=batch).loss.item()
+    assert first["step"] == 1 and abs(first["loss"] - expected) <= 1e-4 * expected, first
