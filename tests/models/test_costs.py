@@ -27,7 +27,7 @@ from torch.utils.flop_counter import (
 from tpformer.config.presets import PRESETS
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.models import build_model
-from tpformer.models.costs import executed_flops, layer_params, step_flops
+from tpformer.models.costs import executed_flops, first_layer_saving, layer_params, step_flops
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.objectives import objective_for
 
@@ -63,7 +63,7 @@ def _counted(config, task: str) -> tuple[float, float, float]:  # type: ignore[n
     ctx = ParallelContext.single(device="cpu")
     extra = {"num_labels": 2} if task == "classification" else {}
     model = build_model(config, ctx, task=task, **extra)
-    objective = objective_for(task)
+    objective = objective_for(task, pair_head=config.pooler == "tanh")
     batch = objective.host_inputs(_batch(task, config.vocab_size, torch.Generator().manual_seed(0)))
     counts = torch.tensor(objective.counts(batch), dtype=torch.float64)
     with FlopCounterMode(display=False) as counter:
@@ -101,16 +101,19 @@ def test_classification_flops_count_the_pooler_and_classifier() -> None:
     assert executed_flops(config, head_rows=0, padded_vocab=padded, **common) == measured
 
 
-@pytest.mark.parametrize("name", ["bert_base", "gpt2_small", "llama_tiny", "llama3_8b"])
+@pytest.mark.parametrize(
+    "name", ["bert_base", "gpt2_small", "llama_tiny", "llama3_8b", "modernbert_base"]
+)
 def test_layer_params_count_a_built_layer(name: str) -> None:
-    config = replace(PRESETS[name], num_layers=1)
+    """Every layer; the first of a pre-norm encoder (ModernBERT) lacks its attention norm."""
+    config = replace(PRESETS[name], num_layers=2)
     task = "pretraining" if config.arch == "bert" else "causal_lm"
     model = build_model(config, ParallelContext.single(device="cpu"), task=task, initialize=False)
-    block = next(iter(model.blocks()))
-    assert layer_params(config, 1) == sum(p.numel() for p in block.parameters())
+    first, second = (sum(p.numel() for p in b.parameters()) for b in model.blocks())
+    assert layer_params(config, 1) == second == first + first_layer_saving(config)
 
 
-@pytest.mark.parametrize("name", ["bert_tiny", "gpt2_small", "llama_tiny"])
+@pytest.mark.parametrize("name", ["bert_tiny", "gpt2_small", "llama_tiny", "modernbert_tiny"])
 def test_embedding_and_head_params_count_a_built_model(name: str) -> None:
     """Every parameter of a built model (TP=1) is the embedding, the layers or the head."""
     from tpformer.models.costs import embedding_params, head_params
@@ -121,6 +124,7 @@ def test_embedding_and_head_params_count_a_built_model(name: str) -> None:
     counted = (
         embedding_params(config, 1)
         + config.num_layers * layer_params(config, 1)
-        + head_params(config, 1, nsp=task == "pretraining")
+        - first_layer_saving(config)
+        + head_params(config, 1, nsp=task == "pretraining" and config.pooler == "tanh")
     )
     assert counted == sum(p.numel() for p in model.parameters())  # a tied word embedding once

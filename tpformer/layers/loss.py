@@ -29,28 +29,32 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         per_rank = logits.shape[-1]
         start = tp.rank * per_rank
         valid = max(0, min(per_rank, vocab_size - start))  # columns that are real tokens
-        if valid < per_rank:  # padding gets no probability
-            logits = logits.clone()
-            logits[:, valid:] = float("-inf")
+        real = logits[:, :valid]  # a view: padding columns get no probability
 
-        row_max = logits.max(dim=-1).values
+        if valid:
+            row_max = real.max(dim=-1).values
+        else:  # every column of this rank pads the vocabulary
+            row_max = logits.new_full(logits.shape[:1], float("-inf"))
         all_reduce(row_max, tp, ReduceOp.MAX)  # 1
-        shifted = logits - row_max.unsqueeze(-1)
 
         ignored = target == ignore_index
         local_target = target - start
-        outside = (local_target < 0) | (local_target >= per_rank) | ignored
+        outside = (local_target < 0) | (local_target >= valid) | ignored
         local_target = local_target.masked_fill(outside, 0)
-        target_logit = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
+        target_logit = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1) - row_max
         target_logit = target_logit.masked_fill(outside, 0.0)
         if smoothing > 0:
-            stats = torch.stack([target_logit, shifted[:, :valid].sum(dim=-1)])
+            stats = torch.stack([target_logit, real.sum(dim=-1) - valid * row_max])
             all_reduce(stats, tp)  # 2
             target_logit, logit_sum = stats[0], stats[1]
         else:
             all_reduce(target_logit, tp)  # 2
 
-        probs = shifted.exp()
+        # exp(logits - max) written once into the buffer the backward reuses as the gradient
+        probs = torch.empty_like(logits)
+        torch.sub(real, row_max.unsqueeze(-1), out=probs[:, :valid])
+        probs[:, :valid].exp_()
+        probs[:, valid:].zero_()
         sum_exp = probs.sum(dim=-1)
         all_reduce(sum_exp, tp)  # 3
         log_z = sum_exp.log()

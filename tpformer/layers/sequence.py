@@ -198,10 +198,9 @@ class SequenceRows:
     def next_token_targets(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """(logits [N, V/tp], targets [N]) for next-token prediction: labels [b, s] of the whole
         sequence, aligned with the inputs. Each position predicts the next token, the last one
-        nothing. Under context parallelism the targets are shifted over the whole sequence and
-        this CP rank's positions taken (its logits are of those positions)."""
-        if not self.split_over_context:
-            return logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+        nothing (its target ignored, so the logits stay one contiguous view: no copy of
+        [b, s - 1, V/tp] and none of its gradient). Under context parallelism the targets are
+        this CP rank's positions of the shifted whole sequence (its logits are of those)."""
         targets = self.context_part(F.pad(labels[:, 1:], (0, 1), value=-100)).reshape(-1)
         return logits.reshape(-1, logits.shape[-1]), targets
 

@@ -254,8 +254,8 @@ def activation_parts(
     else:  # embedding: dropout mask. head: the final norm's input and output (the
         # vocabulary projection's input, kept as the sequence chunk under SP), the fp32 softmax
         embedding = sbh * mask_bytes / q if m.dropout > 0 else 0.0
-        predicting = s - 1 if c.cp == 1 else local  # the last position predicts nothing
-        head = 2 * sbh * i / q + predicting * b * vocab * 4
+        # every position this rank holds (the last one's target is ignored, not cut off)
+        head = 2 * sbh * i / q + local * b * vocab * 4
     return layer, embedding, head
 
 

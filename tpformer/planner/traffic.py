@@ -103,7 +103,7 @@ def _tensor_parallel(
     gpt = work.model.arch == "gpt"
     # the loss's rows: every predicting position (under CP this rank's), BERT's labeled ones;
     # the head's input: GPT's hidden states, BERT's gathered labeled rows
-    predicting = work.seq - 1 if c.cp == 1 else work.seq // c.cp
+    predicting = work.seq // c.cp  # the last position's target is ignored, not cut off
     rows = c.micro_batch * (predicting if gpt else labeled_width(work.seq, work.head_fraction))
     head = act if gpt else rows * h * work.itemsize
     # a classifier (fine-tuning) is whole on every TP rank: no vocabulary head, no row sums
