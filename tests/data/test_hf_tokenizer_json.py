@@ -96,44 +96,58 @@ def test_causal_windows_put_each_document_between_bos_and_eos(
     assert (stream == tokenizer.bos_id).sum() >= docs - 1
 
 
-def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
-    bpe: tuple[Path, Path], tmp_path: Path
-) -> None:
-    """A LlamaForCausalLM saved with its byte-level tokenizer -> tpformer-convert from-hf ->
-    tpformer-pretrain resumes it on the user's text at TP=2 with data.tokenizer=<its dir>;
-    the first loss is the converted model's own loss on its first batch."""
-    directory, corpus = bpe
+@pytest.fixture(scope="module")
+def llama_dir(bpe: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LlamaForCausalLM of the tokenizer's vocabulary saved with it; weights at std 0.3, so
+    a random model's greedy completions vary from token to token."""
+    directory, _ = bpe
     size = Tokenizer(directory).vocab_size
     config = transformers.LlamaConfig(
         vocab_size=size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         bos_token_id=size - 2, eos_token_id=size - 1,
     )  # fmt: skip
-    hf_dir = tmp_path / "llama"
+    hf_dir = tmp_path_factory.mktemp("llama")
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(hf_dir)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3) if p.dim() > 1 else p.fill_(1.0)
+    model.save_pretrained(hf_dir)
     for f in directory.iterdir():
         (hf_dir / f.name).write_bytes(f.read_bytes())
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    run = [sys.executable, "-m"]
-    subprocess.run(
-        [*run, "tpformer.cli.convert", "from-hf", str(hf_dir), str(tmp_path / "ours")],
-        check=True, env=env, capture_output=True, timeout=300,
-    )  # fmt: skip
+    return hf_dir
+
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *args], env=ENV, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
+    bpe: tuple[Path, Path], llama_dir: Path, tmp_path: Path
+) -> None:
+    """tpformer-convert from-hf, then tpformer-pretrain resumes it (the model from the
+    checkpoint: no model keys) on the user's text at TP=2 with data.tokenizer=<its dir>: the
+    first loss is LlamaForCausalLM's on that batch."""
+    _, corpus = bpe
+    converted = _cli("tpformer.cli.convert", "from-hf", str(llama_dir), str(tmp_path / "ours"))
+    assert converted.returncode == 0, converted.stderr[-2000:]
     checkpoint = tmp_path / "ours" / "checkpoints" / "step00000000"
-    keys = json.loads((checkpoint / "meta.json").read_text())["config"]["model"]
-    overrides = [f"model.{k}={v}" for k, v in keys.items() if not isinstance(v, (list, dict))]
-    result = subprocess.run(
-        [*run, "tpformer.cli.pretrain", *overrides, "data.source=text",
-         f"data.paths=[{corpus}]", f"data.tokenizer={hf_dir}", f"data.cache_dir={tmp_path}",
-         "data.seq_length=32", "trainer.micro_batch_size=4", "trainer.max_steps=3",
-         f"trainer.resume={checkpoint}", "trainer.progress=false", "trainer.log_every=1",
-         "parallel.tensor=2", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'run'}"],
-        env=env, capture_output=True, text=True, timeout=600,
+    result = _cli(
+        "tpformer.cli.pretrain", "data.source=text", f"data.paths=[{corpus}]",
+        f"data.tokenizer={llama_dir}", f"data.cache_dir={tmp_path}", "data.seq_length=32",
+        "trainer.micro_batch_size=4", "trainer.max_steps=3", f"trainer.resume={checkpoint}",
+        "trainer.progress=false", "trainer.log_every=1", "parallel.tensor=2",
+        "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    tokenizer = Tokenizer(hf_dir)
+    tokenizer = Tokenizer(llama_dir)
     spec = CorpusSpec(source="text", paths=(str(corpus),))
     indexed = preprocess(spec, tokenizer, cache=tmp_path, workers=1)
     data = CausalLMDataset(
@@ -141,7 +155,31 @@ def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
         bos=tokenizer.bos_id, eos=tokenizer.eos_id,
     )  # fmt: skip
     batch = data.batch(range(4))["input_ids"]
-    hf = transformers.LlamaForCausalLM.from_pretrained(hf_dir).eval()
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama_dir).eval()
     with torch.no_grad():
         expected = hf(input_ids=batch, labels=batch).loss.item()
     assert first["step"] == 1 and abs(first["loss"] - expected) <= 1e-4 * expected, first
+
+
+def test_tpformer_generate_continues_a_llama_prompt_as_transformers(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    """tpformer-generate at TP=2 from the Llama directory, its tokenizer.json read by
+    AutoTokenizer: the greedy ids and text of LlamaForCausalLM.generate on the same ids."""
+    prompt = "To be, or not"
+    done = _cli(
+        "tpformer.cli.generate", f"init={llama_dir}", f"prompt='{prompt}'",
+        "max_new_tokens=12", "parallel.tensor=2", "launcher.nproc_per_node=2",
+        f"hydra.run.dir={tmp_path / 'gen'}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "gen" / "completions.jsonl").read_text())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama_dir)
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama_dir).eval()
+    want = hf.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)[
+        0, ids.shape[1] :
+    ].tolist()
+    assert record["output_ids"][: len(want)] == want[: len(record["output_ids"])]
+    assert len(set(want)) > 3, want  # not a degenerate model
+    assert record["text"] == tokenizer.decode(record["output_ids"])

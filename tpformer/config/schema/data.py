@@ -35,8 +35,9 @@ class DataConfig(LoaderConfig):
     text_field: str = "text"
     """jsonl/hf: the field holding a document's text."""
     tokenizer: str = ""
-    """A sentencepiece .model or an HF tokenizer dir (vocab.txt); empty: train a sentencepiece
-    model of model.vocab_size tokens on the corpus (cached)."""
+    """A sentencepiece .model, an HF WordPiece dir (vocab.txt), or an HF tokenizer.json (or its
+    dir; byte-level BPE, specials and BOS/EOS from its tokenizer_config.json); empty: train a
+    sentencepiece model of model.vocab_size tokens on the corpus (cached)."""
     tokenizer_type: TokenizerType = TokenizerType.bpe
     """bpe or unigram: the sentencepiece model trained when data.tokenizer is empty."""
     cache_dir: str = "~/.cache/tpformer"
