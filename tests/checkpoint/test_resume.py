@@ -11,6 +11,7 @@ from tests.dist import run_distributed, start_ranks
 from tests.faults.job import children
 from tests.train.test_trainer import tiny_config
 from tpformer.checkpoint import store
+from tpformer.config.presets import preset
 from tpformer.config.schema import Config
 from tpformer.config.validate import validate
 from tpformer.parallel.context import ParallelContext
@@ -259,6 +260,9 @@ RESHARD_REL = 1e-5
         ({"zero_stage": 2, "world": 2, "optim": "lars"}, {"tensor": 2, "optim": "lars"}),
         ({"context": 2, "world": 2}, {"tensor": 1}),  # CP 2 -> one process
         ({"tensor": 1}, {"context": 2, "tensor": 2, "world": 4, "zero_stage": 1}),  # -> CP x TP
+        # Llama's 2 key/value heads split over TP=2, then replicated over TP=4 (and back)
+        ({"tensor": 2, "model": "llama"}, {"tensor": 4, "model": "llama"}),
+        ({"tensor": 4, "model": "llama"}, {"tensor": 1, "model": "llama"}),
     ],
 )
 def test_resharded_resume_matches_the_uninterrupted_run(
@@ -270,6 +274,12 @@ def test_resharded_resume_matches_the_uninterrupted_run(
 
     def with_optimizer(config: Config) -> Config:
         lr = {"adamw": config.optim.lr, "novograd": 1e-2, "lars": 5.0}[optim]
+        if saved.get("model") == "llama":
+            llama = preset(
+                "llama_tiny", vocab_size=128, hidden_size=64, num_heads=4, num_kv_heads=2,
+                intermediate_size=128, num_layers=2, max_position_embeddings=64,
+            )  # fmt: skip
+            config = replace(config, model=llama)
         return replace(config, optim=replace(config.optim, name=optim, lr=lr))
 
     straight = _run(
@@ -281,6 +291,7 @@ def test_resharded_resume_matches_the_uninterrupted_run(
     def launch(fn, layout: dict, *args):  # global batch 8 in every layout
         layout = dict(layout)
         layout.pop("optim", None)
+        layout.pop("model", None)
         world = layout.pop("world", layout.get("tensor", 1))
         dp = world // (layout.get("tensor", 1) * layout.get("context", 1))
         config = with_optimizer(tiny_config(steps=STEPS, micro=8 // dp, **layout))

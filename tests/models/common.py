@@ -44,16 +44,17 @@ def tiny_gpt(dropout: float = 0.0) -> ModelConfig:
     )
 
 
-def tiny_llama(dropout: float = 0.0) -> ModelConfig:
+def tiny_llama(dropout: float = 0.0, kv_heads: int = 4) -> ModelConfig:
     """Llama's options (rotary positions, RMSNorm, SwiGLU, no biases, an untied head) with 8
-    heads in 4 key/value groups, so TP=4 holds one group per rank; dropout, which Llama does
-    not use, is there to check its masks under the new blocks too."""
+    heads in 4 key/value groups, so TP=4 holds one group per rank (fewer key/value heads than
+    ranks: each rank holds them all, layers/grouped_qkv.py); dropout, which Llama does not use,
+    is there to check its masks under the new blocks too."""
     return preset(
         "llama_tiny",
         vocab_size=99,
         hidden_size=32,
         num_heads=8,
-        num_kv_heads=4,
+        num_kv_heads=kv_heads,
         num_layers=2,
         intermediate_size=48,
         max_position_embeddings=32,

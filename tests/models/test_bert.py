@@ -13,6 +13,7 @@ from tests.models.common import (
     tiny_llama,
     tiny_modernbert,
 )
+from tests.models.test_sequence_parallel import sum_sequence_parallel_grads
 from tests.tolerances import FP32_MODEL_REL, assert_rel_close, rel_err
 from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
@@ -28,14 +29,15 @@ def _bert_step(ctx: ParallelContext, dropout: float, modern: bool = False) -> di
     return {"loss": out.loss.item(), "mlm": out.mlm_loss.item(), "grads": full_grads(model, ctx)}
 
 
-def _gpt_step(ctx: ParallelContext, dropout: float, llama: bool = False) -> dict:
-    config = tiny_llama(dropout) if llama else tiny_gpt(dropout)
+def _gpt_step(ctx: ParallelContext, dropout: float, llama: bool = False, kv: int = 4) -> dict:
+    config = tiny_llama(dropout, kv) if llama else tiny_gpt(dropout)
     model = build_model(config, ctx, task="causal_lm")
     batch = bert_batch()
     out = model(
         batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["input_ids"]
     )
     out.loss.backward()
+    sum_sequence_parallel_grads(model, ctx)  # a replicated key/value weight's, as the engine
     return {"loss": out.loss.item(), "grads": full_grads(model, ctx)}
 
 
@@ -43,15 +45,26 @@ def _llama_step(ctx: ParallelContext, dropout: float) -> dict:
     return _gpt_step(ctx, dropout, llama=True)
 
 
+def _multi_query_step(ctx: ParallelContext, dropout: float) -> dict:
+    """One key/value head: every TP rank holds it, its gradient summed over TP."""
+    return _gpt_step(ctx, dropout, llama=True, kv=1)
+
+
 def _modernbert_step(ctx: ParallelContext, dropout: float) -> dict:
     """MLM only: the batch's NSP labels find no pair head."""
     return _bert_step(ctx, dropout, modern=True)
 
 
-STEPS = {"bert": _bert_step, "gpt": _gpt_step, "llama": _llama_step, "modernbert": _modernbert_step}
+STEPS = {
+    "bert": _bert_step,
+    "gpt": _gpt_step,
+    "llama": _llama_step,
+    "multi_query": _multi_query_step,
+    "modernbert": _modernbert_step,
+}
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt", "llama", "modernbert"])
+@pytest.mark.parametrize("arch", list(STEPS))
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tp_matches_single_process(arch: str, dropout: float, tp: int) -> None:

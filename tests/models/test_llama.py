@@ -73,13 +73,16 @@ def _load_compare_export(ctx: ParallelContext, source: str, target: str) -> torc
         (4, "default", 4, True),
         (2, "linear", 8, False),
         (1, "dynamic", 1, False),
+        (4, "default", 2, False),
+        (2, "linear", 1, True),
     ],
 )
 def test_a_llama_checkpoint_loads_with_hf_logits_and_exports_back(
     tmp_path: Path, world: int, rope: str, kv_heads: int, tied: bool
 ) -> None:
-    """TP=1/2/4; grouped-query (4 and 2 groups), multi-head (8) and multi-query (1) attention;
-    each RoPE variant; tied and untied LM heads."""
+    """TP=1/2/4; grouped-query (4 and 2 groups), multi-head (8) and multi-query (1) attention,
+    key/value heads split over TP or (fewer than the ranks) replicated; each RoPE variant;
+    tied and untied LM heads."""
     hf = _hf_llama(rope, kv_heads, tied)
     hf.save_pretrained(tmp_path / "hf")
     with torch.no_grad():

@@ -104,8 +104,10 @@ def test_layer_matches_single_process_and_moves_tp_bytes(
 def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     batch = bert_batch()
     ctx.rng.set_position(step=3, sample_offset=0)
-    if task in ("causal_lm", "llama"):
-        config = tiny_llama(dropout) if task == "llama" else tiny_gpt(dropout)
+    if task in ("causal_lm", "llama", "llama_kv2"):
+        config = tiny_gpt(dropout) if task == "causal_lm" else tiny_llama(dropout)
+        if task == "llama_kv2":  # TP=2 splits the two key/value heads, TP=4 replicates them
+            config = tiny_llama(dropout, kv_heads=2)
         model = build_model(config, ctx, task="causal_lm")
 
         def run():
@@ -142,7 +144,8 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
 
 
 @pytest.mark.parametrize(
-    "task", ["pretraining", "causal_lm", "classification", "llama", "modernbert_cls"]
+    "task",
+    ["pretraining", "causal_lm", "classification", "llama", "llama_kv2", "modernbert_cls"],
 )
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 @pytest.mark.parametrize("tp", [2, 4])

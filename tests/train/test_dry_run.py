@@ -51,6 +51,8 @@ GRID = [  # (world, rank, layers, parallel keys)
     (1, 0, 2, {}),
     (2, 0, 2, {"tensor": 2}),
     (2, 1, 2, {"tensor": 2, "sequence_parallel": True}),
+    (4, 1, 2, {"tensor": 4}),  # Llama's 2 key/value heads replicated over 4 ranks
+    (4, 2, 2, {"tensor": 4, "sequence_parallel": True}),
     (4, 0, 2, {"tensor": 2, "pipeline": 2}),
     (4, 3, 2, {"tensor": 2, "pipeline": 2}),
     (4, 0, 4, {"tensor": 2, "pipeline": 2, "pipeline_schedule": "interleaved_1f1b"}),

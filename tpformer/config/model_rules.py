@@ -9,7 +9,8 @@ from tpformer.parallel.layout import Layout, divisors
 
 
 def validate_model_family(model: ModelConfig, tp: int) -> None:
-    """The family keys: grouped-query heads that split over `tp`, rotary positions with an even
+    """The family keys: grouped-query heads that split over `tp` or are replicated over it
+    (layers/grouped_qkv.py), rotary positions with an even
     head size, BERT's tied MLM head, the encoder-only keys (local attention, pooler, pre-norm)
     on encoders only."""
     kv = model.kv_heads
@@ -18,11 +19,12 @@ def validate_model_family(model: ModelConfig, tp: int) -> None:
             f"model.num_kv_heads={model.num_kv_heads} must divide model.num_heads="
             f"{model.num_heads} (valid: {divisors(model.num_heads)}; 0 means num_heads)"
         )
-    if kv % tp != 0:
+    if kv % tp != 0 and tp % kv != 0:
+        valid = sorted({*divisors(kv), *(kv * m for m in divisors(model.num_heads // kv))})
         raise ValueError(
-            f"parallel.tensor={tp} must divide model.num_kv_heads={kv}: each TP rank holds "
-            f"whole key/value groups (valid: {divisors(kv)}; replicating key/value heads over "
-            "TP is not built)"
+            f"parallel.tensor={tp} and model.num_kv_heads={kv}: each TP rank holds whole "
+            "key/value heads (TP divides them) or one replicated head (they divide TP); "
+            f"valid degrees: {valid}"
         )
     if model.position_embedding == "rope" and (model.hidden_size // model.num_heads) % 2:
         raise ValueError(

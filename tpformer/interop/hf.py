@@ -8,7 +8,6 @@ The key maps live in hf_keys.py.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
+from tpformer.interop.hf_files import CheckpointFiles
 from tpformer.interop.hf_keys import (
     BODY_PREFIX,
     HF_TIED,
@@ -61,65 +61,6 @@ HEAD_KEYS = ("cls.", "classifier.", "lm_head.", "qa_outputs.", "head.", "decoder
 # ----------------------------------------------------------------------------- reading
 
 
-class CheckpointFiles:
-    """Tensors of a HF directory, read by slice: safetensors (single or sharded) or .bin."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._files: dict[str, str] = {}
-        self._handles: dict[str, object] = {}
-        index = directory / "model.safetensors.index.json"
-        if index.exists():
-            self._files = dict(json.loads(index.read_text())["weight_map"])
-        elif (directory / "model.safetensors").exists():
-            from safetensors import safe_open
-
-            with safe_open(directory / "model.safetensors", "pt") as f:
-                self._files = dict.fromkeys(f.keys(), "model.safetensors")
-        elif (directory / "pytorch_model.bin").exists():
-            self._bin = torch.load(
-                directory / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True
-            )
-            self._files = dict.fromkeys(self._bin, "pytorch_model.bin")
-        else:
-            present = sorted(p.name for p in directory.iterdir())
-            raise FileNotFoundError(
-                f"{directory} has no model.safetensors, model.safetensors.index.json or "
-                f"pytorch_model.bin (it contains {present}); pass a save_pretrained directory"
-            )
-
-    def keys(self) -> list[str]:
-        return list(self._files)
-
-    def read(
-        self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None
-    ) -> Tensor:
-        """The stored tensor `name`, or its [start, stop) slice along `dim`."""
-        file = self._files[name]
-        if file == "pytorch_model.bin":
-            t = self._bin[name]
-            if dim is None:
-                return t.clone()
-            assert stop is not None, "a slice along `dim` needs its stop"
-            return t.narrow(dim, start, stop - start).clone()
-        if file not in self._handles:
-            from safetensors import safe_open
-
-            self._handles[file] = safe_open(self.directory / file, "pt")
-        sliced = self._handles[file].get_slice(name)  # type: ignore[attr-defined]
-        if dim is None:
-            return sliced[:]
-        index = [slice(None)] * len(sliced.get_shape())
-        index[dim] = slice(start, stop)
-        return sliced[tuple(index)]
-
-    def shape(self, name: str) -> list[int]:
-        if self._files[name] == "pytorch_model.bin":
-            return list(self._bin[name].shape)
-        self.read(name, 0, 0, 0)  # opens the handle
-        return list(self._handles[self._files[name]].get_slice(name).get_shape())  # type: ignore[attr-defined]
-
-
 # ----------------------------------------------------------------------------- loading
 
 
@@ -161,15 +102,18 @@ def _local_tensor(
             part = _read_rows(files, key, transposed, first, first + groups * span)
             parts.append(part.reshape(groups, span, *part.shape[1:]))
         return torch.cat(parts, dim=1).reshape(param.shape)
-    if isinstance(rule, GatedRows):  # this rank's units: [gate, up] each
-        units, first = param.shape[0] // 2, rank * param.shape[0] // 2
+    if isinstance(rule, GatedRows):  # this rank's units: [gate, up] each (a whole parameter's)
+        half = param.shape[0] // 2
+        first = 0 if dim is None else rank * half
         if len(rule.keys) == 2:
-            gate, up = (files.read(k, 0, first, first + units) for k in rule.keys)
+            gate, up = (files.read(k, 0, first, first + half) for k in rule.keys)
         else:  # one [gate | up] tensor
-            whole = model_cfg.intermediate_size
-            gate, up = (files.read(rule.keys[0], 0, o + first, o + first + units)
+            whole = files.shape(rule.keys[0])[0] // 2
+            gate, up = (files.read(rule.keys[0], 0, o + first, o + first + half)
                         for o in (0, whole))  # fmt: skip
-        return torch.stack([gate, up], dim=1).reshape(param.shape)
+        rest = gate.shape[1:]
+        blocks = [t.reshape(-1, rule.block, *rest) for t in (gate, up)]
+        return torch.stack(blocks, dim=1).reshape(param.shape)
     transposed = rule.transposed and param.dim() == 2
     if dim is None or info.logical_size is None:
         full = files.read(rule.key)
@@ -333,11 +277,12 @@ def to_hf_state_dict(
             out[rule.key] = t.t().contiguous() if rule.transposed and t.dim() == 2 else t
             continue
         if isinstance(rule, GatedRows):
-            gated = t.reshape(-1, 2, *t.shape[1:])
+            gated = t.reshape(-1, 2, rule.block, *t.shape[1:])
+            gate, up = (gated[:, i].reshape(-1, *t.shape[1:]) for i in (0, 1))
             if len(rule.keys) == 2:
-                out.update(zip(rule.keys, (gated[:, 0], gated[:, 1])))
+                out.update(zip(rule.keys, (gate, up)))
             else:
-                out[rule.keys[0]] = torch.cat([gated[:, 0], gated[:, 1]])
+                out[rule.keys[0]] = torch.cat([gate, up])
             continue
         qkv = t.reshape(config.kv_heads, group + 2, head_dim, *t.shape[1:])
         parts = [

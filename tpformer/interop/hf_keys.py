@@ -99,9 +99,16 @@ def llama_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, R
         rules["lm_head.weight"] = Plain("lm_head.weight")
     for i in range(config.num_layers):
         o, t = f"{ours}decoder.layers.{i}", f"{p}layers.{i}"
-        rules[f"{o}.attention.qkv.weight"] = FusedQKV(
-            tuple(f"{t}.self_attn.{x}_proj.weight" for x in "qkv")
-        )
+        if config.kv_heads < config.num_heads:  # grouped-query: layers/grouped_qkv.py
+            rules[f"{o}.attention.qkv.q.weight"] = Plain(f"{t}.self_attn.q_proj.weight")
+            rules[f"{o}.attention.qkv.kv.weight"] = GatedRows(
+                (f"{t}.self_attn.k_proj.weight", f"{t}.self_attn.v_proj.weight"),
+                block=config.hidden_size // config.num_heads,
+            )
+        else:
+            rules[f"{o}.attention.qkv.weight"] = FusedQKV(
+                tuple(f"{t}.self_attn.{x}_proj.weight" for x in "qkv")
+            )
         rules[f"{o}.attention.out.weight"] = Plain(f"{t}.self_attn.o_proj.weight")
         rules[f"{o}.attention_norm.weight"] = Plain(f"{t}.input_layernorm.weight")
         rules[f"{o}.mlp.fc_in.weight"] = GatedRows(

@@ -26,9 +26,12 @@ class FusedQKV:
 @dataclass(frozen=True)
 class GatedRows:
     """Our [unit, (gate, up)] rows from HF's gate and up projections: two keys (Llama), or one
-    [gate | up] key (ModernBERT's Wi: its first half is activated, the second multiplied)."""
+    [gate | up] key (ModernBERT's Wi: its first half is activated, the second multiplied).
+    `block` rows per unit: grouped-query attention's key/value weight is [head, (k, v), d]
+    from k_proj and v_proj (block = head_dim)."""
 
     keys: tuple[str, ...]
+    block: int = 1
 
 
 Rule = Plain | FusedQKV | GatedRows

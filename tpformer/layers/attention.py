@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.grouped_qkv import GroupedQKV
 from tpformer.layers.kv_cache import KVCache
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tpformer.layers.ring_attention import RingSpec, ring_attention
@@ -23,7 +24,8 @@ class ParallelSelfAttention(nn.Module):
     """Fused QKV column-parallel projection, SDPA core, row-parallel output.
 
     The QKV weight's rows are laid out per head as [head, (q, k, v), head_dim], so a contiguous
-    TP slice holds num_heads / tp whole heads with their q, k and v. Input and output are
+    TP slice holds num_heads / tp whole heads with their q, k and v (grouped-query attention:
+    a query and a key/value weight, layers/grouped_qkv.py). Input and output are
     replicated [b, s, hidden]; one all-reduce forward (output) and one backward (input). With
     ctx.sequence_parallel both are [b, s/tp, hidden]: the QKV projection all-gathers the
     sequence, the output projection reduce-scatters it; the core always sees the whole sequence.
@@ -55,12 +57,23 @@ class ParallelSelfAttention(nn.Module):
         kv_heads = kv_heads or num_heads
         self.group = divide(num_heads, kv_heads, what="num_heads")
         """Query heads per key/value head (grouped-query attention; 1: multi-head)."""
-        self.local_kv_heads = divide(kv_heads, ctx.tp.size, what="num_kv_heads")
-        self.local_heads = self.local_kv_heads * self.group
+        self.local_heads = divide(num_heads, ctx.tp.size, what="num_heads")
         self.head_offset = ctx.tp.rank * self.local_heads
         sp = ctx.sequence_parallel
-        rows = (num_heads + 2 * kv_heads) * self.head_dim
-        self.qkv = ColumnParallelLinear(hidden_size, rows, ctx.tp, sequence_parallel=sp, bias=bias)
+        self.qkv: ColumnParallelLinear | GroupedQKV
+        if self.group == 1:
+            self.local_kv_heads = self.local_heads
+            rows = 3 * hidden_size
+            self.qkv = ColumnParallelLinear(
+                hidden_size, rows, ctx.tp, sequence_parallel=sp, bias=bias
+            )
+        else:  # layers/grouped_qkv.py: key/value heads split over TP, or replicated
+            self.qkv = GroupedQKV(
+                hidden_size, num_heads, kv_heads, ctx.tp, sequence_parallel=sp, bias=bias
+            )
+            self.local_kv_heads = self.qkv.local_kv_heads
+        self.expand = self.local_heads // self.local_kv_heads
+        """Query heads per key/value head on this rank (all of them when replicated)."""
         self.out = RowParallelLinear(
             hidden_size, hidden_size, ctx.tp, sequence_parallel=sp, bias=bias
         )
@@ -90,25 +103,23 @@ class ParallelSelfAttention(nn.Module):
                 raise ValueError("decoding with a KV cache runs without context parallelism")
             causal = causal and cache.length == 0  # a decode step sees every cached position
             k, v = cache.append(k, v)
-        if self.group > 1:  # each query head's key and value head, as HF's repeat_kv
-            k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
+        if self.expand > 1:  # each query head's key and value head, as HF's repeat_kv
+            k, v = k.repeat_interleave(self.expand, dim=1), v.repeat_interleave(self.expand, dim=1)
         ctx = self.core(q, k, v, mask, causal)
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return self.out(ctx)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q [b, heads/tp, s, d], k and v [b, kv_heads/tp, s, d] of the whole sequence. The
-        fused rows are laid out per key/value head as [group, (q x group, k, v), head_dim], so
-        a contiguous TP slice holds whole groups (multi-head: [head, (q, k, v), head_dim])."""
+        """q [b, heads/tp, s, d], k and v [b, local_kv_heads, s, d] of the whole sequence.
+        Multi-head: the fused rows are laid out per head as [head, (q, k, v), head_dim], so a
+        contiguous TP slice holds whole heads; grouped-query: layers/grouped_qkv.py."""
+        if isinstance(self.qkv, GroupedQKV):
+            return self.qkv(x)
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]
-        qkv = qkv.view(b, s, self.local_kv_heads, self.group + 2, self.head_dim)
-        if self.group == 1:
-            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # backward: one stack
-            return q, k, v
-        q = qkv[:, :, :, : self.group].reshape(b, s, self.local_heads, self.head_dim)
-        k, v = qkv[:, :, :, self.group], qkv[:, :, :, self.group + 1]
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))  # backward: one stack
+        return q, k, v
 
     def _windowed(self, mask: Tensor | None, s: int, device: torch.device) -> Tensor:
         """`mask` and the band |query - key| <= reach over the whole sequence of s positions:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from tpformer.config.schema import ModelConfig
 from tpformer.layers.embedding import padded_vocab_size
+from tpformer.layers.grouped_qkv import held_kv_heads, projected_kv_heads
 
 TASKS = ("pretraining", "causal_lm", "classification")
 
@@ -24,6 +25,20 @@ def layer_matrix_elements(config: ModelConfig) -> int:
     h, f = config.hidden_size, config.intermediate_size
     kv = 2 * config.kv_heads * (h // config.num_heads)
     return h * (h + kv) + h * h + (3 if config.gated_mlp else 2) * h * f
+
+
+def kv_elements(config: ModelConfig) -> int:
+    """The key/value projection's weight elements (all heads)."""
+    return 2 * config.kv_heads * (config.hidden_size // config.num_heads) * config.hidden_size
+
+
+def rank_matrix_elements(config: ModelConfig, tp: int) -> float:
+    """The weight elements one TP rank multiplies per token in one layer: its share of every
+    matrix, the key/value rows of the heads it projects (layers/grouped_qkv.py: its share, or
+    with fewer key/value heads than ranks its query heads' one, whole)."""
+    per_head = kv_elements(config) // config.kv_heads
+    own = per_head * projected_kv_heads(config.kv_heads, tp)
+    return (layer_matrix_elements(config) - kv_elements(config)) / tp + own
 
 
 def layer_flops_per_token(config: ModelConfig, seq: int) -> int:
@@ -133,7 +148,7 @@ def rank_executed_flops(
     h = config.hidden_size
     tokens = samples * seq / cp
     attention = tokens * 4 * seq * h / tp
-    forward = tokens * 2 * layer_matrix_elements(config) / tp + attention
+    forward = tokens * 2 * rank_matrix_elements(config, tp) + attention
     # non-reentrant checkpoint stops recomputing at the last tensor the block saved: without
     # dropout after it, the MLP's output projection is not run again
     last = 0.0 if config.dropout > 0 else tokens * 2 * h * config.intermediate_size / tp
@@ -150,12 +165,15 @@ def rank_executed_flops(
 
 def layer_params(config: ModelConfig, tp: int) -> int:
     """One layer's parameters on one TP rank: QKV, FFN-in and their biases and the two output
-    matrices are split; the norms and the output biases are replicated."""
+    matrices are split; the norms and the output biases are replicated, and so is the
+    key/value projection when there are fewer key/value heads than ranks."""
     h, f = config.hidden_size, config.intermediate_size
     kv = 2 * config.kv_heads * (h // config.num_heads)
     split_biases = (h + kv + (2 if config.gated_mlp else 1) * f) if config.bias else 0
     replicated = 2 * norm_params(config) + (2 * h if config.bias else 0)
-    return (layer_matrix_elements(config) + split_biases) // tp + replicated
+    kv_params = kv_elements(config) + (kv if config.bias else 0)  # all heads
+    held = kv_params // config.kv_heads * held_kv_heads(config.kv_heads, tp)
+    return (layer_matrix_elements(config) + split_biases - kv_params) // tp + held + replicated
 
 
 def norm_params(config: ModelConfig) -> int:

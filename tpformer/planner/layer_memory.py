@@ -79,24 +79,36 @@ class LayerShape:
     gated: bool = False
     rotary: bool = False
     kv_fraction: float = 1.0
-    """num_kv_heads / num_heads."""
+    """num_kv_heads / num_heads (a rank's key/value heads over its query heads)."""
     dropout: bool = True
+    split: bool = False
+    """Grouped-query attention's separate query and key/value projections."""
 
     @classmethod
-    def of(cls, config: ModelConfig) -> LayerShape:
+    def of(cls, config: ModelConfig, tp: int = 1) -> LayerShape:
+        """`tp`: with fewer key/value heads than ranks each rank projects one of them, so per
+        rank they are 1 / (num_heads / tp) of its query heads (kv_fraction counts per rank)."""
+        kv = config.kv_heads if config.kv_heads % tp == 0 else tp
         return cls(
             gated=config.gated_mlp,
             rotary=config.position_embedding == "rope",
-            kv_fraction=config.kv_heads / config.num_heads,
+            kv_fraction=kv / config.num_heads,
             dropout=config.dropout > 0,
+            split=config.kv_heads < config.num_heads,
         )
 
     def attention_elements(self, sbh: float) -> float:
         """Elements the attention keeps of one micro-batch (whole heads; divide by TP): the
-        query, key and value the core reads, its output, and the fused QKV output while one
-        of them is a view of it (multi-head without rotary: all three are, 3 sbh)."""
-        grouped = self.kv_fraction < 1
-        new = (1 if self.rotary else 0) + (2 if grouped else (1 if self.rotary else 0))
-        viewed = 3 - new
-        fused = (1 + 2 * self.kv_fraction) * sbh if viewed else 0.0
-        return new * sbh + fused + sbh
+        query, key and value the core reads, its output, and each projection output while
+        one of them is a view of it: the fused QKV output (multi-head), or the query's and
+        the key/value's (grouped-query, layers/grouped_qkv.py). Rotary queries and keys, and
+        keys and values expanded to a rank's query heads, are new tensors."""
+        expanded = self.kv_fraction < 1
+        q_new, k_new, v_new = self.rotary, self.rotary or expanded, expanded
+        new = (q_new + (1 if expanded else self.kv_fraction) * (k_new + v_new)) * sbh
+        if not self.split:
+            viewed = not (q_new and k_new and v_new)
+            return new + ((1 + 2 * self.kv_fraction) * sbh if viewed else 0.0) + sbh
+        kept_q = 0.0 if q_new else sbh
+        kept_kv = 0.0 if k_new and v_new else 2 * self.kv_fraction * sbh
+        return new + kept_q + kept_kv + sbh

@@ -207,7 +207,6 @@ def activation_parts(
     """(one layer, the embedding output, the head) bytes per micro-batch on one rank; with
     context parallelism each rank holds s / cp of every sequence."""
     m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
-    q = c.tp if c.sequence_parallel else 1
     layer = activation_scale * layer_activation_bytes(
         s,
         b,
@@ -222,8 +221,15 @@ def activation_parts(
         fused_attention=fused,
         context=c.cp,
         attention_dropout=exact_dropout,
-        shape=LayerShape.of(m),
+        shape=LayerShape.of(m, c.tp),
     )
+    return (layer, *_end_parts(work, c, mask_bytes))
+
+
+def _end_parts(work: Workload, c: Candidate, mask_bytes: int) -> tuple[float, float]:
+    """(the embedding output's, the head's) bytes per micro-batch on one rank."""
+    m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
+    q = c.tp if c.sequence_parallel else 1
     local = s // c.cp
     sbh = local * b * m.hidden_size
     vocab = padded_vocab_size(m.vocab_size, c.tp, m.pad_vocab_to) // c.tp
@@ -242,7 +248,7 @@ def activation_parts(
         batch = 3 * 8 * b * s
         copied = c.sequence_parallel or c.cp > 1 or (prenorm and m.classifier_pooling == "mean")
         head = (0.0 if copied else sbh * i / q) + (sbh * i / q if prenorm else 0.0)
-        return layer, sbh * (i + dropout_mask) / q + batch - first_norm, head
+        return sbh * (i + dropout_mask) / q + batch - first_norm, head
     if m.arch == "bert":  # embedding: the norm's input, dropout mask. head: the encoder's
         # output (the pooler's view, or the final norm's input); on every TP and CP rank the
         # gathered labeled rows, the transform's and GELU's outputs, the norm's output, and
@@ -256,7 +262,7 @@ def activation_parts(
         embedding = sbh * mask_bytes / q if m.dropout > 0 else 0.0
         # every position this rank holds (the last one's target is ignored, not cut off)
         head = 2 * sbh * i / q + local * b * vocab * 4
-    return layer, embedding, head
+    return embedding, head
 
 
 def working_params(

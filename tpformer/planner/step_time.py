@@ -120,7 +120,7 @@ def _touched_bytes(
         fused_attention=fused,
         context=c.cp,
         attention_dropout=recompute == "none" and exact_attention_dropout(work, cl),
-        shape=LayerShape.of(work.model),
+        shape=LayerShape.of(work.model, c.tp),
     )
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tpformer.layers.embedding import padded_vocab_size
+from tpformer.layers.grouped_qkv import replicates_kv
 from tpformer.layers.sequence import labeled_width
-from tpformer.models.costs import norm_params, rank_executed_flops
+from tpformer.models.costs import kv_elements, norm_params, rank_executed_flops
 from tpformer.parallel.comm.record import sent_bytes
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.memory import stage_params
@@ -110,11 +111,18 @@ def _tensor_parallel(
     vocabulary = last and work.task != "classification"
     if vocabulary:
         add("all_reduce", "tp", t, 4 * rows, 3 * m)
+    model = work.model
+    # a replicated key/value projection's gradient, summed over TP once per step
+    kv = 2 * model.kv_heads * (h // model.num_heads)
+    whole_kv = (kv_elements(model) + (kv if model.bias else 0)) * layers
+    whole_kv = whole_kv if replicates_kv(model.kv_heads, t) else 0
     if not c.sequence_parallel:
         calls = 4 * layers + 2 * recomputed + (1 if first else 0)
         add("all_reduce", "tp", t, act, m * calls)
         if vocabulary:
             add("all_reduce", "tp", t, head, m)
+        if whole_kv:
+            add("all_reduce", "tp", t, 4 * whole_kv)
         return
     # GPT's head gathers its input as a column-parallel layer does; BERT's sums its labeled
     # rows over the group (each held by one rank) and all-reduces their gradient
@@ -124,9 +132,8 @@ def _tensor_parallel(
     add("reduce_scatter", "tp", t, act, m * scatters)
     if vocabulary and not gpt:
         add("all_reduce", "tp", t, head, 2 * m)
-    model = work.model
     # each layer's two norms and two row-parallel biases
-    marked = (2 * norm_params(model) + (2 * h if model.bias else 0)) * layers
+    marked = (2 * norm_params(model) + (2 * h if model.bias else 0)) * layers + whole_kv
     prenorm_encoder = not gpt and model.pre_norm
     if first:  # the embeddings outside the vocabulary: positions (BERT: segments, the norm;
         # a pre-norm encoder's first layer has no attention norm)
