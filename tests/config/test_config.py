@@ -50,6 +50,7 @@ PUBLIC_KEYS = {
         "pooler",
         "position_embedding",
         "pre_norm",
+        "qkv_bias",
         "rope_factor",
         "rope_high_freq_factor",
         "rope_low_freq_factor",

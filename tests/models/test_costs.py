@@ -113,6 +113,16 @@ def test_layer_params_count_a_built_layer(name: str) -> None:
     assert layer_params(config, 1) == second == first + first_layer_saving(config)
 
 
+def test_layer_params_count_qwen2s_query_key_value_biases() -> None:
+    config = replace(PRESETS["llama_tiny"], num_layers=1, qkv_bias=True)
+    model = build_model(config, ParallelContext.single(device="cpu"), task="causal_lm")
+    block = next(iter(model.blocks()))
+    assert layer_params(config, 1) == sum(p.numel() for p in block.parameters())
+    assert layer_params(config, 1) - layer_params(replace(config, qkv_bias=False), 1) == (
+        config.hidden_size + 2 * config.kv_heads * config.hidden_size // config.num_heads
+    )
+
+
 @pytest.mark.parametrize("name", ["bert_tiny", "gpt2_small", "llama_tiny", "modernbert_tiny"])
 def test_embedding_and_head_params_count_a_built_model(name: str) -> None:
     """Every parameter of a built model (TP=1) is the embedding, the layers or the head."""

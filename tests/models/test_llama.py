@@ -30,12 +30,16 @@ ROPES = {
 }  # fmt: skip
 
 
-def _hf_llama(rope: str, kv_heads: int = 4, tied: bool = False) -> transformers.LlamaForCausalLM:
+def _hf_llama(
+    rope: str, kv_heads: int = 4, tied: bool = False, qwen: bool = False
+) -> transformers.LlamaForCausalLM:
     """8 heads of 8 dimensions, `kv_heads` key/value heads; the dynamic variant's trained
-    context (8) is shorter than the batch (12 positions), so its base grows."""
+    context (8) is shorter than the batch (12 positions), so its base grows. `qwen`: a
+    Qwen2ForCausalLM (Llama's shape with query, key and value biases)."""
     torch.manual_seed(0)
     parameters = {"rope_theta": 10000.0, **(ROPES[rope] or {"rope_type": "default"})}
-    config = transformers.LlamaConfig(
+    kind = transformers.Qwen2Config if qwen else transformers.LlamaConfig
+    config = kind(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
@@ -46,7 +50,8 @@ def _hf_llama(rope: str, kv_heads: int = 4, tied: bool = False) -> transformers.
         rope_parameters=parameters,
         tie_word_embeddings=tied,
     )
-    model = transformers.LlamaForCausalLM(config).eval()
+    causal = transformers.Qwen2ForCausalLM if qwen else transformers.LlamaForCausalLM
+    model = causal(config).eval()
     with torch.no_grad():  # RMSNorm weights start at one: make every tensor count
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -66,24 +71,26 @@ def _load_compare_export(ctx: ParallelContext, source: str, target: str) -> torc
 
 
 @pytest.mark.parametrize(
-    ("world", "rope", "kv_heads", "tied"),
+    ("world", "rope", "kv_heads", "tied", "qwen"),
     [
-        (1, "default", 4, False),
-        (2, "llama3", 2, False),
-        (4, "default", 4, True),
-        (2, "linear", 8, False),
-        (1, "dynamic", 1, False),
-        (4, "default", 2, False),
-        (2, "linear", 1, True),
+        (1, "default", 4, False, False),
+        (2, "llama3", 2, False, False),
+        (4, "default", 4, True, False),
+        (2, "linear", 8, False, False),
+        (1, "dynamic", 1, False, False),
+        (4, "default", 2, False, False),
+        (2, "linear", 1, True, False),
+        (2, "default", 2, True, True),
+        (4, "default", 2, False, True),
     ],
 )
 def test_a_llama_checkpoint_loads_with_hf_logits_and_exports_back(
-    tmp_path: Path, world: int, rope: str, kv_heads: int, tied: bool
+    tmp_path: Path, world: int, rope: str, kv_heads: int, tied: bool, qwen: bool
 ) -> None:
     """TP=1/2/4; grouped-query (4 and 2 groups), multi-head (8) and multi-query (1) attention,
     key/value heads split over TP or (fewer than the ranks) replicated; each RoPE variant;
-    tied and untied LM heads."""
-    hf = _hf_llama(rope, kv_heads, tied)
+    tied and untied LM heads; Qwen2 (query, key and value biases) exports as Qwen2."""
+    hf = _hf_llama(rope, kv_heads, tied, qwen)
     hf.save_pretrained(tmp_path / "hf")
     with torch.no_grad():
         expected = hf(input_ids=_ids()).logits
@@ -92,7 +99,7 @@ def test_a_llama_checkpoint_loads_with_hf_logits_and_exports_back(
         _load_compare_export, world, str(tmp_path / "hf"), str(exported), tensor=world
     ):
         assert_rel_close(out, expected, HF_REL, f"llama {rope} logits")
-    reloaded = transformers.LlamaForCausalLM.from_pretrained(exported).state_dict()
+    reloaded = type(hf).from_pretrained(exported).state_dict()
     for key, tensor in hf.state_dict().items():
         assert torch.equal(reloaded[key], tensor), key
 
@@ -105,7 +112,11 @@ def test_a_llama_checkpoint_loads_with_hf_logits_and_exports_back(
         ({"head_dim": 16}, "head_dim=16"),
         ({"sliding_window": 128, "model_type": "mistral"}, "sliding_window=128"),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
-        ({"model_type": "qwen2"}, "model_type='qwen2' is not supported"),
+        (
+            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64},
+            "sliding_window=64",
+        ),
+        ({"model_type": "qwen3"}, "model_type='qwen3' is not supported"),
     ],
 )
 def test_a_llama_shape_tpformer_does_not_build_is_refused_by_name(keys: dict, named: str) -> None:

@@ -49,6 +49,8 @@ SUPPORTED = {
     "LlamaForCausalLM": ("gpt", "causal_lm"),
     "MistralModel": ("gpt", "base"),
     "MistralForCausalLM": ("gpt", "causal_lm"),
+    "Qwen2Model": ("gpt", "base"),
+    "Qwen2ForCausalLM": ("gpt", "causal_lm"),
     "ModernBertModel": ("bert", "base"),
     "ModernBertForMaskedLM": ("bert", "pretraining"),
     "ModernBertForSequenceClassification": ("bert", "classification"),
@@ -230,6 +232,7 @@ def load_hf_model(
         "gpt2": "GPT2LMHeadModel",
         "llama": "LlamaForCausalLM",
         "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
         "modernbert": "ModernBertForMaskedLM",
     }.get(hf.get("model_type", ""), "?")
     architecture = (hf.get("architectures") or [default])[0]
@@ -324,8 +327,9 @@ def save_hf_checkpoint(
     architecture = HF_ARCHITECTURE[type(model).__name__]
     family = hf_family(model.config)  # type: ignore[arg-type]
     if family == "llama":
-        architecture = architecture.replace("GPT2LMHeadModel", "LlamaForCausalLM")
-        architecture = architecture.replace("GPT2Model", "LlamaModel")
+        kind = "Qwen2" if model.config.qkv_bias else "Llama"  # type: ignore[union-attr]
+        architecture = architecture.replace("GPT2LMHeadModel", f"{kind}ForCausalLM")
+        architecture = architecture.replace("GPT2Model", f"{kind}Model")
     if family == "modernbert":
         architecture = architecture.replace("BertForPreTraining", "BertForMaskedLM")
         architecture = architecture.replace("Bert", "ModernBert")

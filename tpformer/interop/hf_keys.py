@@ -99,16 +99,18 @@ def llama_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, R
         rules["lm_head.weight"] = Plain("lm_head.weight")
     for i in range(config.num_layers):
         o, t = f"{ours}decoder.layers.{i}", f"{p}layers.{i}"
-        if config.kv_heads < config.num_heads:  # grouped-query: layers/grouped_qkv.py
-            rules[f"{o}.attention.qkv.q.weight"] = Plain(f"{t}.self_attn.q_proj.weight")
-            rules[f"{o}.attention.qkv.kv.weight"] = GatedRows(
-                (f"{t}.self_attn.k_proj.weight", f"{t}.self_attn.v_proj.weight"),
-                block=config.hidden_size // config.num_heads,
-            )
-        else:
-            rules[f"{o}.attention.qkv.weight"] = FusedQKV(
-                tuple(f"{t}.self_attn.{x}_proj.weight" for x in "qkv")
-            )
+        kinds = ("weight", "bias") if config.qkv_bias else ("weight",)  # Qwen2's biases
+        for kind in kinds:
+            if config.kv_heads < config.num_heads:  # grouped-query: layers/grouped_qkv.py
+                rules[f"{o}.attention.qkv.q.{kind}"] = Plain(f"{t}.self_attn.q_proj.{kind}")
+                rules[f"{o}.attention.qkv.kv.{kind}"] = GatedRows(
+                    (f"{t}.self_attn.k_proj.{kind}", f"{t}.self_attn.v_proj.{kind}"),
+                    block=config.hidden_size // config.num_heads,
+                )
+            else:
+                rules[f"{o}.attention.qkv.{kind}"] = FusedQKV(
+                    tuple(f"{t}.self_attn.{x}_proj.{kind}" for x in "qkv")
+                )
         rules[f"{o}.attention.out.weight"] = Plain(f"{t}.self_attn.o_proj.weight")
         rules[f"{o}.attention_norm.weight"] = Plain(f"{t}.input_layernorm.weight")
         rules[f"{o}.mlp.fc_in.weight"] = GatedRows(
@@ -203,13 +205,13 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
             layer_norm_eps=hf["layer_norm_epsilon"],
             init_std=hf.get("initializer_range", 0.02),
         )
-    if hf.get("model_type") in ("llama", "mistral"):
+    if hf.get("model_type") in ("llama", "mistral", "qwen2"):
         return _llama_config(hf)
     if hf.get("model_type") == "modernbert":
         return modernbert_config(hf)
     raise ValueError(
         f"model_type={hf.get('model_type')!r} is not supported; use a BERT, GPT-2, Llama, "
-        "Mistral or ModernBERT checkpoint"
+        "Mistral, Qwen2 or ModernBERT checkpoint"
     )
 
 
@@ -218,19 +220,20 @@ ROPE_TYPES = {"default": RopeScaling.none, "linear": RopeScaling.linear,
 
 
 def _llama_config(hf: dict) -> ModelConfig:
-    """A Llama / Mistral config.json as a GPT-family ModelConfig; a shape tpformer does not
-    build (biases, another activation or head size, a sliding window, another RoPE) is refused
-    by name."""
+    """A Llama / Mistral / Qwen2 config.json as a GPT-family ModelConfig (Qwen2: biases on the
+    query, key and value projections); a shape tpformer does not build (other biases, another
+    activation or head size, a sliding window, another RoPE) is refused by name."""
     kind = hf["model_type"]
     heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
     refuse = []
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         refuse.append("attention_bias / mlp_bias (tpformer's Llama has no biases)")
+    window = hf.get("use_sliding_window", True) and hf.get("sliding_window") is not None
     if hf.get("hidden_act", "silu") != "silu":
         refuse.append(f"hidden_act={hf['hidden_act']!r} (only silu: SwiGLU)")
     if hf.get("head_dim") not in (None, hidden // heads):
         refuse.append(f"head_dim={hf['head_dim']} (only hidden_size / num_attention_heads)")
-    if hf.get("sliding_window") is not None:
+    if window:  # Mistral's; Qwen2's only with use_sliding_window
         refuse.append(f"sliding_window={hf['sliding_window']} (only full attention)")
     rope = hf.get("rope_parameters") or {
         **(hf.get("rope_scaling") or {}),
@@ -263,6 +266,7 @@ def _llama_config(hf: dict) -> ModelConfig:
         norm=Norm.rmsnorm,
         layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
         bias=False,
+        qkv_bias=kind == "qwen2",
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         position_embedding=PositionEmbedding.rope,
         rope_theta=float(rope.get("rope_theta", 10000.0)),
@@ -331,8 +335,9 @@ def hf_config_from_model(config: ModelConfig, architecture: str, **extra: Any) -
 
 
 def _llama_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any:
-    """A transformers LlamaConfig for a GPT-family config with Llama's blocks."""
-    from transformers import LlamaConfig
+    """A transformers LlamaConfig (Qwen2Config with qkv_bias) for a GPT-family config with
+    Llama's blocks."""
+    from transformers import LlamaConfig, Qwen2Config
 
     problems = llama_export_problems(config)
     if problems:
@@ -349,7 +354,8 @@ def _llama_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> An
         )
     if config.rope_scaling == "dynamic":
         longest = config.rope_original_max_positions or longest
-    return LlamaConfig(
+    kind = Qwen2Config if config.qkv_bias else LlamaConfig
+    return kind(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,

@@ -152,6 +152,7 @@ def modernbert_export_problems(config: ModelConfig) -> list[str]:
         "model.pre_norm": (config.pre_norm, True),
         "model.pooler": (config.pooler, "head"),
         "model.type_vocab_size": (config.type_vocab_size, 0),
+        "model.qkv_bias": (config.qkv_bias, False),
     }
     return [f"{k}={have} (ModernBERT: {want})" for k, (have, want) in wrong.items() if have != want]
 

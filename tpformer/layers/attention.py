@@ -46,9 +46,12 @@ class ParallelSelfAttention(nn.Module):
         causal: bool,
         kv_heads: int = 0,
         bias: bool = True,
+        qkv_bias: bool | None = None,
         rotary: Rotary | None = None,
         window: int = 0,
     ) -> None:
+        """`bias`: the output projection's (and, unless `qkv_bias` says otherwise, the query,
+        key and value projections')."""
         super().__init__()
         self.tp, self.cp, self.causal, self.rotary = ctx.tp, ctx.cp, causal, rotary
         self.reach = window // 2
@@ -60,16 +63,17 @@ class ParallelSelfAttention(nn.Module):
         self.local_heads = divide(num_heads, ctx.tp.size, what="num_heads")
         self.head_offset = ctx.tp.rank * self.local_heads
         sp = ctx.sequence_parallel
+        in_bias = bias if qkv_bias is None else qkv_bias
         self.qkv: ColumnParallelLinear | GroupedQKV
         if self.group == 1:
             self.local_kv_heads = self.local_heads
             rows = 3 * hidden_size
             self.qkv = ColumnParallelLinear(
-                hidden_size, rows, ctx.tp, sequence_parallel=sp, bias=bias
+                hidden_size, rows, ctx.tp, sequence_parallel=sp, bias=in_bias
             )
         else:  # layers/grouped_qkv.py: key/value heads split over TP, or replicated
             self.qkv = GroupedQKV(
-                hidden_size, num_heads, kv_heads, ctx.tp, sequence_parallel=sp, bias=bias
+                hidden_size, num_heads, kv_heads, ctx.tp, sequence_parallel=sp, bias=in_bias
             )
             self.local_kv_heads = self.qkv.local_kv_heads
         self.expand = self.local_heads // self.local_kv_heads

@@ -55,6 +55,7 @@ class TransformerLayer(nn.Module):
             attention_dropout=config.attention_dropout,
             kv_heads=config.kv_heads,
             bias=config.bias,
+            qkv_bias=config.bias or config.qkv_bias,
             rotary=rotary,
             window=config.local_window if local else 0,
         )

@@ -169,9 +169,12 @@ def layer_params(config: ModelConfig, tp: int) -> int:
     key/value projection when there are fewer key/value heads than ranks."""
     h, f = config.hidden_size, config.intermediate_size
     kv = 2 * config.kv_heads * (h // config.num_heads)
-    split_biases = (h + kv + (2 if config.gated_mlp else 1) * f) if config.bias else 0
+    qkv_bias = config.bias or config.qkv_bias
+    split_biases = (h + kv if qkv_bias else 0) + (
+        (2 if config.gated_mlp else 1) * f if config.bias else 0
+    )
     replicated = 2 * norm_params(config) + (2 * h if config.bias else 0)
-    kv_params = kv_elements(config) + (kv if config.bias else 0)  # all heads
+    kv_params = kv_elements(config) + (kv if qkv_bias else 0)  # all heads
     held = kv_params // config.kv_heads * held_kv_heads(config.kv_heads, tp)
     return (layer_matrix_elements(config) + split_biases - kv_params) // tp + held + replicated
 

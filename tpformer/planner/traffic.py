@@ -114,7 +114,7 @@ def _tensor_parallel(
     model = work.model
     # a replicated key/value projection's gradient, summed over TP once per step
     kv = 2 * model.kv_heads * (h // model.num_heads)
-    whole_kv = (kv_elements(model) + (kv if model.bias else 0)) * layers
+    whole_kv = (kv_elements(model) + (kv if model.bias or model.qkv_bias else 0)) * layers
     whole_kv = whole_kv if replicates_kv(model.kv_heads, t) else 0
     if not c.sequence_parallel:
         calls = 4 * layers + 2 * recomputed + (1 if first else 0)

@@ -60,6 +60,8 @@ class ModelConfig:
     """LayerNorm / RMSNorm epsilon (BERT 1e-12, GPT-2 1e-5, Llama 1e-5 or 1e-6)."""
     bias: bool = True
     """Biases of the projections and LayerNorms (Llama: none)."""
+    qkv_bias: bool = False
+    """The query/key/value projection has a bias even with bias=false (Qwen2)."""
     tie_embeddings: bool = True
     """gpt: the LM head is the word embedding (GPT-2); false: a weight of its own (Llama)."""
     position_embedding: PositionEmbedding = PositionEmbedding.learned
