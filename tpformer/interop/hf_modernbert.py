@@ -194,7 +194,7 @@ def modernbert_hf_config(config: ModelConfig, architecture: str, **extra: Any) -
             "full_attention": {"rope_type": "default", "rope_theta": config.rope_theta},
             "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta},
         },
-        classifier_pooling=str(config.classifier_pooling),
+        classifier_pooling="mean" if config.classifier_pooling == "mean" else "cls",
         initializer_range=config.init_std,
         architectures=[architecture],
         **extra,

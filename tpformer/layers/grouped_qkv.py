@@ -61,9 +61,10 @@ class GroupedQKV(nn.Module):
         self.replicated = replicates_kv(kv_heads, tp.size)
         d = self.head_dim
         self.q = ColumnParallelLinear(hidden_size, num_heads * d, tp, bias=bias)
+        self.kv: nn.Linear | ColumnParallelLinear
         if self.replicated:
             self.local_kv_heads = 1
-            self.kv: nn.Module = nn.Linear(hidden_size, 2 * kv_heads * d, bias=bias)
+            self.kv = nn.Linear(hidden_size, 2 * kv_heads * d, bias=bias)
             mark_sequence_parallel(self.kv)  # gradients summed over TP
             head = tp.rank * self.local_heads // (num_heads // kv_heads)
             self.kv_rows = (2 * d * head, 2 * d * (head + 1))
@@ -93,14 +94,14 @@ class _GatheredPair(torch.autograd.Function):
     in backward, the input gradient reduce-scattered."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, b1, b2, tp):  # type: ignore[no-untyped-def]
+    def forward(ctx, x, w1, w2, b1, b2, tp):
         ctx.save_for_backward(x, w1, w2)
         ctx.tp, ctx.biases = tp, (b1 is not None, b2 is not None)
         whole = SequenceGather(x, tp).result()
         return F.linear(whole, w1, b1), F.linear(whole, w2, b2)
 
     @staticmethod
-    def backward(ctx, g1: Tensor, g2: Tensor):  # type: ignore[no-untyped-def]
+    def backward(ctx, g1: Tensor, g2: Tensor):
         x, w1, w2 = ctx.saved_tensors
         gather = SequenceGather(x, ctx.tp)
         scatter = SequenceReduceScatter(g1.matmul(w1) + g2.matmul(w2), ctx.tp)

@@ -150,10 +150,10 @@ class SequenceRows:
         token; None: every position), replicated as first_token's: this rank's rows summed,
         then over the sequence's ranks (TP under SP: all-reduce, identity backward as for any
         replicated region; CP: all-reduce both ways, as only CP rank 0's loss counts)."""
-        s = attention_mask.shape[1] if attention_mask is not None else None
-        if s is None:
+        if attention_mask is None:
             s = hidden.shape[1] * self.cp.size * (self.tp.size if self.sequence_parallel else 1)
             attention_mask = torch.ones(hidden.shape[0], s, device=hidden.device)
+        s = attention_mask.shape[1]
         weights = attention_mask.to(hidden.dtype)
         held = weights[:, self.positions(s, hidden.device)]
         total = (hidden * held.unsqueeze(-1)).sum(1)
