@@ -142,7 +142,7 @@ def _cache_bytes(ctx: ParallelContext, directory: str) -> tuple[int, int]:
     formula = kv_cache_bytes(
         layers=c.num_layers,
         batch=3,
-        heads=c.num_heads,
+        kv_heads=c.kv_heads,
         tp=ctx.tp.size,
         max_length=50,
         head_dim=c.hidden_size // c.num_heads,

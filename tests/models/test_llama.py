@@ -167,6 +167,33 @@ def test_greedy_tokens_equal_transformers_generate_at_tp1_and_tp2(llama_dir: Pat
         assert got == ours
 
 
+def _cache_bytes(ctx: ParallelContext, directory: str) -> tuple[int, int]:
+    from tpformer.convert import load_causal_lm
+    from tpformer.inference.generation import new_caches
+    from tpformer.layers.kv_cache import kv_cache_bytes
+
+    model, _, _ = load_causal_lm(Path(directory), ctx)
+    c = model.config
+    caches = new_caches(model, 3, 20)
+    formula = kv_cache_bytes(
+        layers=c.num_layers, batch=3, kv_heads=c.kv_heads, tp=ctx.tp.size, max_length=20,
+        head_dim=c.hidden_size // c.num_heads, itemsize=4,
+    )  # fmt: skip
+    return sum(cache.nbytes for cache in caches), formula
+
+
+def test_the_kv_cache_holds_the_key_value_heads_unexpanded(llama_dir: Path) -> None:
+    """2 key/value heads of 8 query heads, cached unexpanded: both at TP=1 (a quarter of a
+    multi-head cache), one per rank at TP=2, and at TP=4 (replicated) the one each rank's two
+    query heads read."""
+    mha = 2 * 2 * 3 * 8 * 20 * 8 * 4  # layers x (k, v) x batch x heads x positions x dims x 4
+    one = _cache_bytes(ParallelContext.single(device="cpu"), str(llama_dir))
+    assert one == (mha // 4,) * 2
+    for world in (2, 4):
+        for got, formula in run_distributed(_cache_bytes, world, str(llama_dir), tensor=world):
+            assert got == formula == mha // 8
+
+
 def test_tpformer_convert_takes_a_llama_both_ways(tmp_path: Path) -> None:
     """`tpformer-convert from-hf` makes a tpformer checkpoint of a LlamaForCausalLM directory
     and `to-hf` writes it back: the same tensors, and HF's logits from the round trip."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tpformer.layers.grouped_qkv import projected_kv_heads
+
 
 class KVCache:
     """One layer's cache; `length` positions (the same for every sequence of the batch: prompts
@@ -44,7 +46,17 @@ class KVCache:
 
 
 def kv_cache_bytes(
-    *, layers: int, batch: int, heads: int, tp: int, max_length: int, head_dim: int, itemsize: int
+    *,
+    layers: int,
+    batch: int,
+    kv_heads: int,
+    tp: int,
+    max_length: int,
+    head_dim: int,
+    itemsize: int,
 ) -> int:
-    """Bytes of one rank's caches: keys and values of its heads / tp, every layer."""
-    return 2 * layers * batch * (heads // tp) * max_length * head_dim * itemsize
+    """Bytes of one rank's caches: keys and values of the key/value heads it projects (its
+    share of them, or with grouped-query attention over more ranks than heads the one its
+    query heads read: layers/grouped_qkv.py), unexpanded, every layer."""
+    heads = projected_kv_heads(kv_heads, tp)
+    return 2 * layers * batch * heads * max_length * head_dim * itemsize
