@@ -1,8 +1,10 @@
 """Each model task at CP=2 (and CP=2 x TP=2 with sequence parallelism) against one process: the
 CP ranks' losses are shares of the micro-batch's and their gradients partial sums, so both summed
 over the ring must equal the one-process loss and gradients. Covers the heads on position 0
-(NSP, classification: run on every CP rank, counted on CP rank 0), GPT's shifted targets and a
-Llama-style decoder's rotary positions (each CP rank rotates its own chunks' positions)."""
+(NSP, classification: run on every CP rank, counted on CP rank 0), GPT's shifted targets, a
+Llama-style decoder's rotary positions (each CP rank rotates its own chunks' positions) and a
+ModernBERT-style classifier's mean over the tokens (its sums reduced over the ring, without
+local attention, which context parallelism refuses)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from tpformer.parallel.context import ParallelContext
         ("classification", 0.2, 2),
         ("llama", 0.0, 1),
         ("llama", 0.2, 2),
+        ("modernbert_global_cls", 0.0, 1),
+        ("modernbert_global_cls", 0.2, 2),
     ],
 )
 def test_model_at_cp2_sums_to_the_single_process_step(task: str, dropout: float, tp: int) -> None:

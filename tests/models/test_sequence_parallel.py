@@ -116,8 +116,10 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
                 attention_mask=batch["attention_mask"],
                 labels=batch["input_ids"],
             )
-    elif task in ("classification", "modernbert_cls"):
-        config = tiny_modernbert(dropout) if task == "modernbert_cls" else tiny_bert(dropout)
+    elif task in ("classification", "modernbert_cls", "modernbert_global_cls"):
+        config = tiny_bert(dropout)
+        if task != "classification":  # mean pooling; no window: context parallelism takes it
+            config = tiny_modernbert(dropout, local_window=0 if "global" in task else 4)
         model = build_model(config, ctx, task="classification", num_labels=3)
 
         def run():
