@@ -170,6 +170,7 @@ def test_a_modernbert_shape_tpformer_does_not_build_is_refused_by_name(
         (["data.sentence_pairs=nsp"], "model.pooler=head has no pair head"),
         (["model=bert_tiny", "data.sentence_pairs=none"], "data.sentence_pairs=none trains no"),
         (["model=gpt2_small", "model.local_window=8"], "model.local_window=8 is built for"),
+        (["model.pooler=tanh", "data.sentence_pairs=nsp"], "classifier_pooling=mean needs"),
     ],
 )
 def test_a_layout_or_recipe_modernbert_cannot_run_is_refused_before_start(

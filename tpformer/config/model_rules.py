@@ -41,6 +41,11 @@ def validate_model_family(model: ModelConfig, tp: int) -> None:
             "bidirectional window); a decoder's sliding window (Mistral) is not built: set "
             "model.local_window=0"
         )
+    if model.pooler == "tanh" and model.classifier_pooling != "cls":
+        raise ValueError(
+            f"model.classifier_pooling={model.classifier_pooling} needs model.pooler=head: "
+            "BERT's tanh pooler reads the first token only"
+        )
     if model.arch == "gpt" and (model.pooler != "tanh" or model.pre_norm):
         raise ValueError(
             "model.pooler and model.pre_norm are encoder (arch=bert) keys: a decoder is "

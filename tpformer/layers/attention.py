@@ -56,6 +56,8 @@ class ParallelSelfAttention(nn.Module):
         self.tp, self.cp, self.causal, self.rotary = ctx.tp, ctx.cp, causal, rotary
         self.reach = window // 2
         """Sliding-window attention: keys at most this many positions away (0: all)."""
+        if window and causal:
+            raise ValueError("sliding-window attention is built for encoders (ModernBERT) only")
         self.head_dim = divide(hidden_size, num_heads, what="hidden_size")
         kv_heads = kv_heads or num_heads
         self.group = divide(num_heads, kv_heads, what="num_heads")
@@ -128,11 +130,9 @@ class ParallelSelfAttention(nn.Module):
     def _windowed(self, mask: Tensor | None, s: int, device: torch.device) -> Tensor:
         """`mask` and the band |query - key| <= reach over the whole sequence of s positions:
         one bool mask for SDPA's fused kernels (memory-efficient on CUDA: flash takes no mask).
-        Context parallelism and caches are refused for local layers (config/validate.py)."""
+        Context parallelism is refused for local layers (config/model_rules.py)."""
         index = torch.arange(s, device=device)
         band = (index[:, None] - index[None, :]).abs() <= self.reach
-        if self.causal:
-            band = band & (index[:, None] >= index[None, :])
         return band if mask is None else mask & band
 
     def _rotate(

@@ -14,12 +14,11 @@ the key/value heads.) Under SP both weights read one sequence gather of the inpu
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tpformer.layers.linear import ColumnParallelLinear
-from tpformer.parallel.comm import SequenceGather, SequenceReduceScatter, copy_to_tp
+from tpformer.layers.linear import ColumnParallelLinear, sequence_gathered_linears
+from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.context import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel
 from tpformer.parallel.layout import divide
@@ -77,8 +76,9 @@ class GroupedQKV(nn.Module):
         first, stop = self.kv_rows  # views of the parameters: nothing copied or kept
         kv_weight = self.kv.weight[first:stop]
         kv_bias = None if self.kv.bias is None else self.kv.bias[first:stop]
-        if self.sequence_parallel and self.tp.size > 1:
-            q, kv = _GatheredPair.apply(x, self.q.weight, kv_weight, self.q.bias, kv_bias, self.tp)
+        if self.sequence_parallel:  # one gather for both
+            pairs = [(self.q.weight, self.q.bias), (kv_weight, kv_bias)]
+            q, kv = sequence_gathered_linears(x, pairs, self.tp)
         else:
             x = copy_to_tp(x, self.tp)
             q, kv = F.linear(x, self.q.weight, self.q.bias), F.linear(x, kv_weight, kv_bias)
@@ -86,29 +86,3 @@ class GroupedQKV(nn.Module):
         q = q.view(b, s, self.local_heads, d)
         kv = kv.view(b, s, self.local_kv_heads, 2, d)
         return q.transpose(1, 2), kv[..., 0, :].transpose(1, 2), kv[..., 1, :].transpose(1, 2)
-
-
-class _GatheredPair(torch.autograd.Function):
-    """Two linears of the whole sequence from this rank's chunk x [b, s/tp, in], as
-    layers/linear.py's sequence-gathered linear for one: x's chunk is kept and gathered again
-    in backward, the input gradient reduce-scattered."""
-
-    @staticmethod
-    def forward(ctx, x, w1, w2, b1, b2, tp):
-        ctx.save_for_backward(x, w1, w2)
-        ctx.tp, ctx.biases = tp, (b1 is not None, b2 is not None)
-        whole = SequenceGather(x, tp).result()
-        return F.linear(whole, w1, b1), F.linear(whole, w2, b2)
-
-    @staticmethod
-    def backward(ctx, g1: Tensor, g2: Tensor):
-        x, w1, w2 = ctx.saved_tensors
-        gather = SequenceGather(x, ctx.tp)
-        scatter = SequenceReduceScatter(g1.matmul(w1) + g2.matmul(w2), ctx.tp)
-        whole = gather.result().reshape(-1, x.shape[-1])
-        grads = []
-        for g, has_bias in zip((g1, g2), ctx.biases, strict=True):
-            flat = g.reshape(-1, g.shape[-1])
-            grads.append((flat.t().matmul(whole), flat.sum(0) if has_bias else None))
-        (gw1, gb1), (gw2, gb2) = grads
-        return scatter.result(), gw1, gw2, gb1, gb2, None

@@ -35,40 +35,52 @@ from tpformer.parallel.layout import divide
 
 
 class _SequenceGatheredLinear(torch.autograd.Function):
-    """y = all_gather_seq(x) @ W.T + b, saving x's sequence chunk rather than the gathered
-    input: backward re-gathers it for the weight gradient (while the input gradient is
-    computed) and reduce-scatters the input gradient (while the weight gradient is)."""
+    """y_i = all_gather_seq(x) @ W_i.T + b_i for each weight, saving x's sequence chunk rather
+    than the gathered input: backward re-gathers it for the weight gradients (while the input
+    gradient is computed) and reduce-scatters the input gradient (while the weight gradients
+    are). Several weights (grouped-query attention's query and key/value) share one gather."""
 
     @staticmethod
-    def forward(
-        ctx,
-        x: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        tp: GroupHandle,
-    ) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.tp, ctx.has_bias = tp, bias is not None
-        return F.linear(SequenceGather(x, tp).result(), weight, bias)
+    def forward(ctx, x: Tensor, tp: GroupHandle, *params: Tensor | None) -> tuple[Tensor, ...]:
+        weights, biases = params[0::2], params[1::2]
+        ctx.save_for_backward(x, *weights)
+        ctx.tp, ctx.has_bias = tp, [b is not None for b in biases]
+        whole = SequenceGather(x, tp).result()
+        return tuple(
+            F.linear(whole, w, b) for w, b in zip(weights, biases, strict=True) if w is not None
+        )
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
+    def backward(ctx, *grads: Tensor):
+        x, *weights = ctx.saved_tensors
         gather = SequenceGather(x, ctx.tp)
-        scatter = SequenceReduceScatter(grad.matmul(weight), ctx.tp)
-        grad_2d = grad.reshape(-1, grad.shape[-1])
-        grad_weight = grad_2d.t().matmul(gather.result().reshape(-1, x.shape[-1]))
-        grad_bias = grad_2d.sum(0) if ctx.has_bias else None
-        return scatter.result(), grad_weight, grad_bias, None
+        grad_input = grads[0].matmul(weights[0])
+        for grad, weight in zip(grads[1:], weights[1:], strict=True):
+            grad_input = grad_input + grad.matmul(weight)
+        scatter = SequenceReduceScatter(grad_input, ctx.tp)
+        whole = gather.result().reshape(-1, x.shape[-1])
+        params: list[Tensor | None] = []
+        for grad, has_bias in zip(grads, ctx.has_bias, strict=True):
+            grad_2d = grad.reshape(-1, grad.shape[-1])
+            params += [grad_2d.t().matmul(whole), grad_2d.sum(0) if has_bias else None]
+        return scatter.result(), None, *params
+
+
+def sequence_gathered_linears(
+    x: Tensor, pairs: list[tuple[Tensor, Tensor | None]], tp: GroupHandle
+) -> tuple[Tensor, ...]:
+    """F.linear of the whole sequence from this rank's chunk x [b, s/tp, in] with each
+    (weight, bias) of `pairs`, after one gather -> one [b, s, out_i] each."""
+    if tp.size == 1:
+        return tuple(F.linear(x, w, b) for w, b in pairs)
+    return _SequenceGatheredLinear.apply(x, tp, *(t for pair in pairs for t in pair))
 
 
 def sequence_gathered_linear(
     x: Tensor, weight: Tensor, bias: Tensor | None, tp: GroupHandle
 ) -> Tensor:
     """F.linear of the whole sequence from this rank's chunk x [b, s/tp, in] -> [b, s, out]."""
-    if tp.size == 1:
-        return F.linear(x, weight, bias)
-    return _SequenceGatheredLinear.apply(x, weight, bias, tp)
+    return sequence_gathered_linears(x, [(weight, bias)], tp)[0]
 
 
 class ColumnParallelLinear(TPModule):

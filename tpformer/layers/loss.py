@@ -37,24 +37,26 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             row_max = logits.new_full(logits.shape[:1], float("-inf"))
         all_reduce(row_max, tp, ReduceOp.MAX)  # 1
 
+        # logits - max written once into the buffer that becomes exp(.) and, in backward, the
+        # gradient (no clone of the padded logits, no second [N, V/tp] tensor)
+        probs = torch.empty_like(logits)
+        torch.sub(real, row_max.unsqueeze(-1), out=probs[:, :valid])
+        probs[:, valid:].zero_()
+
         ignored = target == ignore_index
         local_target = target - start
         outside = (local_target < 0) | (local_target >= valid) | ignored
         local_target = local_target.masked_fill(outside, 0)
-        target_logit = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1) - row_max
+        target_logit = probs.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
         target_logit = target_logit.masked_fill(outside, 0.0)
         if smoothing > 0:
-            stats = torch.stack([target_logit, real.sum(dim=-1) - valid * row_max])
+            stats = torch.stack([target_logit, probs[:, :valid].sum(dim=-1)])
             all_reduce(stats, tp)  # 2
             target_logit, logit_sum = stats[0], stats[1]
         else:
             all_reduce(target_logit, tp)  # 2
 
-        # exp(logits - max) written once into the buffer the backward reuses as the gradient
-        probs = torch.empty_like(logits)
-        torch.sub(real, row_max.unsqueeze(-1), out=probs[:, :valid])
         probs[:, :valid].exp_()
-        probs[:, valid:].zero_()
         sum_exp = probs.sum(dim=-1)
         all_reduce(sum_exp, tp)  # 3
         log_z = sum_exp.log()

@@ -243,7 +243,7 @@ def format_plan(
 
 def _family(model: ModelConfig) -> str:
     """The architecture, with the Llama and ModernBERT families' blocks named when set."""
-    window = f"window {model.local_window} but every {model.global_every}th layer"
+    window = f"window {model.local_window}, global every {model.global_every} layers"
     blocks = [
         *(["pre-norm"] if model.pre_norm and model.arch == "bert" else []),
         *(["rope"] if model.position_embedding == "rope" else []),
