@@ -111,8 +111,10 @@ PUBLIC_KEYS = {
         "weight_decay",
     ],
     "data": [
+        "blend",
         "cache_dir",
         "config",
+        "documents",
         "eval_fraction",
         "mask_prob",
         "name",
@@ -292,7 +294,8 @@ CHOICES = {
     "model.rope_scaling": "none, linear, dynamic, llama3",
     "model.pooler": "tanh, head",
     "model.classifier_pooling": "cls, mean",
-    "data.source": "shakespeare, text, jsonl, hf, synthetic",
+    "data.source": "shakespeare, text, jsonl, hf, megatron, synthetic",
+    "data.documents": "blank_line, file, line",
     "data.tokenizer_type": "bpe, unigram",
     "data.sentence_pairs": "nsp, sop, none",
 }

@@ -151,7 +151,7 @@ def test_preprocessing_round_trips_and_is_skipped_on_rerun(
     again = preprocess(spec, tok, cache=tmp_path / "w1", workers=1, progress=False)
     assert again.prefix == one.prefix
     reused = prepare_tokenizer(
-        spec,
+        [spec],
         tokenizer=str(tok.path),
         vocab_size=160,
         model_type="bpe",
@@ -170,7 +170,7 @@ def test_empty_and_corrupt_corpora_fail_clearly(tmp_path: Path) -> None:
         preprocess(text_spec(empty), tok, cache=tmp_path / "e", workers=1, progress=False)
     with pytest.raises(ValueError, match="has no text"):
         prepare_tokenizer(
-            text_spec(empty),
+            [text_spec(empty)],
             tokenizer="",
             vocab_size=100,
             model_type="bpe",

@@ -191,7 +191,7 @@ def corpus(tmp_path: Path) -> tuple[DataConfig, Path]:
         workers=1,
         seq_length=32,
     )
-    _, prefix = prepare_data(data, 160, progress=False)
+    _, (prefix,) = prepare_data(data, 160, progress=False)
     return data, prefix
 
 

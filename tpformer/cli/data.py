@@ -50,22 +50,23 @@ def train_tokenizer_main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for tpformer-pretrain")
     args = parser.parse_args(argv)
     _setup_logging()
-    from tpformer.data import corpus_spec
+    from tpformer.data import corpus_parts, corpus_spec
     from tpformer.data.preprocess import cache_dir, corpus_sentences, prepare_tokenizer
     from tpformer.data.tokenizer import train_sentencepiece
 
     config = _config(args.overrides)
     data = config.data
+    specs = [corpus_spec(part) for part in corpus_parts(data)]
     if args.out:
         path = train_sentencepiece(
-            corpus_sentences(corpus_spec(data)),
+            corpus_sentences(specs),
             args.out,
             vocab_size=config.model.vocab_size,
             model_type=data.tokenizer_type,
         )
     else:
         path = prepare_tokenizer(
-            corpus_spec(data),
+            specs,
             tokenizer=data.tokenizer,
             vocab_size=config.model.vocab_size,
             model_type=data.tokenizer_type,
@@ -86,5 +87,7 @@ def preprocess_main(argv: list[str] | None = None) -> None:
     from tpformer.data import prepare_data
 
     config = _config(args.overrides)
-    tokenizer, corpus = prepare_data(config.data, config.model.vocab_size)
-    print(f"tokenizer {tokenizer}\ncorpus {corpus}")
+    tokenizer, corpora = prepare_data(config.data, config.model.vocab_size)
+    print(f"tokenizer {tokenizer}")
+    for corpus in corpora:
+        print(f"corpus {corpus}")

@@ -79,6 +79,36 @@ def invalid_choice(key: str, value: str, schema: type) -> str | None:
     return f"{key}={value} is not one of {', '.join(valid)}"
 
 
+def _list_item_class(hint: Any) -> type | None:
+    """The dataclass of a list-of-dataclasses field (data.blend's BlendPart), else None."""
+    if typing.get_origin(hint) is not list:
+        return None
+    return _nested(typing.get_args(hint)[0]) if typing.get_args(hint) else None
+
+
+def invalid_list_items(key: str, value: str, schema: type) -> str | None:
+    """Why an item of a list-of-dataclasses override ([{k: v, ...}, ...]) has a key its class
+    lacks or a choice value it does not allow (one line naming the closest valid key or the
+    values), else None; Hydra's own message would advise appending with `+`."""
+    item_class = _list_item_class(_field_type(key, schema))
+    if item_class is None:
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    items = OverridesParser.create().parse_override(f"{key}={value}").value()
+    for number, item in enumerate(items if isinstance(items, list) else []):
+        if not isinstance(item, dict):
+            return f"{key}: item {number} is {item!r}, expected {{key: value, ...}}"
+        for field, field_value in item.items():
+            where = f"{key}[{number}].{field}"
+            problem = unknown_key(field, item_class)
+            if problem is None and isinstance(field_value, str):
+                problem = invalid_choice(field, field_value, item_class)
+            if problem is not None:  # it starts with the field's name
+                return where + problem[len(field) :]
+    return None
+
+
 def key_docstring(key: str, schema: type) -> str:
     """The schema's docstring of a dotted key ("" if it has none)."""
     from tpformer.config.reference import field_docstrings
@@ -138,6 +168,8 @@ def check_overrides(overrides: list[str], schema: type) -> None:
             problem = unparsable(override, multirun=multirun)
         if problem is None and "=" in override:
             problem = invalid_choice(key, override.split("=", 1)[1], schema)
+        if problem is None and "=" in override:
+            problem = invalid_list_items(key, override.split("=", 1)[1], schema)
         if problem is not None:
             raise ValueError(problem)
 

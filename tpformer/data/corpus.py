@@ -24,6 +24,7 @@ class CorpusSpec:
 
     source: str
     paths: tuple[str, ...] = ()
+    documents: str = "blank_line"
     name: str = ""
     config: str = ""
     split: str = "train"
@@ -60,14 +61,17 @@ def _existing(paths: tuple[str, ...], what: str) -> list[Path]:
     return files
 
 
-def read_text(paths: tuple[str, ...]) -> Iterator[str]:
-    """Plain text: documents are separated by one or more blank lines."""
+def read_text(paths: tuple[str, ...], documents: str = "blank_line") -> Iterator[str]:
+    """Plain text; a document is a paragraph (blank_line: separated by blank lines), a whole
+    file (file: held in memory one file at a time) or a line (line)."""
     for path in _existing(paths, "text"):
         lines: list[str] = []
         for line in _utf8_lines(path):
             if line.strip():
                 lines.append(line.rstrip("\n"))
-            elif lines:
+                if documents == "line":
+                    yield lines.pop()
+            elif lines and documents == "blank_line":
                 yield "\n".join(lines)
                 lines = []
         if lines:
@@ -159,7 +163,7 @@ def read_documents(spec: CorpusSpec) -> Iterator[str]:
     """Every non-empty document of the corpus, in order."""
     readers = {
         "shakespeare": read_shakespeare,
-        "text": lambda: read_text(spec.paths),
+        "text": lambda: read_text(spec.paths, spec.documents),
         "jsonl": lambda: read_jsonl(spec.paths, spec.text_field),
         "hf": lambda: read_hf(spec),
     }
@@ -174,8 +178,9 @@ def read_documents(spec: CorpusSpec) -> Iterator[str]:
 
 def fingerprint(spec: CorpusSpec) -> str:
     """A hash of the corpus content (files hashed in full, streaming), for skipping reruns."""
+    boundary = () if spec.documents == "blank_line" else (spec.documents,)  # old keys kept
     h = hashlib.sha256(
-        repr((spec.source, spec.name, spec.config, spec.split, spec.text_field)).encode()
+        repr((spec.source, spec.name, spec.config, spec.split, spec.text_field, *boundary)).encode()
     )
     if spec.source == "shakespeare":
         files: list = shakespeare_files()

@@ -74,8 +74,61 @@ class IndexedWriter:
         self._tmp.unlink(missing_ok=True)
 
 
-class IndexedCorpus:
-    """Read side: sentences and documents of a preprocessed corpus, memory-mapped."""
+class TokenCorpus:
+    """Read side shared by every token-file format: sentences and documents, memory-mapped.
+
+    Subclasses set prefix, tokens (1-D ids), sentence_offsets (n + 1 token offsets) and
+    doc_offsets (d + 1 sentence offsets)."""
+
+    prefix: Path
+    tokens: np.ndarray
+    sentence_offsets: np.ndarray
+    doc_offsets: np.ndarray
+    adds_document_tokens = True
+    """Whether a causal LM puts each document between the tokenizer's BOS and EOS (false when
+    the file already holds the separators its preprocessing wrote)."""
+    remedy = "delete {prefix}.* and rerun"
+    """What to do about a bad file (this format's files can be regenerated)."""
+
+    def check_token_ids(self, vocab_size: int, *, chunk: int = 1 << 24) -> None:
+        """Every token id is below vocab_size (a corpus tokenized with another tokenizer, or a
+        damaged token file, would otherwise embed out-of-range ids)."""
+        for start in range(0, len(self.tokens), chunk):
+            part = self.tokens[start : start + chunk]
+            top = int(part.max())
+            if top >= vocab_size:
+                at = start + int(np.argmax(part >= vocab_size))
+                raise ValueError(
+                    f"{self.prefix}.bin holds token id {int(self.tokens[at])} at "
+                    f"position {at}, outside model.vocab_size={vocab_size}: the "
+                    f"corpus was tokenized for another vocabulary or is damaged; "
+                    + self.remedy.format(prefix=self.prefix)
+                )
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sentence_offsets[-1])
+
+    def sentence_lengths(self) -> np.ndarray:
+        return np.diff(self.sentence_offsets)
+
+    def sentence(self, i: int) -> np.ndarray:
+        return self.tokens[self.sentence_offsets[i] : self.sentence_offsets[i + 1]]
+
+    def span(self, first: int, end: int) -> np.ndarray:
+        """Tokens of sentences [first, end) as one array."""
+        return self.tokens[self.sentence_offsets[first] : self.sentence_offsets[end]]
+
+    def document(self, d: int) -> list[np.ndarray]:
+        return [self.sentence(i) for i in range(self.doc_offsets[d], self.doc_offsets[d + 1])]
+
+
+class IndexedCorpus(TokenCorpus):
+    """tpformer's own token files (<prefix>.bin, .idx.npz, .json), as preprocess() writes them."""
 
     def __init__(self, prefix: Path) -> None:
         self.prefix = Path(prefix)
@@ -107,39 +160,3 @@ class IndexedCorpus:
         self.tokens = (
             np.memmap(bin_file, dtype=dtype, mode="r") if expected else np.zeros(0, dtype=dtype)
         )
-
-    def check_token_ids(self, vocab_size: int, *, chunk: int = 1 << 24) -> None:
-        """Every token id is below vocab_size (a corpus tokenized with another tokenizer, or a
-        damaged token file, would otherwise embed out-of-range ids)."""
-        for start in range(0, len(self.tokens), chunk):
-            part = self.tokens[start : start + chunk]
-            top = int(part.max())
-            if top >= vocab_size:
-                at = start + int(np.argmax(part >= vocab_size))
-                raise ValueError(
-                    f"{self.prefix}.bin holds token id {int(self.tokens[at])} at "
-                    f"position {at}, outside model.vocab_size={vocab_size}: the "
-                    f"corpus was tokenized for another vocabulary or is damaged; "
-                    f"delete {self.prefix}.* and rerun"
-                )
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.doc_offsets) - 1
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sentence_offsets[-1])
-
-    def sentence_lengths(self) -> np.ndarray:
-        return np.diff(self.sentence_offsets)
-
-    def sentence(self, i: int) -> np.ndarray:
-        return self.tokens[self.sentence_offsets[i] : self.sentence_offsets[i + 1]]
-
-    def span(self, first: int, end: int) -> np.ndarray:
-        """Tokens of sentences [first, end) as one array."""
-        return self.tokens[self.sentence_offsets[first] : self.sentence_offsets[end]]
-
-    def document(self, d: int) -> list[np.ndarray]:
-        return [self.sentence(i) for i in range(self.doc_offsets[d], self.doc_offsets[d + 1])]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tpformer.data.corpus import CorpusSpec, fingerprint, read_documents, split_sentences
@@ -34,13 +34,21 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def corpus_sentences(spec: CorpusSpec) -> Iterator[str]:
-    for document in read_documents(spec):
-        yield from split_sentences(document)
+def corpus_sentences(specs: Sequence[CorpusSpec]) -> Iterator[str]:
+    """The sentences of every corpus, one corpus after the other (a blend's tokenizer is
+    trained on all of them)."""
+    for spec in specs:
+        for document in read_documents(spec):
+            yield from split_sentences(document)
+
+
+def _fingerprints(specs: Sequence[CorpusSpec]) -> str:
+    prints = [fingerprint(s) for s in specs]
+    return prints[0] if len(prints) == 1 else _key(*prints)  # one corpus: the earlier key
 
 
 def prepare_tokenizer(
-    spec: CorpusSpec,
+    specs: Sequence[CorpusSpec],
     *,
     tokenizer: str,
     vocab_size: int,
@@ -48,10 +56,10 @@ def prepare_tokenizer(
     cache: Path,
     progress: bool = True,
 ) -> Tokenizer:
-    """data.tokenizer if given, else a sentencepiece model trained on the corpus (cached)."""
+    """data.tokenizer if given, else a sentencepiece model trained on the corpora (cached)."""
     if tokenizer:
         return Tokenizer(Path(tokenizer))
-    out = cache / f"tokenizer-{_key(fingerprint(spec), vocab_size, model_type)}"
+    out = cache / f"tokenizer-{_key(_fingerprints(specs), vocab_size, model_type)}"
     if (out / SP_FILE).is_file():
         log.info("tokenizer: reusing %s", out / SP_FILE)
         return Tokenizer(out / SP_FILE)
@@ -59,12 +67,12 @@ def prepare_tokenizer(
         "tokenizer: training a %s sentencepiece model of %d tokens on data.source=%s",
         model_type,
         vocab_size,
-        spec.source,
+        "+".join(str(s.source) for s in specs),
     )
     sentences = progress_display(
-        corpus_sentences(spec), desc="tokenizer: reading", unit=" sentences", enabled=progress
+        corpus_sentences(specs), desc="tokenizer: reading", unit=" sentences", enabled=progress
     )
-    counted = _nonempty(sentences, spec)
+    counted = _nonempty(sentences, specs[0])
     return Tokenizer(
         train_sentencepiece(counted, out, vocab_size=vocab_size, model_type=model_type)
     )

@@ -9,11 +9,13 @@ The last `eval_fraction` of the documents are held out for evaluation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import Tensor
 
-from tpformer.data.indexed import IndexedCorpus
+from tpformer.data.indexed import TokenCorpus
 from tpformer.data.masking import IGNORE, mask_tokens
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.random import derive_seed
@@ -36,14 +38,14 @@ class EpochOrder:
         return int(self._perm[index % self.size])
 
 
-def split_documents(corpus: IndexedCorpus, eval_fraction: float) -> tuple[range, range]:
+def split_documents(corpus: TokenCorpus, eval_fraction: float) -> tuple[range, range]:
     """(training documents, held-out documents); nothing is held out from a one-document corpus."""
     n = corpus.num_documents
     held = 0 if n < 2 or eval_fraction <= 0 else min(n - 1, max(1, round(eval_fraction * n)))
     return range(0, n - held), range(n - held, n)
 
 
-def pack_chunks(corpus: IndexedCorpus, documents: range, target: int) -> np.ndarray:
+def pack_chunks(corpus: TokenCorpus, documents: range, target: int) -> np.ndarray:
     """[n, 3] rows (document, first sentence, end sentence): whole sentences of one document
     packed greedily up to `target` tokens (a longer sentence is a chunk of its own)."""
     lengths = corpus.sentence_lengths()
@@ -61,7 +63,7 @@ def pack_chunks(corpus: IndexedCorpus, documents: range, target: int) -> np.ndar
     return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
 
 
-def check_corpus_size(corpus: IndexedCorpus, documents: range, seq_length: int) -> None:
+def check_corpus_size(corpus: TokenCorpus, documents: range, seq_length: int) -> None:
     tokens = int(
         corpus.sentence_offsets[corpus.doc_offsets[documents.stop]]
         - corpus.sentence_offsets[corpus.doc_offsets[documents.start]]
@@ -81,7 +83,7 @@ class BertPretrainingDataset:
 
     def __init__(
         self,
-        corpus: IndexedCorpus,
+        corpus: TokenCorpus,
         tokenizer: Tokenizer,
         *,
         seq_length: int,
@@ -190,7 +192,7 @@ class BertPretrainingDataset:
         g = torch.Generator().manual_seed(derive_seed(self.seed, index, _EVAL))
         return self._sample(self.eval_chunks, index % len(self.eval_chunks), g)
 
-    def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]:
+    def batch(self, indices: Sequence[int], *, split: str = "train") -> dict[str, Tensor]:
         samples = [self.sample(i, split=split) for i in indices]
         return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
 
@@ -201,7 +203,7 @@ class DocumentStream:
     without materializing it (vectorized, per window)."""
 
     def __init__(
-        self, corpus: IndexedCorpus, documents: range, bos: int | None, eos: int | None
+        self, corpus: TokenCorpus, documents: range, bos: int | None, eos: int | None
     ) -> None:
         self.tokens, self.bos, self.eos = corpus.tokens, bos, eos
         starts = corpus.sentence_offsets[corpus.doc_offsets[documents.start : documents.stop + 1]]
@@ -237,7 +239,7 @@ class CausalLMDataset:
 
     def __init__(
         self,
-        corpus: IndexedCorpus,
+        corpus: TokenCorpus,
         *,
         seq_length: int,
         seed: int,
@@ -256,7 +258,7 @@ class CausalLMDataset:
     def __len__(self) -> int:
         return len(self.train) // self.seq
 
-    def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]:
+    def batch(self, indices: Sequence[int], *, split: str = "train") -> dict[str, Tensor]:
         if split == "train":
             rows = [self.train.window(self.order(i) * self.seq, self.seq) for i in indices]
         else:

@@ -10,6 +10,8 @@ the second segment keeps the topic (NSP label 0, "is next") or switches to anoth
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -89,7 +91,7 @@ class SyntheticPretraining:
             "nsp_labels": torch.tensor(is_random_next),
         }
 
-    def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]:
+    def batch(self, indices: Sequence[int], *, split: str = "train") -> dict[str, Tensor]:
         offset = 0 if split == "train" else EVAL_OFFSET
         samples = [self._sample(offset + i) for i in indices]
         return {k: torch.stack([s[k] for s in samples]) for k in samples[0]}

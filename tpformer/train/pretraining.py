@@ -11,13 +11,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from torch import Tensor, nn
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import Config
 from tpformer.data import load_pretraining_data, prepare_data
+from tpformer.data.blend import EVAL_PREFIX, BlendedSamples, SampleSource
 from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.steps import StepSource
 from tpformer.data.tokenizer import Tokenizer
@@ -36,16 +37,12 @@ from tpformer.train.startup_report import format_plan
 log = logging.getLogger(__name__)
 
 
-class SampleSource(Protocol):
-    """A pretraining dataset: the batch of given global sample indices of a split."""
-
-    def batch(self, indices: range, *, split: str = "train") -> dict[str, Tensor]: ...
-
-
-def prepare_data_on_rank0(config: Config, ctx: ParallelContext) -> tuple[Path, Path] | None:
+def prepare_data_on_rank0(
+    config: Config, ctx: ParallelContext
+) -> tuple[Path, tuple[Path, ...]] | None:
     """Rank 0 trains the tokenizer and preprocesses the corpus (or finds them cached); every
     rank gets the paths, or rank 0's error, so no rank is left waiting."""
-    if config.data.source == "synthetic":
+    if config.data.source == "synthetic" and not config.data.blend:
         return None
     outcome: object = None
     if ctx.is_main:
@@ -89,14 +86,33 @@ class PretrainingSteps:
 
 
 class HeldOutLoss:
-    """Pretraining's evaluator: the objective's means over `steps` batches of held-out data."""
+    """Pretraining's evaluator: the objective's means over `steps` batches of held-out data;
+    for a blend, each corpus's (as <label>/loss, ...) and their mean weighted as the blend."""
 
-    def __init__(self, batches: StepSource, steps: int) -> None:
+    def __init__(self, batches: dict[str, tuple[StepSource, float]], steps: int) -> None:
         self.batches, self.steps = batches, steps
 
-    def __call__(self, trainer: Trainer) -> dict[str, float]:
-        parts = [trainer.run_step(i, self.batches, train=False) for i in range(self.steps)]
+    def _means(self, trainer: Trainer, batches: StepSource) -> dict[str, float]:
+        parts = [trainer.run_step(i, batches, train=False) for i in range(self.steps)]
         return {k: sum(p[k] for p in parts) / len(parts) for k in parts[0] if k != "tokens"}
+
+    def __call__(self, trainer: Trainer) -> dict[str, float]:
+        if list(self.batches) == ["eval"]:
+            return self._means(trainer, self.batches["eval"][0])
+        per_corpus = {
+            split.removeprefix(EVAL_PREFIX): (self._means(trainer, batches), weight)
+            for split, (batches, weight) in self.batches.items()
+        }
+        keys = next(iter(per_corpus.values()))[0]
+        blended = {k: sum(m[k] * w for m, w in per_corpus.values()) for k in keys}
+        return blended | {
+            f"{label}/{k}": v for label, (means, _) in per_corpus.items() for k, v in means.items()
+        }
+
+
+def eval_splits(data: SampleSource) -> dict[str, float]:
+    """The held-out splits to evaluate and their weights: one, or one per corpus of a blend."""
+    return data.eval_splits if isinstance(data, BlendedSamples) else {"eval": 1.0}
 
 
 def _step_batches(
@@ -206,7 +222,10 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
             runner=wrapped.runner,
             objective=objective,
             train_batches=batches("train"),
-            evaluator=HeldOutLoss(batches("eval"), t.eval_steps),
+            evaluator=HeldOutLoss(
+                {split: (batches(split), w) for split, w in eval_splits(data).items()},
+                t.eval_steps,
+            ),
             max_steps=t.max_steps,
             global_batch=global_batch,
             peak_lr=scaled_lr(config.optim, global_batch),

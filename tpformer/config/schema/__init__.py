@@ -13,6 +13,7 @@ from tpformer.config.schema.choices import (
     CpuOffload,
     DataSource,
     Decay,
+    DocumentBoundary,
     GlueTaskName,
     GradCompression,
     Logger,
@@ -37,7 +38,13 @@ from tpformer.config.schema.choices import (
     ranged,
 )
 from tpformer.config.schema.cluster import ClusterConfig
-from tpformer.config.schema.data import DataConfig, GlueDataConfig, LoaderConfig
+from tpformer.config.schema.data import (
+    BlendPart,
+    CorpusConfig,
+    DataConfig,
+    GlueDataConfig,
+    LoaderConfig,
+)
 from tpformer.config.schema.jobs import (
     Config,
     DryRunConfig,
@@ -63,14 +70,17 @@ __all__ = [
     "MISSING",
     "Activation",
     "Arch",
+    "BlendPart",
     "Choice",
     "ClassifierPooling",
     "ClusterConfig",
     "Config",
+    "CorpusConfig",
     "CpuOffload",
     "DataConfig",
     "DataSource",
     "Decay",
+    "DocumentBoundary",
     "DryRunConfig",
     "EvalLMConfig",
     "FinetuneConfig",

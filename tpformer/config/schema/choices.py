@@ -111,7 +111,14 @@ class DataSource(Choice):
     text = "text"
     jsonl = "jsonl"
     hf = "hf"
+    megatron = "megatron"
     synthetic = "synthetic"
+
+
+class DocumentBoundary(Choice):
+    blank_line = "blank_line"
+    file = "file"
+    line = "line"
 
 
 class TokenizerType(Choice):

