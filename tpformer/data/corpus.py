@@ -96,8 +96,9 @@ def read_jsonl(paths: tuple[str, ...], field: str) -> Iterator[str]:
 
 
 def read_hf(spec: CorpusSpec) -> Iterator[str]:
-    """Rows of a `datasets` dataset (a hub name online, or a builder such as json/parquet/text
-    with data.paths offline), streamed; each row's text field is one document."""
+    """Rows of a `datasets` dataset (a hub name online, or a builder such as json, parquet,
+    arrow or text with data.paths offline), streamed: files are read a batch of rows at a time,
+    never converted to an Arrow cache; each row's text field is one document."""
     import datasets
 
     quiet_datasets_off_a_terminal()
@@ -108,15 +109,26 @@ def read_hf(spec: CorpusSpec) -> Iterator[str]:
             "builder such as json, parquet or text with data.paths=[...])"
         )
     files = [str(p) for p in _existing(spec.paths, "hf")] if spec.paths else None
-    rows = datasets.load_dataset(
-        spec.name, spec.config or None, split=spec.split, data_files=files, streaming=True
-    )
-    for row in rows:
-        if spec.text_field not in row:
-            raise ValueError(
-                f"dataset {spec.name!r} has no column {spec.text_field!r} "
-                f"(columns: {sorted(row)}); set data.text_field"
+    try:
+        rows = iter(
+            datasets.load_dataset(
+                spec.name, spec.config or None, split=spec.split, data_files=files, streaming=True
             )
+        )
+        first = next(rows, None)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(
+            f"data.name={spec.name} could not read {files or spec.name}: "
+            f"{type(err).__name__}: {err}"
+        ) from None
+    if first is not None and spec.text_field not in first:
+        raise ValueError(
+            f"dataset {spec.name!r} has no column {spec.text_field!r} "
+            f"(columns: {sorted(first)}); set data.text_field"
+        )
+    if first is not None:
+        yield first[spec.text_field]
+    for row in rows:
         yield row[spec.text_field]
 
 
