@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpformer.config.schema import FinetuneTrainerConfig, TrainerConfig
+from tpformer.config.schema import DataConfig, FinetuneTrainerConfig, TrainerConfig
 from tpformer.parallel.layout import divisors
 
 
@@ -31,3 +31,10 @@ def finetune_micro_batching(trainer: FinetuneTrainerConfig, dp: int) -> tuple[in
     trainer.micro_batch_size, by default the DP rank's whole share of trainer.batch_size."""
     micro = trainer.micro_batch_size or trainer.batch_size // dp
     return micro, trainer.batch_size // (micro * dp)
+
+
+def mlm_fraction(data: DataConfig) -> float:
+    """The share of a BERT sample's tokens the MLM head predicts: data.mask_prob, or less where
+    data.max_predictions_per_seq caps it (what the planner and the FLOPs estimate price)."""
+    cap = data.max_predictions_per_seq
+    return min(data.mask_prob, cap / max(1, data.seq_length - 3)) if cap else data.mask_prob

@@ -108,6 +108,8 @@ def _corpus_samples(
         sentence_pairs=data.sentence_pairs,
         seed=seed,
         eval_fraction=data.eval_fraction,
+        short_seq_prob=data.short_seq_prob,
+        max_predictions=data.max_predictions_per_seq,
     )
 
 

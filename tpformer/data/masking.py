@@ -1,5 +1,6 @@
 """BERT's masked-LM corruption: choose round(mask_prob x maskable tokens) positions (whole words
-optionally), replace 80% with [MASK], 10% with a random token, keep 10%; specials never chosen."""
+optionally; at most max_predictions), replace 80% with [MASK], 10% with a random token, keep
+10%; specials are never chosen, nor drawn as the random token."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ def mask_tokens(
     mask_prob: float,
     whole_word: bool,
     generator: torch.Generator,
+    max_predictions: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """(inputs, labels) for one sequence; labels are IGNORE except at chosen positions."""
+    """(inputs, labels) for one sequence; labels are IGNORE except at chosen positions, at most
+    `max_predictions` of them when it is set (Google's max_predictions_per_seq)."""
     positions = maskable.nonzero().flatten()
     budget = max(1, round(mask_prob * positions.numel())) if positions.numel() else 0
+    if max_predictions:
+        budget = min(budget, max_predictions)
     if whole_word:  # a word = a word-start token and the continuation tokens after it
         starts = word_start[ids[positions]] | (
             positions != torch.cat([positions[:1] - 1, positions[:-1]]) + 1

@@ -20,7 +20,7 @@ from tpformer.data.masking import IGNORE, mask_tokens
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.random import derive_seed
 
-_ORDER, _SAMPLE, _EVAL = 0x0DE5, 0x5A3E, 0xE7A1
+_ORDER, _SAMPLE, _EVAL, _PACK = 0x0DE5, 0x5A3E, 0xE7A1, 0xFAC7
 
 
 class EpochOrder:
@@ -63,6 +63,51 @@ def pack_chunks(corpus: TokenCorpus, documents: range, target: int) -> np.ndarra
     return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
 
 
+def fill_chunks(
+    corpus: TokenCorpus, documents: range, target: int, short_prob: float, seed: int
+) -> np.ndarray:
+    """[n, 4] rows (document, first sentence, end sentence, target length): Google's
+    create_instances_from_document. Each chunk takes whole sentences of one document until it
+    holds its target length (the last sentence may overshoot; the sample truncates), the target
+    being `target`, or with probability short_prob a random length in [2, target]."""
+    lengths = corpus.sentence_lengths()
+    rng = np.random.default_rng(derive_seed(seed, _PACK))
+    rows: list[tuple[int, int, int, int]] = []
+
+    def pick() -> int:
+        return int(rng.integers(2, target + 1)) if rng.random() < short_prob else target
+
+    for d in documents:
+        first, end = int(corpus.doc_offsets[d]), int(corpus.doc_offsets[d + 1])
+        start, size, goal = first, 0, pick()
+        for i in range(first, end):
+            size += int(lengths[i])
+            if size >= goal or i == end - 1:
+                rows.append((d, start, i + 1, goal))
+                start, size, goal = i + 1, 0, pick()
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def truncate_pair(
+    a: np.ndarray, b: np.ndarray, room: int, g: torch.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Google's truncate_seq_pair: a token off the longer segment until both fit `room`, from
+    its front or its back at random (the counts drawn at once, the same distribution)."""
+    la, lb = len(a), len(b)
+    while la + lb > room:
+        if la > lb:
+            la -= 1
+        else:
+            lb -= 1
+
+    def cut(x: np.ndarray, keep: int) -> np.ndarray:
+        drop = len(x) - keep
+        front = int((torch.rand(drop, generator=g) < 0.5).sum()) if drop else 0
+        return x[front : front + keep]
+
+    return cut(a, la), cut(b, lb)
+
+
 def check_corpus_size(corpus: TokenCorpus, documents: range, seq_length: int) -> None:
     tokens = int(
         corpus.sentence_offsets[corpus.doc_offsets[documents.stop]]
@@ -92,17 +137,26 @@ class BertPretrainingDataset:
         sentence_pairs: str,
         seed: int,
         eval_fraction: float,
+        short_seq_prob: float = 0.0,
+        max_predictions: int = 0,
     ) -> None:
         tokenizer.check_bert_specials()
         self.corpus, self.tok, self.seq, self.seed = corpus, tokenizer, seq_length, seed
         self.mask_prob, self.whole_word, self.pairs = mask_prob, whole_word, sentence_pairs
+        self.max_predictions = max_predictions
         train_docs, eval_docs = split_documents(corpus, eval_fraction)
         check_corpus_size(corpus, train_docs, seq_length)
-        room = seq_length - (2 if sentence_pairs == "none" else 3)
-        self.train_chunks = pack_chunks(corpus, train_docs, room)
-        self.eval_chunks = (
-            pack_chunks(corpus, eval_docs, room) if len(eval_docs) else self.train_chunks
-        )
+        self.room = seq_length - (2 if sentence_pairs == "none" else 3)
+
+        def chunks(documents: range) -> np.ndarray:
+            if sentence_pairs == "none":
+                return pack_chunks(corpus, documents, self.room)
+            return fill_chunks(corpus, documents, self.room, short_seq_prob, seed)
+
+        self.train_docs = train_docs
+        self.eval_docs = eval_docs if len(eval_docs) else train_docs
+        self.train_chunks = chunks(train_docs)
+        self.eval_chunks = chunks(eval_docs) if len(eval_docs) else self.train_chunks
         self.order = EpochOrder(len(self.train_chunks), seed)
         special = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
         special[tokenizer.special_ids] = True
@@ -115,42 +169,53 @@ class BertPretrainingDataset:
     def _span(self, row: np.ndarray) -> np.ndarray:
         return self.corpus.span(int(row[1]), int(row[2]))
 
+    def _random_segment(
+        self, documents: range, avoid: int, length: int, g: torch.Generator
+    ) -> np.ndarray:
+        """Google's random next: whole sentences from a random sentence of a random other
+        document (10 tries), until `length` tokens (the start chosen among those that leave
+        that many before the document ends, so the length does not give the label away)."""
+        for _ in range(10):
+            d = documents.start + int(torch.randint(0, len(documents), (1,), generator=g))
+            if d != avoid:
+                break
+        first, end = int(self.corpus.doc_offsets[d]), int(self.corpus.doc_offsets[d + 1])
+        offsets = self.corpus.sentence_offsets  # starts that leave `length` tokens, if any
+        last = int(np.searchsorted(offsets, offsets[end] - length, side="right")) - 1
+        start = int(torch.randint(first, max(first, min(last, end - 1)) + 1, (1,), generator=g))
+        stop = int(np.searchsorted(offsets, offsets[start] + length, side="left"))
+        return self.corpus.span(start, min(max(stop, start + 1), end))
+
     def _segments(
-        self, chunks: np.ndarray, item: int, g: torch.Generator
+        self, chunks: np.ndarray, documents: range, item: int, g: torch.Generator
     ) -> tuple[np.ndarray, np.ndarray, int]:
-        d, first, end = (int(x) for x in chunks[item])
+        d, first, end, _ = (int(x) for x in chunks[item])
         if end - first >= 2:
             cut = int(torch.randint(first + 1, end, (1,), generator=g))
             a, b = self.corpus.span(first, cut), self.corpus.span(cut, end)
-        else:
+        else:  # one sentence: its halves
             tokens = self.corpus.span(first, end)
             a, b = tokens[: len(tokens) // 2], tokens[len(tokens) // 2 :]
         flip = bool(torch.rand((), generator=g) < 0.5)
-        if not flip:
-            return a, b, 0
         if self.pairs == "sop":
-            return b, a, 1
-        for _ in range(10):  # a random segment from another document (another chunk if only one)
-            other = int(torch.randint(0, len(chunks), (1,), generator=g))
-            if other != item and (
-                chunks[other, 0] != d or chunks[:, 0].min() == chunks[:, 0].max()
-            ):
-                # as long as the true next segment, so padding does not give the label away
-                return a, self._span(chunks[other])[: len(b)], 1
-        return a, b, 0
+            a, b, label = (b, a, 1) if flip else (a, b, 0)
+        elif flip:  # as long as the true next segment, so the length does not give it away
+            a, b, label = a, self._random_segment(documents, d, len(b), g)[: len(b)], 1
+        else:
+            label = 0
+        a, b = truncate_pair(a, b, self.room, g)
+        return a, b, label
 
-    def _sample(self, chunks: np.ndarray, item: int, g: torch.Generator) -> dict[str, Tensor]:
+    def _sample(
+        self, chunks: np.ndarray, documents: range, item: int, g: torch.Generator
+    ) -> dict[str, Tensor]:
+        label: int | None
         if self.pairs == "none":  # one segment, no pair label
             tokens = self._span(chunks[item])
-            a, b, label = tokens[: self.seq - 2], tokens[:0], None
+            a, b, label = tokens[: self.room], tokens[:0], None
         else:
-            a, b, label = self._segments(chunks, item, g)
-        la, lb, room = len(a), len(b), self.seq - (3 if label is not None else 2)
-        while la + lb > room:  # trim the longer segment from its end
-            if la > lb:
-                la -= 1
-            else:
-                lb -= 1
+            a, b, label = self._segments(chunks, documents, item, g)
+        la, lb = len(a), len(b)
         t = self.tok
         body = [t.cls_id, *a[:la].tolist(), t.sep_id]
         if label is not None:
@@ -172,6 +237,7 @@ class BertPretrainingDataset:
             mask_prob=self.mask_prob,
             whole_word=self.whole_word,
             generator=g,
+            max_predictions=self.max_predictions,
         )
         attention = torch.zeros(self.seq, dtype=torch.long)
         attention[:length] = 1
@@ -188,9 +254,9 @@ class BertPretrainingDataset:
     def sample(self, index: int, *, split: str = "train") -> dict[str, Tensor]:
         if split == "train":
             g = torch.Generator().manual_seed(derive_seed(self.seed, index, _SAMPLE))
-            return self._sample(self.train_chunks, self.order(index), g)
+            return self._sample(self.train_chunks, self.train_docs, self.order(index), g)
         g = torch.Generator().manual_seed(derive_seed(self.seed, index, _EVAL))
-        return self._sample(self.eval_chunks, index % len(self.eval_chunks), g)
+        return self._sample(self.eval_chunks, self.eval_docs, index % len(self.eval_chunks), g)
 
     def batch(self, indices: Sequence[int], *, split: str = "train") -> dict[str, Tensor]:
         samples = [self.sample(i, split=split) for i in indices]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from tpformer.config.derive import finetune_micro_batching
+from tpformer.config.derive import finetune_micro_batching, mlm_fraction
 from tpformer.config.schema import (
     Config,
     CpuOffload,
@@ -115,7 +115,7 @@ class Workload:
             config.data.seq_length,
             global_batch,
             str(config.parallel.precision),
-            config.data.mask_prob if bert else 1.0,
+            mlm_fraction(config.data) if bert else 1.0,
             str(config.parallel.grad_compression),
             nsp=bert and config.model.pooler == "tanh",
             name=name or str(config.model.arch),

@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from tpformer.checkpoint import store
+from tpformer.config.derive import mlm_fraction
 from tpformer.config.schema import Config
 from tpformer.data import load_pretraining_data, prepare_data
 from tpformer.data.blend import EVAL_PREFIX, BlendedSamples, SampleSource
@@ -204,7 +205,9 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
     prepared = prepare_data_on_rank0(config, ctx)
     data = load_pretraining_data(config.data, m, seed=config.parallel.seed, prepared=prepared)
     global_batch = t.micro_batch_size * t.grad_accum * ctx.dp.size
-    objective = objective_for(task, mask_prob=config.data.mask_prob, pair_head=m.pooler == "tanh")
+    objective = objective_for(
+        task, mask_prob=mlm_fraction(config.data), pair_head=m.pooler == "tanh"
+    )
 
     batches = _step_batches(config, ctx, data)
 

@@ -84,6 +84,12 @@ class DataConfig(LoaderConfig, CorpusConfig):
     """BERT: fraction of tokens chosen for MLM prediction (80% [MASK], 10% random, 10% kept)."""
     whole_word_mask: bool = False
     """BERT: mask all tokens of a word together."""
+    max_predictions_per_seq: int = ranged(0, 0)
+    """BERT: at most this many predicted tokens per sample (Google's max_predictions_per_seq: 20
+    at 128 tokens, 80 at 512); 0: round(mask_prob x maskable tokens), no cap."""
+    short_seq_prob: float = ranged(0.1, 0, 1)
+    """BERT with sentence pairs: the share of samples filled to a random shorter length (Google's
+    short_seq_prob), so the model also sees short inputs; the others fill data.seq_length."""
     sentence_pairs: SentencePairs = SentencePairs.nsp
     """BERT: nsp (50% random next segment), sop (50% swapped segments) or none (RoBERTa's and
     ModernBERT's MLM only: [CLS] sentences of one document [SEP], no pair head; needs
