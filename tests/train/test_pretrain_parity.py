@@ -72,7 +72,7 @@ def _config(tmp_path: Path, arch: str, tp: int) -> Config:
             cache_dir=str(tmp_path / "cache"),
             workers=1,
             num_workers=0,
-        ),  # fmt: skip
+        ),
         trainer=TrainerConfig(
             max_steps=STEPS,
             micro_batch_size=BATCH,
@@ -81,7 +81,7 @@ def _config(tmp_path: Path, arch: str, tp: int) -> Config:
             progress=False,
             loggers=[],
             resume=str(checkpoint),
-        ),  # fmt: skip
+        ),
     )
 
 
