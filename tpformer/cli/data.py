@@ -5,12 +5,19 @@ the cache.
 
     tpformer-tokenizer data=text data.paths=[corpus.txt] model.vocab_size=8000 [--out DIR]
     tpformer-preprocess data=text data.paths=[corpus.txt] model.vocab_size=8000 data.workers=8
+    torchrun --nnodes 4 --nproc_per_node 1 ... --no-python tpformer-preprocess <same overrides>
+
+Under torchrun each rank tokenizes its share of the corpus's shards with data.workers processes
+(data.cache_dir on a shared file system) and rank 0 joins them; a killed preprocessing, rerun,
+continues from its finished shards.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+from datetime import timedelta
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -20,6 +27,7 @@ from tpformer.config.overrides import check_overrides
 from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs, to_config
 from tpformer.config.validate import validate_data
+from tpformer.data.preprocess import Ranks
 
 
 def _config(overrides: list[str]) -> Config:
@@ -87,7 +95,20 @@ def preprocess_main(argv: list[str] | None = None) -> None:
     from tpformer.data import prepare_data
 
     config = _config(args.overrides)
-    tokenizer, corpora = prepare_data(config.data, config.model.vocab_size)
-    print(f"tokenizer {tokenizer}")
-    for corpus in corpora:
-        print(f"corpus {corpus}")
+    ranks = _torchrun_ranks()
+    tokenizer, corpora = prepare_data(config.data, config.model.vocab_size, ranks=ranks)
+    if ranks.rank == 0:
+        print(f"tokenizer {tokenizer}")
+        for corpus in corpora:
+            print(f"corpus {corpus}")
+
+
+def _torchrun_ranks() -> Ranks:
+    """The ranks of a torchrun preprocessing (gloo barriers, a day's patience for the slowest
+    rank's shards); one process otherwise."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return Ranks()
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(hours=24))
+    return Ranks(dist.get_rank(), dist.get_world_size(), dist.barrier)

@@ -10,7 +10,7 @@ from tpformer.data.blend import BlendedSamples, SampleSource
 from tpformer.data.corpus import CorpusSpec
 from tpformer.data.indexed import IndexedCorpus, TokenCorpus
 from tpformer.data.megatron_indexed import MegatronCorpus, is_megatron
-from tpformer.data.preprocess import cache_dir, prepare_tokenizer, preprocess
+from tpformer.data.preprocess import Ranks, cache_dir, prepare_tokenizer, preprocess
 from tpformer.data.pretraining import BertPretrainingDataset, CausalLMDataset
 from tpformer.data.synthetic import SyntheticPretraining
 from tpformer.data.tokenizer import Tokenizer
@@ -51,7 +51,12 @@ def open_corpus(prefix: Path) -> TokenCorpus:
 
 
 def _token_files(
-    part: CorpusConfig, tokenizer: Tokenizer, cache: Path, workers: int, progress: bool
+    part: CorpusConfig,
+    tokenizer: Tokenizer,
+    cache: Path,
+    workers: int,
+    progress: bool,
+    ranks: Ranks,
 ) -> Path:
     if part.source == "megatron":
         if len(part.paths) != 1:
@@ -61,27 +66,45 @@ def _token_files(
             )
         return MegatronCorpus(part.paths[0]).prefix
     spec = corpus_spec(part)
-    return preprocess(spec, tokenizer, cache=cache, workers=workers, progress=progress).prefix
+    corpus = preprocess(
+        spec, tokenizer, cache=cache, workers=workers, progress=progress, ranks=ranks
+    )
+    return corpus.prefix
 
 
 def prepare_data(
-    data: DataConfig, vocab_size: int, *, progress: bool = True
+    data: DataConfig,
+    vocab_size: int,
+    *,
+    progress: bool = True,
+    ranks: Ranks = Ranks(),  # noqa: B008 - frozen, shared safely
 ) -> tuple[Path, tuple[Path, ...]]:
     """Tokenizer and token files for data (trained/tokenized once, then cached; Megatron
     datasets are read in place): returns (tokenizer path, one corpus prefix per corpus of the
-    blend). Run by one process; the others load the result."""
+    blend). Run by one process (a training run's rank 0), or by all `ranks` of a torchrun
+    preprocessing: rank 0 trains the tokenizer, all tokenize their share of the shards."""
     parts = corpus_parts(data)
     cache = cache_dir(data.cache_dir)
-    tokenizer = prepare_tokenizer(
-        [corpus_spec(p) for p in parts],
-        tokenizer=data.tokenizer,
-        vocab_size=vocab_size,
-        model_type=data.tokenizer_type,
-        cache=cache,
-        progress=progress,
-    )
+    specs = [corpus_spec(p) for p in parts]
+
+    def tokenizer_of(shown: bool) -> Tokenizer:
+        return prepare_tokenizer(
+            specs,
+            tokenizer=data.tokenizer,
+            vocab_size=vocab_size,
+            model_type=data.tokenizer_type,
+            cache=cache,
+            progress=shown,
+        )
+
+    # trained (or found) by rank 0; the other ranks load it
+    tokenizer = tokenizer_of(progress) if ranks.rank == 0 else None
+    ranks.barrier()
+    tokenizer = tokenizer or tokenizer_of(False)
     tokenizer.check_vocab(vocab_size)
-    prefixes = tuple(_token_files(p, tokenizer, cache, data.workers, progress) for p in parts)
+    prefixes = tuple(
+        _token_files(p, tokenizer, cache, data.workers, progress, ranks) for p in parts
+    )
     return tokenizer.path, prefixes
 
 

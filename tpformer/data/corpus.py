@@ -9,7 +9,7 @@ import hashlib
 import importlib.resources
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,11 +36,15 @@ def split_sentences(document: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(document) if s.strip()]
 
 
-def _utf8_lines(path: Path) -> Iterator[str]:
-    """Lines of a UTF-8 file; a bad byte fails with the file and its byte offset."""
-    offset = 0
+def utf8_lines(path: Path, start: int = 0, end: int = -1) -> Iterator[str]:
+    """Lines of a UTF-8 file (those starting in [start, end) when given; start is a line
+    start); a bad byte fails with the file and its byte offset."""
+    offset = start
     with open(path, "rb") as f:
+        f.seek(start)
         for raw in f:
+            if 0 <= end <= offset:
+                return
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -61,38 +65,48 @@ def _existing(paths: tuple[str, ...], what: str) -> list[Path]:
     return files
 
 
+def text_documents(lines: Iterable[str], documents: str = "blank_line") -> Iterator[str]:
+    """Documents of plain-text lines: paragraphs (blank_line: separated by blank lines), all of
+    them (file) or each line (line)."""
+    kept: list[str] = []
+    for line in lines:
+        if line.strip():
+            kept.append(line.rstrip("\n"))
+            if documents == "line":
+                yield kept.pop()
+        elif kept and documents == "blank_line":
+            yield "\n".join(kept)
+            kept = []
+    if kept:
+        yield "\n".join(kept)
+
+
 def read_text(paths: tuple[str, ...], documents: str = "blank_line") -> Iterator[str]:
-    """Plain text; a document is a paragraph (blank_line: separated by blank lines), a whole
-    file (file: held in memory one file at a time) or a line (line)."""
+    """Plain text; a document is a paragraph (blank_line), a whole file (file: held in memory
+    one file at a time) or a line (line)."""
     for path in _existing(paths, "text"):
-        lines: list[str] = []
-        for line in _utf8_lines(path):
-            if line.strip():
-                lines.append(line.rstrip("\n"))
-                if documents == "line":
-                    yield lines.pop()
-            elif lines and documents == "blank_line":
-                yield "\n".join(lines)
-                lines = []
-        if lines:
-            yield "\n".join(lines)
+        yield from text_documents(utf8_lines(path), documents)
+
+
+def jsonl_documents(lines: Iterable[str], field: str, path: Path) -> Iterator[str]:
+    """One JSON object per line; its `field` is one document."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {number} is not JSON: {err.msg}") from None
+        if not isinstance(row, dict) or not isinstance(row.get(field), str):
+            raise ValueError(
+                f"{path} line {number} has no string field {field!r} (set data.text_field)"
+            )
+        yield row[field]
 
 
 def read_jsonl(paths: tuple[str, ...], field: str) -> Iterator[str]:
-    """One JSON object per line; its `field` is one document."""
     for path in _existing(paths, "jsonl"):
-        for number, line in enumerate(_utf8_lines(path), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number} is not JSON: {err.msg}") from None
-            if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                raise ValueError(
-                    f"{path} line {number} has no string field {field!r} (set data.text_field)"
-                )
-            yield row[field]
+        yield from jsonl_documents(utf8_lines(path), field, path)
 
 
 def read_hf(spec: CorpusSpec) -> Iterator[str]:

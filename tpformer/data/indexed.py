@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from array import array
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +35,25 @@ class IndexedWriter:
         self._docs = array("q", [0])
 
     def add(self, sentences: list[list[int]]) -> None:
-        sentences = [s for s in sentences if s]
-        if not sentences:
+        """One document: its sentences' ids, written with one call."""
+        lengths = [len(s) for s in sentences if s]
+        if not lengths:
             return
-        for s in sentences:
-            self._file.write(np.asarray(s, dtype=self.dtype).tobytes())
-            self._sentences.append(self._sentences[-1] + len(s))
+        flat = np.fromiter(chain.from_iterable(sentences), dtype=self.dtype, count=sum(lengths))
+        self._file.write(flat.tobytes())
+        end = self._sentences[-1]
+        for n in lengths:
+            end += n
+            self._sentences.append(end)
         self._docs.append(len(self._sentences) - 1)
+
+    def add_corpus(self, part: IndexedCorpus) -> None:
+        """Append a finished corpus (a shard): its token file copied, its index shifted."""
+        with open(f"{part.prefix}.bin", "rb") as f:
+            shutil.copyfileobj(f, self._file, 1 << 24)
+        base_tokens, base_sentences = self._sentences[-1], len(self._sentences) - 1
+        self._sentences.extend((part.sentence_offsets[1:] + base_tokens).tolist())
+        self._docs.extend((part.doc_offsets[1:] + base_sentences).tolist())
 
     @property
     def num_tokens(self) -> int:
