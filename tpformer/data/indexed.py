@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tpformer.data.tokenizer import TokenizedBatch
+
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
@@ -46,6 +48,18 @@ class IndexedWriter:
             end += n
             self._sentences.append(end)
         self._docs.append(len(self._sentences) - 1)
+
+    def add_batch(self, batch: TokenizedBatch) -> None:
+        """Several documents at once (Tokenizer.encode_corpus's): one write, the index extended
+        by vectorized sums; empty sentences and documents are dropped."""
+        keep = batch.sentence_lengths > 0
+        doc_of = np.repeat(np.arange(len(batch.doc_sentences)), batch.doc_sentences)
+        counts = np.bincount(doc_of[keep], minlength=len(batch.doc_sentences))
+        self._file.write(batch.flat.astype(self.dtype).tobytes())
+        ends = np.cumsum(batch.sentence_lengths[keep]) + self._sentences[-1]
+        base = len(self._sentences) - 1
+        self._sentences.extend(ends.tolist())
+        self._docs.extend((np.cumsum(counts[counts > 0]) + base).tolist())
 
     def add_corpus(self, part: IndexedCorpus) -> None:
         """Append a finished corpus (a shard): its token file copied, its index shifted."""

@@ -99,34 +99,27 @@ def _nonempty(sentences: Iterator[str], spec: CorpusSpec) -> Iterator[str]:
 
 
 def _init_worker(tokenizer_path: str) -> None:
+    """One tokenizing thread per worker process: the workers are the parallelism."""
     global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_tokenizer = Tokenizer(Path(tokenizer_path))
+    _worker_tokenizer.threads = 1
 
 
-def tokenize_shard(shard: Shard, tokenizer: Tokenizer, out: Path, batch: int = 4096) -> int:
-    """A shard's documents, sentence-split and encoded `batch` sentences per call, into the
-    token files at `out` (complete only when finished); returns its token count."""
+def tokenize_shard(shard: Shard, tokenizer: Tokenizer, out: Path, batch: int = 1 << 20) -> int:
+    """A shard's documents, sentence-split and encoded about `batch` characters per call, into
+    the token files at `out` (complete only when finished); returns its token count."""
     writer = IndexedWriter(out, tokenizer.vocab_size)
-    counts: list[int] = []
-    sentences: list[str] = []
-
-    def flush() -> None:
-        ids = tokenizer.encode(sentences)
-        at = 0
-        for n in counts:
-            writer.add(ids[at : at + n])
-            at += n
-        counts.clear()
-        sentences.clear()
-
+    documents: list[str] = []
+    size = 0
     try:
         for document in shard_documents(shard):
-            split = split_sentences(document)
-            counts.append(len(split))
-            sentences.extend(split)
-            if len(sentences) >= batch:
-                flush()
-        flush()
+            documents.append(document)
+            size += len(document)
+            if size >= batch:
+                writer.add_batch(tokenizer.encode_corpus(documents))
+                documents, size = [], 0
+        writer.add_batch(tokenizer.encode_corpus(documents))
         writer.finish({"format": FORMAT, "shard": shard.to_json()})
     except BaseException:
         writer.abort()
@@ -186,9 +179,13 @@ def _run_shards(
         ) as pool:
             for k, count in pool.imap_unordered(_tokenize_task, tasks):
                 finished(k, count)
-    else:
-        for k, shard, out in tasks:
-            finished(k, tokenize_shard(Shard.from_json(shard), tokenizer, Path(out)))
+    else:  # in this process, one tokenizing thread as a worker has
+        threads, tokenizer.threads = tokenizer.threads, 1
+        try:
+            for k, shard, out in tasks:
+                finished(k, tokenize_shard(Shard.from_json(shard), tokenizer, Path(out)))
+        finally:
+            tokenizer.threads = threads
 
 
 def preprocess(

@@ -12,11 +12,16 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+
+from tpformer.data.corpus import SENTENCE_END_CHARS, split_sentences
 
 if TYPE_CHECKING:
     import tokenizers
@@ -30,6 +35,24 @@ MAX_TRAINING_SENTENCES = 2_000_000
 """Sentencepiece samples this many sentences of a larger corpus for training."""
 
 
+@dataclass
+class TokenizedBatch:
+    """Documents as token ids: `flat`, cut into sentences of `sentence_lengths`, grouped into
+    documents of `doc_sentences` sentences each."""
+
+    flat: np.ndarray
+    sentence_lengths: np.ndarray
+    doc_sentences: np.ndarray
+
+    @staticmethod
+    def of(documents: Sequence[Sequence[Sequence[int]]]) -> TokenizedBatch:
+        sentences = [s for d in documents for s in d]
+        lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+        flat = np.fromiter(chain.from_iterable(sentences), dtype=np.int64, count=int(lengths.sum()))
+        counts = np.fromiter(map(len, documents), dtype=np.int64, count=len(documents))
+        return TokenizedBatch(flat, lengths, counts)
+
+
 class Tokenizer:
     """Encode text to ids; knows its special ids and word starts."""
 
@@ -38,6 +61,14 @@ class Tokenizer:
     """A causal LM's document start and end (a tokenizer.json's bos/eos tokens; None: none)."""
     absent: tuple[str, ...] = ()
     """BERT's special tokens a tokenizer.json lacks (their ids are -1)."""
+    threads: int = -1
+    """sentencepiece's encode threads (-1: all cores); a preprocessing worker sets 1, the
+    workers being the parallelism."""
+
+    @staticmethod
+    def _document_texts(texts: list[str]) -> list[str]:
+        """The texts encoded for one document's sentences (byte-level BPE adds spaces)."""
+        return texts
 
     def __init__(self, path: Path) -> None:
         path = Path(path).expanduser()
@@ -74,8 +105,11 @@ class Tokenizer:
         self.vocab_size = len(pieces)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = range(5)
         self.word_start = torch.tensor([p.startswith("\u2581") for p in pieces])
+        self._ends_sentence = np.array(
+            [p.endswith(SENTENCE_END_CHARS) and i >= 5 for i, p in enumerate(pieces)]
+        )
         self.files = [path]
-        self._encode = lambda texts: self._sp.encode(list(texts))
+        self._encode = lambda texts: self._sp.encode(list(texts), num_threads=self.threads)
 
     def _load_wordpiece(self, path: Path) -> None:
         tok = _wordpiece_backend(path)
@@ -139,13 +173,11 @@ class Tokenizer:
         self.files = [path.parent / f for f in os.listdir(path.parent) if f in HF_FILES]
         byte_level = "ByteLevel" in json.dumps(json.loads(path.read_text()).get("pre_tokenizer"))
 
-        def encode(texts: Iterable[str]) -> list[list[int]]:
-            texts = list(texts)
-            if byte_level:  # a document's later sentences keep the space before them
-                texts = texts[:1] + [" " + t for t in texts[1:]]
-            return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
-
-        self._encode = encode
+        if byte_level:  # a document's later sentences keep the space before them
+            self._document_texts = lambda texts: texts[:1] + [" " + t for t in texts[1:]]  # type: ignore[method-assign]
+        self._encode = lambda texts: [
+            e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)
+        ]
 
     def check_bert_specials(self) -> None:
         """BERT's samples need [PAD], [CLS], [SEP] and [MASK] (and [UNK] to exist)."""
@@ -162,8 +194,49 @@ class Tokenizer:
         return [i for i in (*ids, self.bos_id, self.eos_id) if i is not None and i >= 0]
 
     def encode(self, texts: Iterable[str]) -> list[list[int]]:
-        """Token ids of each text, without special tokens."""
-        return self._encode(texts)
+        """Token ids of each text (the sentences of one document), without special tokens."""
+        return self._encode(self._document_texts(list(texts)))
+
+    def encode_corpus(self, documents: Sequence[str]) -> TokenizedBatch:
+        """Documents' ids, sentence-split as corpus.split_sentences splits them, as one flat
+        array with the sentence lengths and each document's sentence count (preprocessing's
+        hot path). A sentencepiece model encodes whole lines and finds the sentence ends in the
+        ids (a piece never spans whitespace, so the ids are the per-sentence ones); other
+        tokenizers encode each sentence."""
+        if not hasattr(self, "_sp"):
+            per_document = self.encode_documents([split_sentences(d) for d in documents])
+            return TokenizedBatch.of(per_document)
+        lines, per_line = [], []
+        for document in documents:
+            kept = [line for line in document.split("\n") if line.strip()]
+            lines += kept
+            per_line.append(len(kept))
+        ids = self._sp.encode(lines, num_threads=self.threads)
+        line_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(line_lengths.sum()))
+        starts = np.zeros(len(flat), dtype=bool)
+        starts[np.cumsum(line_lengths)[:-1][line_lengths[1:] > 0]] = True  # each line's start
+        if len(flat):
+            starts[0] = True
+            inner = self.word_start.numpy()[flat[1:]] & self._ends_sentence[flat[:-1]]
+            starts[1:] |= inner
+        first = np.flatnonzero(starts)
+        sentence_lengths = np.diff(np.append(first, len(flat)))
+        # sentences per line, then per document
+        line_of_sentence = np.searchsorted(np.cumsum(line_lengths), first, side="right")
+        per_line_count = np.bincount(line_of_sentence, minlength=len(lines))
+        line_doc = np.repeat(np.arange(len(documents)), per_line)
+        doc_counts = np.bincount(line_doc, weights=per_line_count, minlength=len(documents))
+        return TokenizedBatch(flat, sentence_lengths, doc_counts.astype(np.int64))
+
+    def encode_documents(self, documents: Sequence[list[str]]) -> list[list[list[int]]]:
+        """encode() of each document (its sentences), in one batch call."""
+        ids = self._encode([t for d in documents for t in self._document_texts(d)])
+        out, at = [], 0
+        for d in documents:
+            out.append(ids[at : at + len(d)])
+            at += len(d)
+        return out
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()
