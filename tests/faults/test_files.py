@@ -202,7 +202,8 @@ CORPUS_DAMAGE = {
         lambda p: p.write_text("{"),
         "is unreadable .*JSONDecodeError",
     ),
-    "corrupt index": (".idx.npz", _flip, "is unreadable"),
+    "corrupt index": (".sentences.npy", _flip, "is unreadable"),
+    "truncated index": (".documents.npy", _truncate, "is unreadable"),
 }
 
 

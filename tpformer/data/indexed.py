@@ -1,10 +1,12 @@
 """Memory-mapped token files: `<prefix>.bin` holds every sentence's ids back to back,
-`<prefix>.idx.npz` the sentence and document boundaries, `<prefix>.json` what was read.
+`<prefix>.sentences.npy` and `<prefix>.documents.npy` the sentence and document boundaries,
+`<prefix>.json` what was read.
 
     tokens[sentence_offsets[i]:sentence_offsets[i + 1]]       sentence i
     sentences doc_offsets[d] .. doc_offsets[d + 1] - 1          document d
 
-The writer streams to disk, so the token file never has to fit in memory; readers map it.
+The writer streams all three to disk, so its memory does not grow with the corpus; readers map
+them.
 """
 
 from __future__ import annotations
@@ -12,17 +14,50 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from array import array
+import struct
 from itertools import chain
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from tpformer.data.tokenizer import TokenizedBatch
 
+INDEX_FILES = ("sentences", "documents")
+_NPY_HEADER = 128
+"""Bytes of an index file's .npy header: fixed, so it is rewritten in place once the count is
+known."""
+
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+def _npy_header(count: int) -> bytes:
+    """A .npy (version 1.0) header of a 1-D little-endian int64 array, _NPY_HEADER bytes."""
+    text = f"{{'descr': '<i8', 'fortran_order': False, 'shape': ({count},), }}"
+    body = text.ljust(_NPY_HEADER - 10 - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
+
+
+class _OffsetsFile:
+    """An int64 offsets array appended to a .npy file as it grows (it starts with 0)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.count, self.last = path, 1, 0
+        self.file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.file.write(_npy_header(0))
+        self.file.write(np.zeros(1, dtype="<i8").tobytes())
+
+    def append(self, ends: np.ndarray) -> None:
+        if len(ends):
+            self.file.write(np.ascontiguousarray(ends, dtype="<i8").tobytes())
+            self.count, self.last = self.count + len(ends), int(ends[-1])
+
+    def close(self) -> None:
+        self.file.seek(0)
+        self.file.write(_npy_header(self.count))
+        self.file.close()
 
 
 class IndexedWriter:
@@ -31,23 +66,25 @@ class IndexedWriter:
     def __init__(self, prefix: Path, vocab_size: int) -> None:
         self.prefix, self.dtype = prefix, token_dtype(vocab_size)
         prefix.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(f"{prefix}.bin.tmp{os.getpid()}")
+        pid = os.getpid()
+        self._tmp = Path(f"{prefix}.bin.tmp{pid}")
         self._file = open(self._tmp, "wb")  # noqa: SIM115 - open across add() calls, closed by finish()
-        self._sentences = array("q", [0])
-        self._docs = array("q", [0])
+        self._sentences = _OffsetsFile(Path(f"{prefix}.sentences.npy.tmp{pid}"))
+        self._docs = _OffsetsFile(Path(f"{prefix}.documents.npy.tmp{pid}"))
+
+    def _append(self, sentence_lengths: np.ndarray, doc_sentences: np.ndarray) -> None:
+        self._docs.append(np.cumsum(doc_sentences) + self._sentences.count - 1)
+        self._sentences.append(np.cumsum(sentence_lengths) + self._sentences.last)
 
     def add(self, sentences: list[list[int]]) -> None:
         """One document: its sentences' ids, written with one call."""
-        lengths = [len(s) for s in sentences if s]
-        if not lengths:
+        lengths = np.asarray([len(s) for s in sentences if s], dtype=np.int64)
+        if not len(lengths):
             return
-        flat = np.fromiter(chain.from_iterable(sentences), dtype=self.dtype, count=sum(lengths))
+        total = int(lengths.sum())
+        flat = np.fromiter(chain.from_iterable(sentences), dtype=self.dtype, count=total)
         self._file.write(flat.tobytes())
-        end = self._sentences[-1]
-        for n in lengths:
-            end += n
-            self._sentences.append(end)
-        self._docs.append(len(self._sentences) - 1)
+        self._append(lengths, np.asarray([len(lengths)]))
 
     def add_batch(self, batch: TokenizedBatch) -> None:
         """Several documents at once (Tokenizer.encode_corpus's): one write, the index extended
@@ -56,42 +93,41 @@ class IndexedWriter:
         doc_of = np.repeat(np.arange(len(batch.doc_sentences)), batch.doc_sentences)
         counts = np.bincount(doc_of[keep], minlength=len(batch.doc_sentences))
         self._file.write(batch.flat.astype(self.dtype).tobytes())
-        ends = np.cumsum(batch.sentence_lengths[keep]) + self._sentences[-1]
-        base = len(self._sentences) - 1
-        self._sentences.extend(ends.tolist())
-        self._docs.extend((np.cumsum(counts[counts > 0]) + base).tolist())
+        self._append(batch.sentence_lengths[keep], counts[counts > 0])
 
-    def add_corpus(self, part: IndexedCorpus) -> None:
-        """Append a finished corpus (a shard): its token file copied, its index shifted."""
+    def add_corpus(self, part: IndexedCorpus, chunk: int = 1 << 22) -> None:
+        """Append a finished corpus (a shard): its token file copied, its index shifted, a
+        chunk at a time."""
         with open(f"{part.prefix}.bin", "rb") as f:
             shutil.copyfileobj(f, self._file, 1 << 24)
-        base_tokens, base_sentences = self._sentences[-1], len(self._sentences) - 1
-        self._sentences.extend((part.sentence_offsets[1:] + base_tokens).tolist())
-        self._docs.extend((part.doc_offsets[1:] + base_sentences).tolist())
+        base_tokens, base_sentences = self._sentences.last, self._sentences.count - 1
+        for offsets, base, out in (
+            (part.doc_offsets, base_sentences, self._docs),
+            (part.sentence_offsets, base_tokens, self._sentences),
+        ):
+            for at in range(1, len(offsets), chunk):
+                out.append(np.asarray(offsets[at : at + chunk]) + base)
 
     @property
     def num_tokens(self) -> int:
-        return self._sentences[-1]
+        return self._sentences.last
 
     @property
     def num_documents(self) -> int:
-        return len(self._docs) - 1
+        return self._docs.count - 1
 
     def finish(self, meta: dict[str, object]) -> None:
         """Index and meta written, then the token file renamed into place: all or nothing."""
         self._file.close()
-        np.savez(
-            f"{self.prefix}.idx.tmp.npz",
-            sentence_offsets=np.frombuffer(self._sentences, np.int64),
-            doc_offsets=np.frombuffer(self._docs, np.int64),
-        )
-        os.replace(f"{self.prefix}.idx.tmp.npz", f"{self.prefix}.idx.npz")
+        for offsets, name in ((self._sentences, "sentences"), (self._docs, "documents")):
+            offsets.close()
+            os.replace(offsets.path, f"{self.prefix}.{name}.npy")
         os.replace(self._tmp, f"{self.prefix}.bin")
         info = {
             **meta,
             "dtype": self.dtype.name,
             "num_tokens": self.num_tokens,
-            "num_sentences": len(self._sentences) - 1,
+            "num_sentences": self._sentences.count - 1,
             "num_documents": self.num_documents,
         }
         Path(f"{self.prefix}.json.tmp").write_text(json.dumps(info, indent=1))
@@ -100,6 +136,9 @@ class IndexedWriter:
     def abort(self) -> None:
         self._file.close()
         self._tmp.unlink(missing_ok=True)
+        for offsets in (self._sentences, self._docs):
+            offsets.file.close()
+            offsets.path.unlink(missing_ok=True)
 
 
 class TokenCorpus:
@@ -156,7 +195,8 @@ class TokenCorpus:
 
 
 class IndexedCorpus(TokenCorpus):
-    """tpformer's own token files (<prefix>.bin, .idx.npz, .json), as preprocess() writes them."""
+    """tpformer's own token files (<prefix>.bin, .sentences.npy, .documents.npy, .json), as
+    preprocess() writes them."""
 
     def __init__(self, prefix: Path) -> None:
         self.prefix = Path(prefix)
@@ -168,11 +208,11 @@ class IndexedCorpus(TokenCorpus):
             )
         try:
             self.meta = json.loads(meta_file.read_text())
-            index = np.load(f"{prefix}.idx.npz")
-            self.sentence_offsets = index["sentence_offsets"]
-            self.doc_offsets = index["doc_offsets"]
+            self.sentence_offsets = np.load(f"{prefix}.sentences.npy", mmap_mode="r")
+            self.doc_offsets = np.load(f"{prefix}.documents.npy", mmap_mode="r")
             dtype = np.dtype(self.meta["dtype"])
-        except Exception as err:  # JSON, zip, numpy: one message for all
+            self._check_index()
+        except Exception as err:  # JSON, numpy, the checks: one message for all
             raise ValueError(
                 f"the preprocessed corpus {prefix} is unreadable ({type(err).__name__}: "
                 f"{err}); delete {prefix}.* and rerun"
@@ -188,3 +228,16 @@ class IndexedCorpus(TokenCorpus):
         self.tokens = (
             np.memmap(bin_file, dtype=dtype, mode="r") if expected else np.zeros(0, dtype=dtype)
         )
+
+    def _check_index(self, chunk: int = 1 << 22) -> None:
+        """The offsets are as many as the meta says, start at 0 and never fall (a damaged index
+        would cut sentences at random), checked a chunk at a time."""
+        for offsets, key, top in (
+            (self.sentence_offsets, "num_sentences", self.meta["num_tokens"]),
+            (self.doc_offsets, "num_documents", self.meta["num_sentences"]),
+        ):
+            if len(offsets) != self.meta[key] + 1 or offsets[0] != 0 or offsets[-1] != top:
+                raise ValueError(f"its {key} index does not match {self.prefix}.json")
+            for at in range(0, len(offsets) - 1, chunk):
+                if np.any(np.diff(offsets[at : at + chunk + 1]) < 0):
+                    raise ValueError(f"its {key} index falls near entry {at}")

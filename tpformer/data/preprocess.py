@@ -2,7 +2,8 @@
 
     tokenizer:  data.tokenizer, or a sentencepiece model of model.vocab_size trained on the
                 corpus into <cache>/tokenizer-<hash>/ (hash of corpus, vocab size, type)
-    tokens:     <cache>/corpus-<hash>.{bin,idx.npz,json} (hash of corpus and tokenizer)
+    tokens:     <cache>/corpus-<hash>.{bin,sentences.npy,documents.npy,json} (hash of corpus
+                and tokenizer)
 
 Rerunning on the same input finds the files and skips the work. Tokenization cuts the corpus into
 shards that a pool of worker processes (and the ranks of a torchrun preprocessing) tokenize
@@ -31,7 +32,8 @@ from tpformer.data.tokenizer import SP_FILE, Tokenizer, train_sentencepiece
 from tpformer.progress import progress as progress_display
 
 log = logging.getLogger(__name__)
-FORMAT = "tpformer-indexed-1"
+FORMAT = "tpformer-indexed-2"
+"""2: the index as streamed .npy files (1: one .idx.npz written at the end, held in memory)."""
 _worker_tokenizer: Tokenizer | None = None
 
 
