@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--raw-mb", type=int, default=0, help="raw encode on this prefix (0: all)")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--no-raw", action="store_true", help="tpformer's rows only")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tpformer-bench-"))
     corpus, small = root / "corpus.txt", root / "quarter.txt"
@@ -120,8 +121,11 @@ def main() -> None:
     write_corpus(small, args.size_mb << 18)
     sentences = (s for play in read_shakespeare() for s in split_sentences(play))
     tok = Tokenizer(train_sentencepiece(sentences, root / "tok", vocab_size=args.vocab))
-    seconds, tokens = raw_encode(tok, corpus, (args.raw_mb or args.size_mb) << 20)
-    raw = tokens / seconds
+    if args.no_raw:
+        seconds, tokens = float("nan"), 0
+    else:
+        seconds, tokens = raw_encode(tok, corpus, (args.raw_mb or args.size_mb) << 20)
+    raw = tokens / seconds if tokens else float("nan")
     print(f"corpus {args.size_mb} MB, sentencepiece BPE {args.vocab}, {root}")
     columns = "contender | workers | wall (s) | tokens | tokens/s | per worker | vs raw | peak RSS"
     print(f"| {columns} |\n|{'---|' * 8}")
@@ -129,7 +133,7 @@ def main() -> None:
     print(f"| raw sentencepiece batch encode | 1 | {seconds:.1f} | {tokens:,} | {raw:,.0f} | "
           f"{raw:,.0f} | 1.00x | {rss:.0f} MB |")  # fmt: skip
     for workers in args.workers:
-        if workers > 1:
+        if workers > 1 and not args.no_raw:
             limit = ((args.raw_mb or args.size_mb) << 20) // workers
             wall, tokens = raw_parallel(tok, corpus, limit, workers)
             rate = tokens / wall

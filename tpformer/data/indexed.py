@@ -229,15 +229,23 @@ class IndexedCorpus(TokenCorpus):
             np.memmap(bin_file, dtype=dtype, mode="r") if expected else np.zeros(0, dtype=dtype)
         )
 
-    def _check_index(self, chunk: int = 1 << 22) -> None:
-        """The offsets are as many as the meta says, start at 0 and never fall (a damaged index
-        would cut sentences at random), checked a chunk at a time."""
-        for offsets, key, top in (
-            (self.sentence_offsets, "num_sentences", self.meta["num_tokens"]),
-            (self.doc_offsets, "num_documents", self.meta["num_sentences"]),
+    def _check_index(self, chunk: int = 1 << 22, full: int = 1 << 26) -> None:
+        """The offsets are as many as the meta says, start at 0, end at the totals and never
+        fall (a damaged index would cut sentences at random). Read a chunk at a time from the
+        file, not the map, so the check leaves nothing resident; an index of more than `full`
+        entries (a corpus of about 1 billion tokens) is checked at its first and last chunks."""
+        for offsets, key, top, name in (
+            (self.sentence_offsets, "num_sentences", self.meta["num_tokens"], "sentences"),
+            (self.doc_offsets, "num_documents", self.meta["num_sentences"], "documents"),
         ):
-            if len(offsets) != self.meta[key] + 1 or offsets[0] != 0 or offsets[-1] != top:
-                raise ValueError(f"its {key} index does not match {self.prefix}.json")
-            for at in range(0, len(offsets) - 1, chunk):
-                if np.any(np.diff(offsets[at : at + chunk + 1]) < 0):
-                    raise ValueError(f"its {key} index falls near entry {at}")
+            n = len(offsets)
+            if n != self.meta[key] + 1 or offsets[0] != 0 or offsets[-1] != top:
+                raise ValueError(f"its {name} index does not match {self.prefix}.json")
+            starts = range(0, n - 1, chunk) if n <= full else (0, max(0, n - 1 - chunk))
+            for at in starts:
+                part = np.fromfile(
+                    f"{self.prefix}.{name}.npy", dtype="<i8", count=min(chunk + 1, n - at),
+                    offset=_NPY_HEADER + 8 * at,
+                )  # fmt: skip
+                if np.any(np.diff(part) < 0):
+                    raise ValueError(f"its {name} index falls near entry {at}")
