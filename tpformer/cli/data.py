@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -104,11 +103,8 @@ def preprocess_main(argv: list[str] | None = None) -> None:
 
 
 def _torchrun_ranks() -> Ranks:
-    """The ranks of a torchrun preprocessing (gloo barriers, a day's patience for the slowest
-    rank's shards); one process otherwise."""
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return Ranks()
-    import torch.distributed as dist
+    """The ranks of a torchrun preprocessing (a day's patience for the slowest rank's shards);
+    one process otherwise."""
+    from tpformer.parallel.host_ranks import host_ranks
 
-    dist.init_process_group("gloo", timeout=timedelta(hours=24))
-    return Ranks(dist.get_rank(), dist.get_world_size(), dist.barrier)
+    return Ranks(*host_ranks(timedelta(hours=24)))
