@@ -83,8 +83,7 @@ def test_gpt_windows_are_the_megatron_token_stream_without_added_separators(
         corpus = MegatronCorpus(write_megatron(tmp_path / f"gpt_{dtype.__name__}", docs, dtype))
         assert not corpus.adds_document_tokens
         data = CausalLMDataset(corpus, seq_length=16, seed=0, eval_fraction=0.0)
-        train = torch.cat([data.train.window(0, len(data.train))])
-        assert train.tolist() == stream.tolist()
+        assert data.train.window(0, len(data.train)).tolist() == stream.tolist()
 
 
 def test_files_that_are_not_a_megatron_dataset_are_refused(

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import struct
-from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,7 +60,8 @@ class _OffsetsFile:
 
 
 class IndexedWriter:
-    """Append documents (lists of tokenized sentences); `finish` makes the files visible."""
+    """Append tokenized documents (add_batch) or finished corpora (add_corpus); `finish` makes
+    the files visible."""
 
     def __init__(self, prefix: Path, vocab_size: int) -> None:
         self.prefix, self.dtype = prefix, token_dtype(vocab_size)
@@ -75,16 +75,6 @@ class IndexedWriter:
     def _append(self, sentence_lengths: np.ndarray, doc_sentences: np.ndarray) -> None:
         self._docs.append(np.cumsum(doc_sentences) + self._sentences.count - 1)
         self._sentences.append(np.cumsum(sentence_lengths) + self._sentences.last)
-
-    def add(self, sentences: list[list[int]]) -> None:
-        """One document: its sentences' ids, written with one call."""
-        lengths = np.asarray([len(s) for s in sentences if s], dtype=np.int64)
-        if not len(lengths):
-            return
-        total = int(lengths.sum())
-        flat = np.fromiter(chain.from_iterable(sentences), dtype=self.dtype, count=total)
-        self._file.write(flat.tobytes())
-        self._append(lengths, np.asarray([len(lengths)]))
 
     def add_batch(self, batch: TokenizedBatch) -> None:
         """Several documents at once (Tokenizer.encode_corpus's): one write, the index extended
