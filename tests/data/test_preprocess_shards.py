@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,46 @@ def test_shards_join_into_the_corpus(
     assert _documents(corpus) == _expected(spec, tok)
     assert corpus.meta["shards"] == len(shards)
     assert not Path(f"{corpus.prefix}.shards").exists(), "the shards are removed once joined"
+
+
+def _all_document_starts(path: Path, documents: str) -> list[int]:
+    """Every document start, by reading every line (what the planner's seeking must agree with)."""
+    starts, offset, previous_blank = [], 0, True
+    for raw in path.read_bytes().splitlines(keepends=True):
+        blank = not raw.strip()
+        if not blank and (documents != "blank_line" or previous_blank):
+            starts.append(offset)
+        previous_blank, offset = blank, offset + len(raw)
+    return starts
+
+
+@pytest.mark.parametrize("documents", ["blank_line", "line"])
+def test_shard_cuts_are_document_starts_found_by_seeking(tmp_path: Path, documents: str) -> None:
+    """Every cut is a document start, at least `every` bytes after the last, and one of the
+    first two starts there (the planner seeks rather than reading the corpus); blank lines of
+    spaces or CRLF and multibyte text included."""
+    rng = random.Random(0)
+    words = ["a", "bb", "ccc", "dé", "ümlaut", "漢字", "x" * 40]
+    lines = [
+        rng.choice(["\n", "  \n", "\r\n", " \t\r\n"])
+        if rng.random() < 0.3
+        else " ".join(rng.choices(words, k=rng.randint(1, 12))) + rng.choice(["\n", "\r\n"])
+        for _ in range(400)
+    ]
+    path = tmp_path / "corpus.txt"
+    path.write_bytes("".join(lines).encode())
+    starts = _all_document_starts(path, documents)
+    for every in (1, 7, 64, 300, 5000):
+        shards = plan_shards(CorpusSpec("text", (str(path),), documents=documents), every)
+        cuts = [s.start for s in shards]
+        assert [s.end for s in shards] == [*cuts[1:], path.stat().st_size]
+        assert cuts[0] == 0 and set(cuts) <= {0, *starts}, every
+        for cut, following in zip(cuts, [*cuts[1:], None]):
+            after = [s for s in starts if s >= cut + every][:2]
+            if following is None:
+                assert len(after) < 2, (every, cut, "a shard that could be cut was not")
+            else:
+                assert following in after, (every, cut, following, after)
 
 
 class Killed(Exception):

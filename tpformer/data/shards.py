@@ -2,10 +2,10 @@
 of a `torchrun` preprocessing, and again after a kill (a finished shard is kept).
 
 Text and JSONL files are cut into byte ranges of about `shard_bytes`, each starting where a
-document starts (found by one reading pass, far cheaper than tokenizing); a text corpus whose
-documents are files, a Parquet/Arrow file or any other file is a shard of its own; a hub
-dataset or the Shakespeare plays are one shard. A shard reads exactly the documents that
-start inside it, so the shards' documents, in order, are the corpus's.
+document starts (found by reading a few lines at each cut); a text corpus whose documents are
+files, a Parquet/Arrow file or any other file is a shard of its own; a hub dataset or the
+Shakespeare plays are one shard. A shard reads exactly the documents that start inside it, so
+the shards' documents, in order, are the corpus's.
 """
 
 from __future__ import annotations
@@ -54,17 +54,26 @@ class Shard:
 
 
 def _document_starts(path: Path, documents: str, every: int) -> list[int]:
-    """Byte offsets where a document starts, one at or after each multiple of `every` (a line
-    blank in bytes is blank to the reader too, so a cut is always a document boundary)."""
-    cuts, next_cut, offset, previous_blank = [0], every, 0, True
+    """Byte offsets where a document starts, one at or after each `every` bytes from the last.
+
+    Each cut is found by seeking to its earliest offset and reading forward to the next document
+    start, so planning reads a few lines per shard, not the corpus (a 600 GB corpus is planned
+    in seconds). A line blank in bytes is blank to the reader too, so a cut is always a document
+    boundary."""
+    cuts, size = [0], os.path.getsize(path)
     with open(path, "rb") as f:
-        for raw in f:
-            blank = not raw.strip()
-            starts = not blank and (documents != "blank_line" or previous_blank)
-            if starts and offset >= next_cut:
-                cuts.append(offset)
-                next_cut = offset + every
-            previous_blank, offset = blank, offset + len(raw)
+        while cuts[-1] + every < size:
+            f.seek(cuts[-1] + every - 1)
+            offset = cuts[-1] + every - 1 + len(f.readline())  # the first line start at or after
+            previous_blank = False  # unknown: a blank_line document start needs a blank seen
+            for raw in iter(f.readline, b""):
+                blank = not raw.strip()
+                if not blank and (documents != "blank_line" or previous_blank):
+                    cuts.append(offset)
+                    break
+                previous_blank, offset = blank, offset + len(raw)
+            else:
+                break
     return cuts
 
 
