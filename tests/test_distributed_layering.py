@@ -1,8 +1,9 @@
 """Only tpformer/parallel/ talks to torch.distributed: every collective, point-to-point transfer,
-barrier and process-group creation goes through it (STYLE.md: "the only package that creates
-process groups or calls torch.distributed"). Elsewhere a module may use torch.distributed's
-libraries that are not communication calls: DCP (`torch.distributed.checkpoint`), DTensor
-(`torch.distributed.tensor`) and the launcher (`torch.distributed.run`, `.elastic`)."""
+barrier and process-group creation goes through it (docs/architecture.md, "The rules the guard tests
+hold": the only package that creates process groups or calls a collective). Elsewhere a module may
+use torch.distributed's libraries that are not communication calls: DCP
+(`torch.distributed.checkpoint`), DTensor (`torch.distributed.tensor`) and the launcher
+(`torch.distributed.run`, `.elastic`)."""
 
 from __future__ import annotations
 

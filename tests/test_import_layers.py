@@ -1,6 +1,6 @@
-"""The packages depend on each other one way only (STYLE.md, "Who owns what"): the parallel core
-needs no Hydra schema, the engine wraps any model, checkpoint I/O knows no engine, models know
-only layers and never torch.distributed."""
+"""The packages depend on each other one way only (docs/architecture.md, "The rules the guard tests
+hold"): the parallel core needs no Hydra schema, the engine wraps any model, checkpoint I/O knows no
+engine, models know only layers and never torch.distributed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Files and functions stay small enough to read (STYLE.md): no module in tpformer/ over
-MAX_FILE_LINES lines, no function over MAX_FUNCTION_LINES. A growing one splits by concept."""
+"""Files and functions stay small enough to read (docs/architecture.md, "The rules the guard tests
+hold"): no module in tpformer/ over MAX_FILE_LINES lines, no function over MAX_FUNCTION_LINES. A
+growing one splits by concept."""
 
 from __future__ import annotations
 
