@@ -8,4 +8,13 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import torch
 
+from tests.budget import (
+    pytest_collection_modifyitems,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 torch.set_num_threads(1)
+
+# the suite's tiers and time budget (tests/budget.py)
+__all__ = ["pytest_collection_modifyitems", "pytest_sessionfinish", "pytest_terminal_summary"]

@@ -36,6 +36,7 @@ def _interrupted(ctx: ParallelContext, config: Config, straight_dir: str, run_di
     return straight, first, resumed
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("world", "parallel"),
     [
@@ -247,6 +248,7 @@ RESHARD_REL = 1e-5
 """fp32: after the reshard the same optimizer state continues with other reduction orders."""
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("saved", "resumed"),
     [

@@ -113,6 +113,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_every_bad_input_exits_2_with_one_line_and_no_run_directory(
     tmp_path: Path, inputs: dict[str, Path]
 ) -> None:

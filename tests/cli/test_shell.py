@@ -57,6 +57,7 @@ def test_every_console_script_is_on_the_shell() -> None:
         assert getattr(main, "__wrapped__", None) is not None, f"{name} is not on console_script"
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_a_user_config_dir_composes_through_the_search_path(tmp_path: Path) -> None:
     """The package's configs are found through the package; `--config-dir` adds the user's."""
     (tmp_path / "parallel").mkdir()

@@ -303,6 +303,7 @@ CHOICES = {
 }
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("key", sorted(CHOICES))
 def test_every_choice_key_names_its_allowed_values(key: str) -> None:
     """Declared beside the field (an Enum in config/schema/choices.py): Hydra rejects the value
@@ -334,6 +335,7 @@ def _outside(bounds: object) -> float:
     return lo if lo_open else lo - 1
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("key", [k for k, _ in _ranged_keys(Config())])
 def test_every_numeric_pretraining_key_has_a_checked_range(key: str) -> None:
     config = compose_config()

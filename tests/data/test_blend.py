@@ -110,6 +110,7 @@ def _train(ctx: ParallelContext, config: Config, run_dir: str) -> tuple[dict, li
     return {r["step"]: r["loss"] for r in trainer.train()}, trainer.evaluations
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_a_blended_run_resumed_on_a_smaller_world_continues_its_curve(
     tmp_path: Path, two_corpora: tuple[Path, Path, Path]
 ) -> None:

@@ -128,6 +128,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
     bpe: tuple[Path, Path], llama_dir: Path, tmp_path: Path
 ) -> None:
@@ -161,6 +162,7 @@ def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
     assert first["step"] == 1 and abs(first["loss"] - expected) <= 1e-4 * expected, first
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_tpformer_generate_continues_a_llama_prompt_as_transformers(
     llama_dir: Path, tmp_path: Path
 ) -> None:

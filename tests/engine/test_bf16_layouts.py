@@ -54,6 +54,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str
     return Lazy()
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("arch", "world", "layout", "keys", "micro", "accum"), LAYOUTS)
 def test_bf16_layouts_follow_the_one_process_bf16_and_fp32_runs(
     tmp_path: Path,

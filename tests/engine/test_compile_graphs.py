@@ -80,6 +80,7 @@ def test_an_exact_mode_block_keeps_its_eager_islands() -> None:
     assert graphs > 1 and breaks > 0
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_hash_masks_have_the_same_bits_compiled_and_keep_one_minus_p() -> None:
     """keep_mask compiled by inductor (as inside a compiled block) against its eager ops, over
     [8, 64, 96] (49k draws): identical bits; keep rate within 3 sigma of 1 - p; and samples,

@@ -41,6 +41,7 @@ def uncompressed(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], li
     return losses
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("compression", "stage"), [("bf16", 1), ("bf16", 2), ("powersgd", 0), ("powersgd", 1)]
 )
@@ -93,6 +94,7 @@ def _quadratic(ctx: ParallelContext, lr: float, feedback: bool) -> tuple[float, 
     )
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_error_feedback_makes_the_accumulated_update_the_uncompressed_one() -> None:
     """At a fixed point (lr 0) the accumulated rank-1 updates differ from the uncompressed ones
     by the current error only, so their relative error vanishes; without feedback they keep

@@ -59,6 +59,7 @@ def _cases(ctx: ParallelContext, optim: OptimConfig) -> list[dict[str, torch.Ten
     return engine_cases(ctx, optim, CASES)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("optim", [LARS, NOVOGRAD], ids=["lars", "novograd"])
 @pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 2), (1, 4)])
 def test_layerwise_optimizer_matches_per_parameter_reference(

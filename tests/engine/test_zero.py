@@ -102,6 +102,7 @@ def reference() -> dict[str, torch.Tensor]:
     return reference_params()
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("tp", "dp"), [(2, 1), (1, 2), (2, 2), (1, 4)])
 def test_zero_matches_single_process_adamw(reference, tp: int, dp: int) -> None:
     results = run_distributed(_all_cases, tp * dp, tensor=tp)

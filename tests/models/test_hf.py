@@ -85,6 +85,7 @@ def _load_compare_export(ctx: ParallelContext, source: str, target: str) -> torc
     return _our_outputs(model, ctx)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("architecture", "extra"),
     [

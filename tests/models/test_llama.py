@@ -70,6 +70,7 @@ def _load_compare_export(ctx: ParallelContext, source: str, target: str) -> torc
     return gather_from_tp(logits, ctx.tp)[..., :VOCAB]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("world", "rope", "kv_heads", "tied", "qwen"),
     [
@@ -182,6 +183,7 @@ def _cache_bytes(ctx: ParallelContext, directory: str) -> tuple[int, int]:
     return sum(cache.nbytes for cache in caches), formula
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_the_kv_cache_holds_the_key_value_heads_unexpanded(llama_dir: Path) -> None:
     """2 key/value heads of 8 query heads, cached unexpanded: both at TP=1 (a quarter of a
     multi-head cache), one per rank at TP=2, and at TP=4 (replicated) the one each rank's two
@@ -194,6 +196,7 @@ def test_the_kv_cache_holds_the_key_value_heads_unexpanded(llama_dir: Path) -> N
             assert got == formula == mha // 8
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_tpformer_convert_takes_a_llama_both_ways(tmp_path: Path) -> None:
     """`tpformer-convert from-hf` makes a tpformer checkpoint of a LlamaForCausalLM directory
     and `to-hf` writes it back: the same tensors, and HF's logits from the round trip."""

@@ -85,6 +85,7 @@ def _load_compare_export(ctx: ParallelContext, source: str, target: str) -> torc
     return out.logits
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("world", "task", "pooling", "sequence_parallel"),
     [
@@ -206,6 +207,7 @@ SETTINGS = ["task=sst2", "parallel.tensor=2", "launcher.nproc_per_node=2", "opti
             "trainer.epochs=2", "trainer.batch_size=16", "trainer.progress=false"]  # fmt: skip
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_a_modernbert_finetuned_at_tp2_and_exported_predicts_like_tpformer(
     tmp_path: Path,
 ) -> None:

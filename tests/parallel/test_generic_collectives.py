@@ -30,6 +30,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[float, ...
     return _curves(ParallelContext.single(device="cpu"), pipeline_config(), run_dir)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("world", "layout", "keys", "micro", "accum"), LAYOUTS)
 def test_layouts_on_the_generic_collectives_give_the_one_process_curve(
     tmp_path: Path,

@@ -358,6 +358,7 @@ CASES = [  # (stages, vertical_sync, update, other layout degrees)
 ]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("stages", "vertical_sync", "update", "layout"), CASES)
 def test_pipeline_equals_the_staleness_reference(
     stages: int, vertical_sync: bool, update: str, layout: dict
@@ -413,6 +414,7 @@ def test_pipedream_under_fast_equals_its_staleness_reference(stages: int) -> Non
         _assert_weights_close(weights, want_weights[stage], stage)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("replicas", "update", "zero_stage"),
     [
@@ -515,6 +517,7 @@ def _train(ctx: ParallelContext, config: Config, run_dir: str, trainer: dict) ->
     }
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_training_loop_checkpoints_the_drained_weights_and_resumes(tmp_path: Path) -> None:
     """A save drains the pipeline: the checkpoint holds every stage's weights after all
     micro-batches' updates, the tied word embedding as the first stage wrote it (the last
@@ -536,6 +539,7 @@ def test_training_loop_checkpoints_the_drained_weights_and_resumes(tmp_path: Pat
     assert sorted(resumed) == [3, 4] and all(math.isfinite(v) for v in resumed.values())
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_replicated_run_checkpoints_and_resumes(tmp_path: Path) -> None:
     """A "2-1" run (3 ranks) saves after its drain: the two replicas of stage 0 hold the same
     weights, the checkpoint holds them and the last stage's, and a resume continues."""

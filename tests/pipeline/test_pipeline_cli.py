@@ -82,6 +82,7 @@ def test_cli_pipedream_partition_chooses_replicas_and_runs(tmp_path: Path) -> No
     assert len(got) == 3 and abs(got[0] - want[0]) <= FP32_MODEL_REL * want[0], (got, want)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("override", "message"),
     [

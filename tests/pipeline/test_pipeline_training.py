@@ -85,6 +85,7 @@ CASES = [  # (pp, tp, dp, schedule, extra)
 ]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("pp", "tp", "dp", "schedule", "extra"), CASES)
 def test_pipeline_loss_curve_equals_one_process(
     tmp_path: Path, pp: int, tp: int, dp: int, schedule: str, extra: dict
@@ -125,6 +126,7 @@ def test_pipeline_with_tp_sequence_parallel_and_explicit_split(tmp_path: Path, e
         _assert_same_curves(curves, reference)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("arch", "schedule", "extra"),
     [
@@ -193,6 +195,7 @@ def _resume(ctx: ParallelContext, config: Config, run_dir: str, source: str) -> 
     return _run(ctx, config, run_dir, resume=source)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("saved", "resumed"),
     [

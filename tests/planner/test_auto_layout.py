@@ -39,6 +39,7 @@ def _expected(config: Config, world: int, global_batch: int) -> tuple[int, int]:
     raise AssertionError("no candidate of the search matches the pinned keys")
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     "overrides",
     [

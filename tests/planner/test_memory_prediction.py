@@ -112,6 +112,7 @@ def _layouts(world: int) -> list[Candidate]:
     )
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("world", [1, 2])
 def test_predicted_memory_matches_every_layout(world: int, tmp_path: Path) -> None:
     start = time.perf_counter()

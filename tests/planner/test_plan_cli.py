@@ -40,6 +40,7 @@ def test_bert_large_on_an_h100_node_prints_ranked_layouts() -> None:
     assert "tp 8 x pp 1:" in out  # every tensor x pipeline family is accounted for
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
     result = plan(
         "--json",
@@ -72,6 +73,7 @@ def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
     )
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("args", "message"),
     [

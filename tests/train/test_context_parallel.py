@@ -39,6 +39,7 @@ def _gpt(config: Config) -> Config:
     return replace(config, model=tiny_gpt(dropout=0.1))
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("arch", "cp", "tp", "dp", "extra"),
     [

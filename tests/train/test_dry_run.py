@@ -100,6 +100,7 @@ def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
     )
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("arch", ["bert", "gpt", "llama", "modernbert"])
 @pytest.mark.parametrize(("world", "rank", "layers", "keys"), GRID)
 def test_a_ranks_memory_and_traffic_are_the_planners(
@@ -247,6 +248,7 @@ def test_a_finetuning_rank_is_as_planned(tmp_path: Path, world: int, rank: int, 
     assert run.flops_per_step == rank_flops(work, candidate, stage)
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_a_finetuning_job_dry_runs_from_the_command_line(tmp_path: Path) -> None:
     """tpformer-finetune ... dry_run.world=8: the step of the first rank of each stage of a
     TP=2 x PP=2 x DP=2 job, printed; nothing launched. A rank outside the job is refused."""

@@ -152,6 +152,7 @@ def _assert_same(got: list[float], want: list[float], what: str) -> None:
         assert abs(g - w) <= FP32_MODEL_REL * abs(w), f"{what} step {step}: {got} vs {want}"
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("row", "reference", "world", "parallel", "trainer"),
     [pytest.param(*row[:5], id=row[0], marks=[pytest.mark.slow] if row[5] else []) for row in ROWS],

@@ -201,6 +201,7 @@ def _predictions(ctx: ParallelContext, config: FinetuneConfig, run_dir: str) -> 
     return pred, [r["loss"] for r in records]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("tp", "dp", "sp", "pp"),
     [(2, 1, False, 1), (1, 2, False, 1), (2, 1, True, 1), (1, 1, False, 2)],

@@ -120,6 +120,7 @@ def _transformers(hf_dir: str, batches: list[dict], dev: dict) -> tuple[list[flo
     return losses, logits
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("task", ["sst2", "stsb"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_finetuning_follows_a_plain_transformers_loop(tmp_path: Path, task: str, tp: int) -> None:

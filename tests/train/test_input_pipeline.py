@@ -54,6 +54,7 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     "layout",
     ["tp1", "dp2", pytest.param("tp2", marks=pytest.mark.slow), "pp2"],

@@ -38,6 +38,7 @@ def _losses(ctx: ParallelContext, config: Config, run_dir: str) -> list[float]:
     return [r["loss"] for r in pretraining_trainer(config, ctx, Path(run_dir)).train()]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
 def test_corpus_loss_curve_is_the_same_in_every_layout(
     tmp_path: Path, tp: int, dp: int, accum: int

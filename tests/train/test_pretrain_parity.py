@@ -127,6 +127,7 @@ def _reference(arch: str, hf_dir: Path, batches: list[dict]) -> list[float]:
     return losses
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("arch", ["bert", "gpt"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_pretraining_follows_a_plain_transformers_loop(tmp_path: Path, arch: str, tp: int) -> None:

@@ -52,6 +52,7 @@ def _curves(ctx: ParallelContext, config: Config, run_dir: str) -> list[tuple[fl
     return [(r["loss"], r["mlm_accuracy"], r["nsp_accuracy"]) for r in records]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(("tp", "dp", "accum"), [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2)])
 def test_loss_curve_is_the_same_in_every_layout(
     tmp_path: Path, tp: int, dp: int, accum: int
@@ -68,6 +69,7 @@ def test_loss_curve_is_the_same_in_every_layout(
             assert (mlm_acc, nsp_acc) == (want_mlm, want_nsp), (curves, reference)
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("tp", "dp", "extra"),
     [
@@ -96,6 +98,7 @@ def test_sequence_parallel_loss_curve_equals_tp1(
             assert (mlm_acc, nsp_acc) == (want_mlm, want_nsp), (curves, reference)
 
 
+@pytest.mark.slow  # over ~5 s: the slow tier
 def test_mlm_loss_falls_on_learnable_data(tmp_path: Path) -> None:
     config = replace(tiny_config(steps=300, micro=8), optim=OptimConfig(lr=1e-3, warmup_steps=10))
     config.trainer.log_every = 20
@@ -223,6 +226,7 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
         assert abs(got - want) <= FP32_MODEL_REL * abs(want), curves
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize(
     ("override", "message"),
     [
