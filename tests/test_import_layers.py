@@ -35,8 +35,12 @@ FORBIDDEN = {
     "interop": ["tpformer.engine", "tpformer.train", "tpformer.checkpoint", "tpformer.data"],
     "inference": ["tpformer.engine", "tpformer.train", "tpformer.checkpoint", "tpformer.data"],
     "train": [],
-    "config": [],
+    "config": [],  # held by CONFIG_MAY_IMPORT below: an allow-list, not a deny-list
 }
+CONFIG_MAY_IMPORT = ["tpformer.config", "tpformer.parallel.layout"]
+"""The schema sits at the bottom of the house: beside itself it reads only the pure layout
+arithmetic (divisors, Layout, check_split), so no rule of config/ reaches up into the planner,
+the engine or a model."""
 for _forbidden in FORBIDDEN.values():  # console scripts sit on top: nothing imports them
     _forbidden.append("tpformer.cli")
 
@@ -58,6 +62,17 @@ def test_package_imports_flow_one_way(package: str) -> None:
         for path in sorted((PACKAGE / package).rglob("*.py"))
         for name in sorted(imports_of(path))
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[package])
+    ]
+    assert bad == []
+
+
+def test_config_imports_only_itself_and_the_layout_arithmetic() -> None:
+    bad = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in sorted((PACKAGE / "config").rglob("*.py"))
+        for name in sorted(imports_of(path))
+        if name.startswith("tpformer")
+        and not any(name == a or name.startswith(a + ".") for a in CONFIG_MAY_IMPORT)
     ]
     assert bad == []
 

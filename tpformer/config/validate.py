@@ -21,7 +21,7 @@ from tpformer.config.schema import (
     OptimConfig,
     ParallelConfig,
 )
-from tpformer.parallel.layout import Layout, divisors
+from tpformer.parallel.layout import Layout, check_split, divisors
 
 
 def check_choices(config: object, prefix: str = "") -> None:
@@ -177,8 +177,6 @@ def validate_pipeline(
                 f"multiple of {p * chunks}"
             )
         return
-    from tpformer.planner.partition import check_split
-
     check_split(
         layers,
         num_layers,

@@ -37,6 +37,24 @@ def shard_range(size: int, parts: int, index: int) -> tuple[int, int]:
     return index * chunk, (index + 1) * chunk
 
 
+def check_split(split: list[int], layers: int, parts: int, what: str) -> list[int]:
+    """parallel.pipeline_layers, an explicit split: one positive count per stage (or virtual
+    stage), summing to `layers`; `what` names the stages in the error."""
+    if len(split) != parts:
+        raise ValueError(
+            f"parallel.pipeline_layers={split} has {len(split)} entries; {what} "
+            f"needs {parts} (one per stage)"
+        )
+    if any(int(n) != n or n < 1 for n in split):
+        raise ValueError(f"parallel.pipeline_layers={split}: every stage needs at least one layer")
+    if sum(split) != layers:
+        raise ValueError(
+            f"parallel.pipeline_layers={split} sums to {sum(split)} layers; the model "
+            f"has model.num_layers={layers}"
+        )
+    return [int(n) for n in split]
+
+
 @dataclass(frozen=True)
 class Layout:
     """World = pp x dp x cp x tp; TP ranks are adjacent, CP next, PP outermost

@@ -92,23 +92,6 @@ def equal_split(layers: int, parts: int) -> list[int]:
     return [layers // parts] * parts
 
 
-def check_split(split: list[int], layers: int, parts: int, what: str) -> list[int]:
-    """An explicit list: one positive count per stage (or virtual stage), summing to layers."""
-    if len(split) != parts:
-        raise ValueError(
-            f"parallel.pipeline_layers={split} has {len(split)} entries; {what} "
-            f"needs {parts} (one per stage)"
-        )
-    if any(int(n) != n or n < 1 for n in split):
-        raise ValueError(f"parallel.pipeline_layers={split}: every stage needs at least one layer")
-    if sum(split) != layers:
-        raise ValueError(
-            f"parallel.pipeline_layers={split} sums to {sum(split)} layers; the model "
-            f"has model.num_layers={layers}"
-        )
-    return [int(n) for n in split]
-
-
 @dataclass(frozen=True)
 class ReplicatedStage:
     """PipeDream's stage: a run of `layers` layers on `replicas` workers (data parallel)."""

@@ -15,6 +15,7 @@ from tpformer.config.schema import ModelConfig, ParallelConfig
 from tpformer.models.costs import head_flops_per_token, layer_flops_per_token
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.layout import check_split
 from tpformer.parallel.link_timing import allreduce_bandwidth, median_seconds
 from tpformer.parallel.monitor import CommMonitor
 from tpformer.parallel.pipeline.stage import pipelined
@@ -22,7 +23,6 @@ from tpformer.planner.partition import (
     ReplicatedStage,
     StageCosts,
     best_split,
-    check_split,
     equal_split,
     pipedream_partition,
     replication_string,
