@@ -8,7 +8,6 @@ is never held. With pytest-xdist the controller holds it (its wall clock covers 
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -60,7 +59,7 @@ def pytest_terminal_summary(
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     budget = held_budget(session.config)
-    if budget is None or os.environ.get("TPFORMER_NO_BUDGET"):
+    if budget is None:
         return
     if time.monotonic() - _started > budget[1] and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
