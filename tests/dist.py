@@ -75,9 +75,18 @@ def _worker(
 def _context() -> mp.context.BaseContext:
     ctx = mp.get_context("forkserver")
     # the training stack too (torch.distributed.checkpoint alone is 0.7 s of imports): every
-    # rank is forked with it loaded (measured: 45 s -> 37 s over 12 two-rank training tests)
+    # rank is forked with it loaded (measured: 45 s -> 37 s over 12 two-rank training tests);
+    # torch._dynamo, which torch.optim imports when the first optimizer is built (about 1 s a
+    # rank: 137 s -> 107 s over the checkpoint and ZeRO tests), and transformers (the HF tests)
     ctx.set_forkserver_preload(
-        ["torch", "tpformer.parallel", "tests.dist", "tpformer.train.pretraining"]
+        [
+            "torch",
+            "torch._dynamo",
+            "transformers",
+            "tpformer.parallel",
+            "tests.dist",
+            "tpformer.train.pretraining",
+        ]
     )
     return ctx
 

@@ -148,6 +148,7 @@ PUBLIC_KEYS = {
         "max_time_minutes",
         "micro_batch_size",
         "peak_tflops",
+        "plot",
         "profile",
         "progress",
         "resume",

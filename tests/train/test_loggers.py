@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.train.wandb_files import history_and_config
-from tpformer.config.schema import TrainerConfig
+from tpformer.config.schema import FinetuneTrainerConfig, TrainerConfig
 from tpformer.config.validate import validate_loggers
 from tpformer.train.metrics import MetricsWriter
 
@@ -52,11 +52,13 @@ def test_wandb_gets_the_tensorboard_scalars_and_the_config(
 
 
 def test_no_loggers_writes_metrics_jsonl_alone(tmp_path: Path) -> None:
-    writer = MetricsWriter(tmp_path, enabled=True, loggers=[])
+    """trainer.loggers=[] and trainer.plot=false (the default draws the plot, above)."""
+    writer = MetricsWriter(tmp_path, enabled=True, loggers=[], plot=False)
     writer.log(RECORDS[0])
     writer.close()
-    assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "wandb").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
     assert json.loads((tmp_path / "metrics.jsonl").read_text()) == RECORDS[0]
+    assert TrainerConfig().plot and FinetuneTrainerConfig().plot
 
 
 def test_default_is_tensorboard_and_a_missing_wandb_is_named(

@@ -12,7 +12,7 @@ import pytest
 from tests.data.common import write_corpus
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
-from tests.train.test_trainer import _cli, tiny_config
+from tests.train.test_trainer import QUIET, _cli, tiny_config
 from tpformer.config.schema import Config, DataConfig
 from tpformer.convert import to_hf
 from tpformer.data.tokenizer import Tokenizer
@@ -107,6 +107,7 @@ def test_cli_on_a_text_corpus_and_its_errors(tmp_path: Path) -> None:
         f"data.cache_dir={tmp_path / 'c'}",
         "trainer.micro_batch_size=4",
         "trainer.progress=false",
+        *QUIET,
         "trainer.max_steps=2",
     ]
     result = _cli([*common, "parallel.tensor=2", "launcher.nproc_per_node=2"], tmp_path)

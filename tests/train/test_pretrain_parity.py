@@ -80,6 +80,7 @@ def _config(tmp_path: Path, arch: str, tp: int) -> Config:
             eval_every=0,
             progress=False,
             loggers=[],
+            plot=False,
             resume=str(checkpoint),
         ),
     )

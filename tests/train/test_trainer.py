@@ -19,6 +19,9 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
 REPO = Path(__file__).resolve().parents[2]
+QUIET = ["trainer.loggers=[]", "trainer.plot=false"]
+"""No TensorBoard events and no loss plot (about a second of a tiny run's start and end): the
+tests of those files ask for them (tests/train/test_loggers.py and the runs that read them)."""
 TINY = [
     "model=bert_tiny",
     "data=synthetic",
@@ -27,6 +30,7 @@ TINY = [
     "data.seq_length=32",
     "trainer.micro_batch_size=4",
     "trainer.progress=false",
+    *QUIET,
 ]
 
 
@@ -43,6 +47,8 @@ def tiny_config(steps: int = 4, micro: int = 4, accum: int = 1, **parallel) -> C
             log_every=1,
             eval_steps=1,
             progress=False,
+            loggers=[],
+            plot=False,
         ),
     )
 
@@ -102,6 +108,7 @@ def test_sequence_parallel_loss_curve_equals_tp1(
 def test_mlm_loss_falls_on_learnable_data(tmp_path: Path) -> None:
     config = replace(tiny_config(steps=300, micro=8), optim=OptimConfig(lr=1e-3, warmup_steps=10))
     config.trainer.log_every = 20
+    config.trainer.loggers, config.trainer.plot = TrainerConfig().loggers, True
     records = pretraining_trainer(config, ParallelContext.single(device="cpu"), tmp_path).train()
     mlm = [r["mlm_loss"] for r in records]
     assert mlm[-1] < 0.7 * mlm[0], mlm  # from ln(128) = 4.85 toward ln(128 / 16 topics) = 2.08
@@ -145,7 +152,7 @@ def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
 def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
     result = _cli(
         [
-            *TINY,
+            *[x for x in TINY if x not in QUIET],  # the plot and TensorBoard: in one directory
             "trainer.max_steps=3",
             "trainer.log_every=1",
             "parallel.tensor=2",
@@ -161,6 +168,7 @@ def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
     assert (run / ".hydra" / "config.yaml").read_text().count("tensor: 2") == 1
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # steps 1, 2, 3 + eval
     assert (run / "train.log").exists() and (run / "loss_curve.png").exists()
+    assert any((run / "tensorboard").iterdir())
 
 
 @pytest.mark.slow

@@ -89,18 +89,29 @@ def dry_config(config: Config) -> Config:
     return replace(config, parallel=parallel, data=data, trainer=trainer)
 
 
-def dry_run(config: Config, world_size: int, rank: int) -> DryRun:
+def dry_run(config: Config, world_size: int, rank: int, *, cut_short: bool = True) -> DryRun:
     """Two pretraining steps of `rank` of a `world_size`-rank job of `config` on meta and the
-    fake backend."""
+    fake backend. Under 1F1B with more micro-batches than `repeats_from` (and `cut_short`),
+    measured at that many and one more, and extended along the line the two draw
+    (tests/train/test_dry_run.py holds it equal to the full run to the byte)."""
     from tpformer.train.pretraining import pretraining_trainer
 
     config = dry_config(config)
-    return _dry_run(
-        lambda ctx, run_dir: pretraining_trainer(config, ctx, run_dir),
-        config.parallel,
-        world_size,
-        rank,
-    )
+
+    def measured(micro_batches: int) -> DryRun:
+        run = replace(config, trainer=replace(config.trainer, grad_accum=micro_batches))
+        return _dry_run(
+            lambda ctx, run_dir: pretraining_trainer(run, ctx, run_dir),
+            run.parallel,
+            world_size,
+            rank,
+        )
+
+    micro_batches = config.trainer.grad_accum
+    first = repeats_from(config.parallel)
+    if not cut_short or first is None or micro_batches <= first + 1:
+        return measured(micro_batches)
+    return extended(measured(first), measured(first + 1), micro_batches - first)
 
 
 def dry_run_finetune(config: FinetuneConfig, world_size: int, rank: int) -> DryRun:
@@ -115,6 +126,52 @@ def dry_run_finetune(config: FinetuneConfig, world_size: int, rank: int) -> DryR
         config.parallel,
         world_size,
         rank,
+    )
+
+
+def repeats_from(parallel: ParallelConfig) -> int | None:
+    """The micro-batch count from which each further micro-batch of a step adds the same work
+    to every rank and nothing to what it holds, or None where that is not so. 1F1B (and plain
+    accumulation, pipeline=1) holds at most `pipeline` micro-batches in flight on any stage:
+    past pipeline + 1 micro-batches (one of them in the steady 1F1B phase on every stage) a
+    micro-batch adds one forward, one backward and their collectives, and the peak stays.
+    GPipe holds every micro-batch, the interleaved schedule's phases depend on the count, and
+    PipeDream's stream carries micro-batches across steps: those run in full."""
+    if parallel.pipeline_schedule != "1f1b" or not isinstance(parallel.pipeline, int):
+        return None
+    return parallel.pipeline + 1
+
+
+def extended(short: DryRun, longer: DryRun, more: int) -> DryRun:
+    """`short` (n micro-batches) with `more` micro-batches added at what one more added in
+    `longer` (n + 1): FLOPs, each group's calls and bytes, and the few bytes per micro-batch
+    the step keeps to its end (its loss and count tensors) in the activations and the peak.
+    The model state and the engine's buffers do not grow with micro-batches."""
+    state = ("params", "grads", "optimizer", "buffers")
+    changed = [k for k in state if getattr(short, k) != getattr(longer, k)]
+    if changed or short.collectives.keys() != longer.collectives.keys():
+        raise RuntimeError(
+            f"the dry run's step does not repeat from {short} to {longer} ({changed}): run it "
+            "in full (dry_run(..., cut_short=False))"
+        )
+
+    def line(a: float, b: float) -> float:
+        return a + (b - a) * more
+
+    collectives = {
+        key: (
+            round(line(calls, longer.collectives[key][0])),
+            line(sent, longer.collectives[key][1]),
+        )
+        for key, (calls, sent) in short.collectives.items()
+    }
+    return replace(
+        short,
+        activations=round(line(short.activations, longer.activations)),
+        step_peak=round(line(short.step_peak, longer.step_peak)),
+        flops_per_step=line(short.flops_per_step, longer.flops_per_step),
+        collectives=collectives,
+        seconds=short.seconds + longer.seconds,
     )
 
 

@@ -61,6 +61,7 @@ class Trainer:
             run_dir,
             enabled=ctx.is_main,
             loggers=[str(logger) for logger in loop.loggers],
+            plot=loop.plot,
             config=config if isinstance(config, dict) else None,
         )
         self.checkpoints = Checkpointer(task, loop, ctx, run_dir)

@@ -92,7 +92,7 @@ class WandbSink:
 class MetricsWriter:
     """Rank 0 appends one JSON object per logged step to metrics.jsonl and sends its numbers to
     each of trainer.loggers as train/<key> or eval/<key>; `close()` draws loss and LR against
-    steps into loss_curve.png."""
+    steps into loss_curve.png (trainer.plot)."""
 
     def __init__(
         self,
@@ -100,9 +100,10 @@ class MetricsWriter:
         *,
         enabled: bool,
         loggers: list[str] | tuple[str, ...] = ("tensorboard",),
+        plot: bool = True,
         config: dict[str, Any] | None = None,
     ) -> None:
-        self.run_dir, self.enabled = run_dir, enabled
+        self.run_dir, self.enabled, self.plot = run_dir, enabled, plot
         self.path = run_dir / "metrics.jsonl"
         self.sinks: list[TensorBoardSink | WandbSink] = []
         if enabled:
@@ -131,7 +132,7 @@ class MetricsWriter:
             return
         for sink in self.sinks:
             sink.close()
-        if self.path.exists():
+        if self.plot and self.path.exists():
             plot_loss_curve(self.path, self.run_dir / "loss_curve.png")
 
 

@@ -44,6 +44,10 @@ class LoopConfig:
     """Where the scalars of metrics.jsonl also go: tensorboard (<run dir>/tensorboard), wandb
     (Weights & Biases, with the composed config; pip install 'tpformer[wandb]'; WANDB_PROJECT,
     WANDB_MODE=offline and its other variables apply). [] for metrics.jsonl alone."""
+    plot: bool = True
+    """Rank 0 draws <run dir>/loss_curve.png from metrics.jsonl when the run ends (about half a
+    second with matplotlib's import; tools/compare_loss_curve.py draws it beside a reference
+    later)."""
     peak_tflops: float = ranged(0.0, 0)
     """Peak TFLOP/s of one device for the MFU estimate (0: auto on known GPUs, else not shown)."""
     max_time_minutes: float = ranged(0.0, 0)
