@@ -78,8 +78,10 @@ def test_config_imports_only_itself_and_the_layout_arithmetic() -> None:
 
 
 def test_a_run_that_does_not_compile_never_imports_dynamo() -> None:
-    """torch._dynamo costs 1.5 s per process to import (every rank, every CLI start): only
-    trainer.compile may pull it in (eager islands are marks until then)."""
+    """torch._dynamo costs 1 - 1.5 s per process to import: no module of ours pulls it in
+    (eager islands are marks until trainer.compile). Building torch.optim's AdamW imports it
+    all the same (torch 2.13 wraps Optimizer.__init__ in its dynamo guard), so every training
+    rank pays it once; a refused input and a launcher process do not."""
     import subprocess
     import sys
 
@@ -91,3 +93,60 @@ def test_a_run_that_does_not_compile_never_imports_dynamo() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
     )
     assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """tpformer's modules -> the tpformer modules each imports anywhere in its file (at the
+    top, inside a function, under TYPE_CHECKING): a circle is a circle wherever it is drawn."""
+    paths = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        paths[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in paths}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:  # `from package import module` names the module
+                    full = f"{node.module}.{alias.name}"
+                    target = full if full in paths else node.module
+                    if target in paths:
+                        graph[name].add(target)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """E.g. train/task.py naming train/loop.py's Trainer (which imports task.py) for a type:
+    an evaluator takes the narrow EvalSteps instead."""
+    assert _circles(_module_graph()) == []
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 
 from tpformer.config.presets import preset
 from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.engine import parallelize
+from tpformer.engine.parallelize import parallelize
 from tpformer.models import build_model
 from tpformer.parallel.comm import count_collectives
 from tpformer.parallel.context import ParallelContext

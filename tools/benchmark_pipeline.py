@@ -44,7 +44,7 @@ from tpformer.config.schema import (
     TrainerConfig,
 )
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.pipeline.schedule import simulate
+from tpformer.parallel.pipeline.simulate import simulate
 from tpformer.train.pretraining import pretraining_trainer
 
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from tpformer.config.presets import preset
 from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.engine import parallelize
+from tpformer.engine.parallelize import parallelize
 from tpformer.layers.block import TransformerLayer
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext

@@ -28,7 +28,8 @@ import torch.multiprocessing as mp
 
 from tpformer.config.presets import preset
 from tpformer.models import build_model
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.link_timing import allreduce_bandwidth as measure_allreduce
 from tpformer.planner.partition import (
     best_split,

@@ -22,7 +22,7 @@ from tpformer.checkpoint.source import (
     saved_model_config,
 )
 from tpformer.config.schema import Arch, OptimConfig, ParallelConfig
-from tpformer.engine import parallelize
+from tpformer.engine.parallelize import parallelize
 from tpformer.engine.state import parameter_template
 from tpformer.interop.hf import load_hf_model, save_hf_checkpoint, task_of
 from tpformer.interop.hf_keys import read_hf_config

@@ -16,8 +16,9 @@ from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import tiny_config
 from tpformer.checkpoint import store
 from tpformer.config.overrides import check_overrides
+from tpformer.config.rules.data import validate_data
 from tpformer.config.schema import BlendPart, Config, DataConfig
-from tpformer.config.validate import validate, validate_data
+from tpformer.config.validate import validate
 from tpformer.data.blend import BlendSchedule
 from tpformer.data.corpus import read_text, split_sentences
 from tpformer.parallel.context import ParallelContext

@@ -12,8 +12,8 @@ from torch import nn
 from tests.dist import run_distributed
 from tests.tolerances import seeded
 from tests.train.test_trainer import _curves, tiny_config
+from tpformer.config.rules.parallel import validate_engine
 from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.config.validate import validate_engine
 from tpformer.engine.compression import PowerSGD
 from tpformer.engine.flat_buffer import FlatBucket
 from tpformer.parallel.context import ParallelContext

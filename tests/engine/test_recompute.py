@@ -7,8 +7,8 @@ import torch
 
 from tests.dist import run_distributed
 from tests.models.common import bert_batch, full_grads, tiny_bert
+from tpformer.config.rules.parallel import validate_engine, validate_recompute_granularity
 from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.config.validate import validate_engine, validate_recompute_granularity
 from tpformer.engine import build_engine
 from tpformer.engine.memory import measure_saved_activations
 from tpformer.engine.recompute import apply_recompute

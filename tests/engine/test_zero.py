@@ -8,8 +8,8 @@ import torch
 from tests.dist import run_distributed
 from tests.models.common import tiny_bert
 from tests.tolerances import FP32_LAYER_REL, assert_rel_close, seeded
+from tpformer.config.rules.parallel import validate_engine
 from tpformer.config.schema import OptimConfig, ParallelConfig
-from tpformer.config.validate import validate_engine
 from tpformer.engine import build_engine
 from tpformer.engine.memory import zero_memory_bytes
 from tpformer.engine.optimizer import DeviceAdamW

@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from tpformer.cli.shell import report_collective_timeout
 from tpformer.parallel.comm import all_reduce
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ def test_vocab_parallel_cross_entropy_matches_reference(
 
 
 def test_bad_shapes_raise() -> None:
-    from tpformer.parallel.context import GroupHandle
+    from tpformer.parallel.handle import GroupHandle
 
     with pytest.raises(ValueError, match="expected logits"):
         vocab_parallel_cross_entropy(

@@ -137,7 +137,7 @@ def test_masked_only_head_equals_full_sequence_head() -> None:
     ],
 )
 def test_bad_model_config_raises(overrides: dict, tp: int, message: str) -> None:
-    from tpformer.config.validate import validate_model
+    from tpformer.config.rules.model import validate_model
 
     with pytest.raises(ValueError, match=message):
         validate_model(tiny_bert(**overrides), tp)

@@ -7,7 +7,8 @@ import torch
 
 from tests.dist import run_distributed
 from tpformer.parallel.comm import all_reduce
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 
 
 def _membership(ctx: ParallelContext) -> dict:

@@ -8,7 +8,8 @@ from tests.dist import run_distributed
 from tpformer.layers.dropout import ParallelDropout, _ApplyMask, assign_dropout_sites
 from tpformer.layers.embedding import VocabParallelEmbedding
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import full_state_dict, initialize_parameters
 from tpformer.parallel.random import RNGTracker, derive_seed
 

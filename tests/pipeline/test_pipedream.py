@@ -21,8 +21,8 @@ from tests.dist import run_distributed
 from tests.pipeline.test_pipeline_training import pipeline_config
 from tests.tolerances import FP32_MODEL_REL
 from tpformer.checkpoint import store
+from tpformer.config.rules.parallel import validate_pipedream, validate_replication
 from tpformer.config.schema import Config
-from tpformer.config.validate import validate_pipedream, validate_replication
 from tpformer.engine.parallelize import parallelize
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_reduce
@@ -35,8 +35,8 @@ from tpformer.parallel.pipeline.schedule import (
     pipedream_version,
     pipedream_warmup,
     replica_backwards_per_update,
-    simulate,
 )
+from tpformer.parallel.pipeline.simulate import simulate
 from tpformer.parallel.pipeline.stage import build_stage
 from tpformer.planner.split import choose_split
 from tpformer.train.objectives import CausalLMObjective

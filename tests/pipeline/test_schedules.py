@@ -6,7 +6,8 @@ import random
 import pytest
 
 from tpformer.parallel.layout import check_split
-from tpformer.parallel.pipeline.schedule import actions_for, simulate
+from tpformer.parallel.pipeline.schedule import actions_for
+from tpformer.parallel.pipeline.simulate import simulate
 from tpformer.planner.partition import StageCosts, best_split
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 3)]

@@ -16,7 +16,7 @@ from tpformer.config.schema import ModelConfig
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
-from tpformer.parallel.pipeline.schedule import simulate
+from tpformer.parallel.pipeline.simulate import simulate
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Link, load_preset, resolve_cluster
 from tpformer.planner.memory import held_at_backward, stage_params

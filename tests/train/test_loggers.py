@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.train.wandb_files import history_and_config
+from tpformer.config.rules.trainer import validate_loggers
 from tpformer.config.schema import FinetuneTrainerConfig, TrainerConfig
-from tpformer.config.validate import validate_loggers
 from tpformer.train.metrics import MetricsWriter
 
 RECORDS = [

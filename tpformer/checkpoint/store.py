@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from tpformer.config.schema import ModelConfig, ParallelConfig
 from tpformer.parallel.comm import ProcessGroup, broadcast_object
@@ -130,6 +128,9 @@ def save(
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+    import torch.distributed.checkpoint as dcp  # on first use: 0.6 s the launcher never needs
+    from torch.distributed.checkpoint.api import CheckpointException
+
     barrier(group, monitor=ctx.monitor)
     rank = world_rank()
     try:  # DCP reports a failed write as CheckpointException, a BaseException
@@ -301,6 +302,9 @@ def load(directory: Path, template: dict[str, Any]) -> dict[str, Any]:
     """Fill `template` (this rank's keys, shaped as saved) in place from `directory`.
 
     NOTE: DCP's .metadata is a pickle: load only checkpoints you trust."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with _quiet_single_process():
             dcp.load(template, checkpoint_id=str(directory), no_dist=not distributed())
@@ -316,6 +320,8 @@ def load(directory: Path, template: dict[str, Any]) -> dict[str, Any]:
 def saved_keys(directory: Path) -> set[str]:
     """The top-level keys of a checkpoint's state (e.g. "engine", "rng_rank0"): an imported
     checkpoint (tpformer-convert from-hf) holds no RNG states."""
+    import torch.distributed.checkpoint as dcp
+
     try:
         metadata = dcp.FileSystemReader(str(directory)).read_metadata()
     except Exception as err:  # DCP's errors, named once

@@ -23,9 +23,9 @@ from hydra import compose, initialize_config_dir
 
 from tpformer.cli.shell import console_script
 from tpformer.config.overrides import check_overrides
+from tpformer.config.rules.data import validate_data
 from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs, to_config
-from tpformer.config.validate import validate_data
 from tpformer.data.preprocess import Ranks
 
 

@@ -20,9 +20,9 @@ from tpformer.cli.generate import validate_layout_for_inference
 from tpformer.cli.inputs import prepare_eval_lm
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
+from tpformer.config.rules.choices import check_choices
 from tpformer.config.schema import EvalLMConfig
 from tpformer.config.store import CONF_DIR, register_configs
-from tpformer.config.validate import check_choices
 from tpformer.inference.perplexity import perplexity
 from tpformer.inference.text import load_codec, read_token_stream
 from tpformer.parallel.context import ParallelContext

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
@@ -24,17 +25,21 @@ from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import FinetuneConfig
 from tpformer.config.store import CONF_DIR, register_configs
 from tpformer.config.validate import validate_finetune
-from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.layout import Layout
 from tpformer.planner.candidate import candidate_of
 from tpformer.planner.cluster import accelerator_cluster
-from tpformer.train.finetuning import finetuning_trainer, finetuning_workload, write_results
+
+if TYPE_CHECKING:
+    from tpformer.parallel.context import ParallelContext
 
 log = logging.getLogger("tpformer")
 register_configs()
 
 
 def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> None:
+    # the training stack loads in the ranks: the launcher and a refused input never need it
+    from tpformer.train.finetuning import finetuning_trainer, write_results
+
     start = time.perf_counter()
     trainer = finetuning_trainer(config, ctx, run_dir)
     trainer.train()
@@ -53,6 +58,7 @@ def dry_runs(config: FinetuneConfig, layout: Layout) -> None:
     """dry_run.world: the fine-tuning step of dry_run.ranks (default: the first rank of the
     first and of the last stage) on this CPU, printed."""
     from tpformer.train.dry_run import dry_run_finetune, ranks_to_run  # the model and engine
+    from tpformer.train.finetuning import finetuning_workload
 
     world = layout.world_size
     ranks = ranks_to_run(config.dry_run.ranks, layout, "dry_run.ranks")

@@ -22,9 +22,9 @@ from omegaconf import DictConfig
 from tpformer.cli.inputs import prepare_generate
 from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
+from tpformer.config.rules.choices import check_choices
 from tpformer.config.schema import GenerateConfig, ParallelConfig
 from tpformer.config.store import CONF_DIR, register_configs
-from tpformer.config.validate import check_choices
 from tpformer.inference.generation import GenerationSettings, generate
 from tpformer.inference.sampling import Sampling
 from tpformer.inference.text import TextCodec, continuation, encode, load_codec, read_prompts

@@ -29,9 +29,10 @@ from tpformer.cli.plan_output import (
 )
 from tpformer.cli.shell import console_script
 from tpformer.config.overrides import check_overrides
+from tpformer.config.rules.model import validate_model
 from tpformer.config.schema import PlanConfig
 from tpformer.config.store import CONF_DIR, register_configs, to_config
-from tpformer.config.validate import validate, validate_model
+from tpformer.config.validate import validate
 from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.auto import at_layout, auto_global_batch
 from tpformer.planner.candidate import Workload, candidate_of

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
@@ -17,14 +18,18 @@ from tpformer.cli.shell import console_script, run_entry_point
 from tpformer.config.overrides import checked_overrides
 from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs
-from tpformer.parallel.context import ParallelContext
-from tpformer.train.pretraining import pretraining_trainer
+
+if TYPE_CHECKING:
+    from tpformer.parallel.context import ParallelContext
 
 log = logging.getLogger("tpformer")
 register_configs()
 
 
 def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
+    # the training stack loads in the ranks: the launcher and a refused input never need it
+    from tpformer.train.pretraining import pretraining_trainer
+
     records = pretraining_trainer(config, ctx, run_dir).train()
     if records:
         log.info(

@@ -20,9 +20,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tpformer.cli.launch import launch_local
 from tpformer.config.renamed import check_renamed
+from tpformer.config.rules.choices import check_choices
 from tpformer.config.schema import Config
 from tpformer.config.store import to_config
-from tpformer.config.validate import check_choices, validate
+from tpformer.config.validate import validate
 from tpformer.parallel.comm import broadcast_object
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.env import LaunchEnv

@@ -36,7 +36,7 @@ from tpformer.parallel.comm import (
     reduce_scatter_async,
     wait,
 )
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import logical_shape
 from tpformer.parallel.param_info import param_info
 from tpformer.parallel.random import derive_seed, name_key

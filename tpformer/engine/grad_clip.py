@@ -8,7 +8,7 @@ from torch import Tensor
 
 from tpformer.engine.flat_buffer import FlatBucket
 from tpformer.parallel.comm import all_reduce
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.param_info import param_info
 
 

@@ -30,7 +30,8 @@ from tpformer.parallel.comm import (
     reduce_scatter_async,
     wait,
 )
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.param_info import param_info
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from tpformer.parallel.comm import all_reduce
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 Piece = tuple[int, int, int, bool]
 """(segment id, start, stop, TP-sharded) of one logical parameter inside a flat view."""

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from tpformer.config.schema import OptimConfig
 from tpformer.engine.flat_buffer import FlatBucket
 from tpformer.engine.layerwise import FlatLamb, FlatLars, FlatNovoGrad, Piece
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 @dataclass

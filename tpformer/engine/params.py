@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from tpformer.engine.flat_buffer import FlatBucket
 from tpformer.parallel.comm import Pending, all_gather_async, wait
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 @dataclass

@@ -9,6 +9,7 @@ here reads a device value on the host, so a step is queued without waiting for t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -62,6 +63,11 @@ class StepRunner(Protocol):
         checkpoint, the last evaluation or the end."""
         ...
 
+    def outputs(self, batch: Batch, extract: Callable[[Any], Tensor]) -> Tensor:
+        """Forward one batch without gradients and return `extract` of the model's output on
+        every rank (prediction; through the stages from the last one when pipelined)."""
+        ...
+
 
 class _StepUpdate:
     """One optimizer update after every step, nothing left in flight."""
@@ -105,6 +111,10 @@ class LocalStepRunner(_StepUpdate):
             totals += torch.stack([v.detach().double() for v in values])
         return totals
 
+    @torch.no_grad()
+    def outputs(self, batch: Batch, extract: Callable[[Any], Tensor]) -> Tensor:
+        return extract(self.model(**batch))
+
 
 class PipelineStepRunner(_StepUpdate):
     """This rank's pipeline stage: the micro-batches go through the stage's schedule."""
@@ -139,6 +149,9 @@ class PipelineStepRunner(_StepUpdate):
         if self.ctx.layout.stage_workers:  # ctx.pp is the world: the sum over every replica already
             totals /= self.ctx.replicas.size  # this replica's share (the loop sums them)
         return totals
+
+    def outputs(self, batch: Batch, extract: Callable[[Any], Tensor]) -> Tensor:
+        return self.pipeline.outputs(batch, extract)
 
 
 class PipeDreamStepRunner(PipelineStepRunner):

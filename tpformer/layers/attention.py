@@ -130,7 +130,7 @@ class ParallelSelfAttention(nn.Module):
     def _windowed(self, mask: Tensor | None, s: int, device: torch.device) -> Tensor:
         """`mask` and the band |query - key| <= reach over the whole sequence of s positions:
         one bool mask for SDPA's fused kernels (memory-efficient on CUDA: flash takes no mask).
-        Context parallelism is refused for local layers (config/model_rules.py)."""
+        Context parallelism is refused for local layers (config/rules/model.py)."""
         index = torch.arange(s, device=device)
         band = (index[:, None] - index[None, :]).abs() <= self.reach
         return band if mask is None else mask & band

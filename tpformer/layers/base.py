@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import full_state_dict, load_full_state_dict
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.parallel.comm import SEQUENCE_DIM, sequence_range
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.random import RNGTracker, eager_island, keep_mask, name_key
 from tpformer.parallel.sequence_chunks import context_positions
 

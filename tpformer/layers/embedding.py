@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
 from tpformer.parallel.comm import reduce_from_tp, reduce_scatter_sequence
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import mark_sharded
 from tpformer.parallel.layout import pad_to_multiple
 

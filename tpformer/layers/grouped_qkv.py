@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from tpformer.layers.linear import ColumnParallelLinear, sequence_gathered_linears
 from tpformer.parallel.comm import copy_to_tp
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel
 from tpformer.parallel.layout import divide
 

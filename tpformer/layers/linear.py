@@ -29,7 +29,7 @@ from tpformer.parallel.comm import (
     reduce_scatter_sequence,
     scatter_to_tp,
 )
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 from tpformer.parallel.layout import divide
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from tpformer.parallel.comm import ReduceOp, all_reduce
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 def activation_fn(name: str) -> nn.Module:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from tpformer.parallel.comm import ring_shift_async
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.sequence_chunks import causal_block
 
 KV_TAG, GRAD_TAG = 0x4B56, 0x4456

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from tpformer.layers.linear import sequence_gathered_linear
 from tpformer.parallel.comm import copy_to_tp, from_first_rank, reduce_from_tp, sequence_range
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel
 from tpformer.parallel.sequence_chunks import context_positions
 

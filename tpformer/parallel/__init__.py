@@ -1,6 +1,26 @@
-"""The only package that creates, stores or names process groups."""
+"""The only package that creates, stores or names process groups.
 
-from tpformer.parallel.context import GroupHandle, ParallelContext
-from tpformer.parallel.layout import Layout, divide, resolve_layout, shard_range
+Its names load on first use (PEP 562): the layout arithmetic (parallel/layout.py), which the
+config's validation reads, needs no torch, so a command that refuses its input exits before
+torch is imported."""
 
-__all__ = ["GroupHandle", "Layout", "ParallelContext", "divide", "resolve_layout", "shard_range"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FROM = {
+    "GroupHandle": "tpformer.parallel.handle",
+    "ParallelContext": "tpformer.parallel.context",
+    "Layout": "tpformer.parallel.layout",
+    "divide": "tpformer.parallel.layout",
+    "resolve_layout": "tpformer.parallel.layout",
+    "shard_range": "tpformer.parallel.layout",
+}
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_FROM[name]), name)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.parallel.comm import all_gather_dim
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.param_info import InitMethod, param_info, update_param_info
 from tpformer.parallel.random import RNGTracker
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpformer.parallel.comm import all_gather_async, process_group, reduce_scatter_async, wait
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 def time_collectives(

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from tpformer.config.schema import ModelConfig, ParallelConfig
 from tpformer.models.costs import head_flops_per_token, layer_flops_per_token
 from tpformer.parallel.comm import broadcast_object
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.layout import check_split
 from tpformer.parallel.link_timing import allreduce_bandwidth, median_seconds
 from tpformer.parallel.monitor import CommMonitor

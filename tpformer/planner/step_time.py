@@ -282,7 +282,7 @@ def model_flops(work: Workload) -> float:
 
 def pipeline_makespan(stage_time: list[float], micro_batches: int, chunks: int) -> float:
     """m x the slowest stage, plus the fill and drain through the others (1/v of it with v
-    interleaved chunks): `schedule.simulate`'s makespan (m + (p - 1) / v) T for equal stages."""
+    interleaved chunks): `simulate.simulate`'s makespan (m + (p - 1) / v) T for equal stages."""
     slowest = max(stage_time)
     return micro_batches * slowest + (sum(stage_time) - slowest) / chunks
 

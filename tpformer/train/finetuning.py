@@ -17,34 +17,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from tpformer.checkpoint import store
 from tpformer.config.derive import finetune_micro_batching
-from tpformer.config.model_rules import validate_model_layout
-from tpformer.config.schema import FinetuneConfig, ModelConfig
-from tpformer.config.validate import (
+from tpformer.config.rules.model import validate_model_layout
+from tpformer.config.rules.parallel import (
     context_multiple,
     validate_pipeline,
     validate_recompute_granularity,
 )
+from tpformer.config.schema import FinetuneConfig, ModelConfig
 from tpformer.convert import load_classifier, read_model_source
 from tpformer.data.glue import get_task, score
 from tpformer.data.glue.batches import GlueTrainSteps, prediction_batch, prediction_order
 from tpformer.data.glue.features import dev_splits, load_examples, test_splits
 from tpformer.data.glue.submission import submission_name, write_submission
 from tpformer.data.tokenizer import Tokenizer
-from tpformer.engine import parallelize
-from tpformer.engine.parallelize import Parallelized
+from tpformer.engine.parallelize import Parallelized, parallelize
+from tpformer.engine.step_runner import StepRunner
 from tpformer.models import BertForSequenceClassification
 from tpformer.parallel.comm import all_gather_object
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.pipeline.runner import PipelineRunner
 from tpformer.planner.candidate import Workload
 from tpformer.planner.split import plan_pipeline
 from tpformer.train.loop import BestCheckpoint, Trainer, TrainingTask
 from tpformer.train.objectives import ClassificationObjective
 from tpformer.train.schedule import scaled_lr
+from tpformer.train.task import EvalSteps
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class GluePredictor:
 
     def __init__(
         self,
-        model: nn.Module,
+        runner: StepRunner,
         splits: dict[str, list[dict]],
         *,
         task_name: str,
@@ -62,10 +61,8 @@ class GluePredictor:
         pad_id: int,
         ctx: ParallelContext,
         pad_multiple: int = 1,
-        pipeline: PipelineRunner | None = None,
     ) -> None:
-        self.model, self.splits, self.task_name = model, splits, task_name
-        self.pipeline = pipeline
+        self.runner, self.splits, self.task_name = runner, splits, task_name
         self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
         self.pad_multiple = pad_multiple
         self.regression = get_task(task_name).labels is None
@@ -91,10 +88,8 @@ class GluePredictor:
         return preds, [e["index"] for e in examples]
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The model's logits; through the pipeline's stages (from the last one) when pipelined."""
-        if self.pipeline is None:
-            return self.model(**batch).logits
-        return self.pipeline.outputs(batch, lambda out: out.logits)  # type: ignore[attr-defined]
+        """The model's logits, from the step runner (through the stages when pipelined)."""
+        return self.runner.outputs(batch, lambda out: out.logits)
 
 
 class GlueDev:
@@ -111,7 +106,7 @@ class GlueDev:
     def _prefix(self, split: str) -> str:
         return "" if len(self.dev_splits) == 1 else f"{split.removeprefix('dev_')}_"
 
-    def __call__(self, trainer: Trainer) -> dict[str, float]:
+    def __call__(self, steps: EvalSteps) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for split in self.dev_splits:
             pred, _ = self.predictor.predict(split)
@@ -195,18 +190,17 @@ def _train_steps(
 def _evaluation(
     config: FinetuneConfig,
     ctx: ParallelContext,
-    model: nn.Module,
     splits: dict[str, Any],
     pad_id: int,
     micro: int,
     pad_multiple: int,
-    wrapped: Parallelized,
+    runner: StepRunner,
     run_dir: Path,
 ) -> tuple[GlueDev, Callable[[int], None]]:
     """The dev evaluator and what the best evaluation writes (the test splits' predictions)."""
     task, data = get_task(config.task), config.data
     predictor = GluePredictor(
-        model,
+        runner,
         splits,
         task_name=config.task,
         # prediction keeps no activations for backward, so twice the training micro-batch's
@@ -215,7 +209,6 @@ def _evaluation(
         pad_id=pad_id,
         ctx=ctx,
         pad_multiple=pad_multiple,
-        pipeline=wrapped.pipeline,
     )
     evaluator = GlueDev(predictor, dev_splits(task, data))
 
@@ -300,7 +293,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     train = _train_steps(config, ctx, splits["train"], tokenizer.pad_id, micro, pad_multiple)
     wrapped = _parallelized(config, ctx, model, train, micro)
     evaluator, write_predictions = _evaluation(
-        config, ctx, model, splits, tokenizer.pad_id, micro, pad_multiple, wrapped, run_dir
+        config, ctx, splits, tokenizer.pad_id, micro, pad_multiple, wrapped.runner, run_dir
     )
     steps = math.ceil(t.epochs * train.steps_per_epoch)
     return Trainer(
@@ -334,7 +327,10 @@ def write_results(trainer: Trainer, config: FinetuneConfig, wall_time_s: float) 
     """results.json: every evaluation, the best by the main metric, the wall time and, of it,
     the seconds spent writing checkpoints, the best epoch's test predictions and the metrics
     files (`output_seconds`)."""
-    metric = trainer.task.best.metric  # type: ignore[union-attr]
+    best = trainer.task.best
+    if best is None:
+        raise ValueError("results.json is written for a fine-tuning run (one that keeps its best)")
+    metric = best.metric
     evaluations = trainer.evaluations
     results: dict = {
         "task": config.task,

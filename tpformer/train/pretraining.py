@@ -23,8 +23,7 @@ from tpformer.data.blend import EVAL_PREFIX, BlendedSamples, SampleSource
 from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.steps import StepSource
 from tpformer.data.tokenizer import Tokenizer
-from tpformer.engine import parallelize
-from tpformer.engine.parallelize import Parallelized
+from tpformer.engine.parallelize import Parallelized, parallelize
 from tpformer.models import build_model
 from tpformer.parallel.comm import all_gather_object, broadcast_object
 from tpformer.parallel.context import ParallelContext
@@ -34,6 +33,7 @@ from tpformer.train.loop import Trainer, TrainingTask
 from tpformer.train.objectives import Objective, objective_for
 from tpformer.train.schedule import scaled_lr
 from tpformer.train.startup_report import format_plan
+from tpformer.train.task import EvalSteps
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +93,15 @@ class HeldOutLoss:
     def __init__(self, batches: dict[str, tuple[StepSource, float]], steps: int) -> None:
         self.batches, self.steps = batches, steps
 
-    def _means(self, trainer: Trainer, batches: StepSource) -> dict[str, float]:
-        parts = [trainer.run_step(i, batches, train=False) for i in range(self.steps)]
+    def _means(self, steps: EvalSteps, batches: StepSource) -> dict[str, float]:
+        parts = [steps.run_step(i, batches, train=False) for i in range(self.steps)]
         return {k: sum(p[k] for p in parts) / len(parts) for k in parts[0] if k != "tokens"}
 
-    def __call__(self, trainer: Trainer) -> dict[str, float]:
+    def __call__(self, steps: EvalSteps) -> dict[str, float]:
         if list(self.batches) == ["eval"]:
-            return self._means(trainer, self.batches["eval"][0])
+            return self._means(steps, self.batches["eval"][0])
         per_corpus = {
-            split.removeprefix(EVAL_PREFIX): (self._means(trainer, batches), weight)
+            split.removeprefix(EVAL_PREFIX): (self._means(steps, batches), weight)
             for split, (batches, weight) in self.batches.items()
         }
         keys = next(iter(per_corpus.values()))[0]

@@ -8,7 +8,8 @@ import logging
 
 from tpformer.config.schema import Config, ModelConfig
 from tpformer.parallel.layout import Layout
-from tpformer.parallel.pipeline.schedule import Action, simulate
+from tpformer.parallel.pipeline.schedule import Action
+from tpformer.parallel.pipeline.simulate import simulate
 from tpformer.parallel.random import rng_mode_line
 from tpformer.planner.candidate import Workload, candidate_of
 from tpformer.planner.cluster import Cluster, resolve_cluster

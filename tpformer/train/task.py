@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from torch import Tensor, nn
 
@@ -15,9 +15,6 @@ from tpformer.data.steps import StepSource
 from tpformer.engine import ZeroEngine
 from tpformer.engine.step_runner import StepRunner
 from tpformer.train.objectives import Objective
-
-if TYPE_CHECKING:
-    from tpformer.train.loop import Trainer
 
 
 @dataclass
@@ -40,10 +37,18 @@ class UnreadStep:
     """The LR and the seconds spent waiting for the data."""
 
 
-class Evaluator(Protocol):
-    """Runs with the model in eval mode and every parameter gathered; returns its metrics."""
+class EvalSteps(Protocol):
+    """What an evaluator may ask of the loop: a step of held-out batches run and read."""
 
-    def __call__(self, trainer: Trainer) -> dict[str, float]: ...
+    def run_step(self, step: int, batches: StepSource, *, train: bool) -> dict[str, float]: ...
+
+
+class Evaluator(Protocol):
+    """Runs with the model in eval mode and every parameter gathered; returns its metrics.
+    Pretraining's runs held-out steps through `steps`; fine-tuning's predicts through its
+    step runner (StepRunner.outputs) and leaves `steps` unused."""
+
+    def __call__(self, steps: EvalSteps) -> dict[str, float]: ...
 
 
 @dataclass

@@ -16,7 +16,7 @@ from tpformer.parallel.comm.shortcuts import (
     swap_sum,
     swaps,
 )
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from tpformer.parallel.comm.record import record
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.monitor import CommMonitor
 
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from tpformer.parallel.comm.record import (
     record,
     waiting,
 )
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 def send_async(x: Tensor, peer: int, handle: GroupHandle, tag: int) -> Pending:

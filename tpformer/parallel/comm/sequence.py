@@ -12,7 +12,7 @@ from torch import Tensor
 
 from tpformer.parallel.comm.flat import all_gather_async, reduce_scatter_async, wait
 from tpformer.parallel.comm.record import process_group, traced
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 SEQUENCE_DIM = 1
 """Activations are [batch, seq, hidden]: sequence parallelism splits dim 1."""

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpformer.parallel.comm.record import started, waiting
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 class AllReduceThenSlice:

@@ -17,7 +17,7 @@ from tpformer.parallel.comm.record import (
     waiting,
 )
 from tpformer.parallel.comm.shortcuts import PairExchange, swap_sum, swaps
-from tpformer.parallel.context import GroupHandle
+from tpformer.parallel.handle import GroupHandle
 
 
 def all_reduce(

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tpformer.parallel.comm import Pending, process_group, recv, send_async
-from tpformer.parallel.context import GroupHandle, ParallelContext
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.pipeline.schedule import Action, actions_for, virtual_stage
 from tpformer.parallel.pipeline.stage import PipelineStage
 from tpformer.parallel.regions import region

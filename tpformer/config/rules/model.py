@@ -1,11 +1,34 @@
-"""The rules of the model keys that shape the architecture families (Llama's grouped-query
-attention and rotary positions, ModernBERT's local attention and heads), and those that
-depend on the layout."""
+"""The rules of the model group: a model that can be built and split over the TP group, the
+keys that shape the architecture families (Llama's grouped-query attention and rotary
+positions, ModernBERT's local attention and heads), what a model cannot run under at a layout,
+and the pair head against the data it trains on."""
 
 from __future__ import annotations
 
-from tpformer.config.schema import ModelConfig
+from tpformer.config.rules.choices import check_choices
+from tpformer.config.schema import DataConfig, ModelConfig
 from tpformer.parallel.layout import Layout, divisors
+
+
+def validate_model(model: ModelConfig, tp: int) -> None:
+    """Raise ValueError if `model` cannot be built or cannot be split over `tp` ranks."""
+    check_choices(model, "model.")
+    if model.hidden_size % model.num_heads != 0:
+        raise ValueError(
+            f"model.hidden_size={model.hidden_size} is not divisible by "
+            f"model.num_heads={model.num_heads}; "
+            f"valid head counts are {divisors(model.hidden_size)}"
+        )
+    if model.num_heads % tp != 0:
+        raise ValueError(
+            f"parallel.tensor={tp} must divide model.num_heads={model.num_heads} "
+            f"(valid: {divisors(model.num_heads)})"
+        )
+    if model.intermediate_size % tp != 0:
+        raise ValueError(
+            f"parallel.tensor={tp} must divide model.intermediate_size={model.intermediate_size}"
+        )
+    validate_model_family(model, tp)
 
 
 def validate_model_family(model: ModelConfig, tp: int) -> None:
@@ -61,4 +84,21 @@ def validate_model_layout(model: ModelConfig, layout: Layout) -> None:
             f"model.local_window={model.local_window} with parallel.context={layout.cp}: ring "
             "attention has no sliding window; use parallel.context=1 (sequence parallelism "
             "splits long sequences too) or model.local_window=0"
+        )
+
+
+def validate_pair_head(model: ModelConfig, data: DataConfig) -> None:
+    """BERT's pair head trains on sentence pairs; ModernBERT's recipe (pooler=head) has none."""
+    if model.arch != "bert":
+        return
+    if model.pooler == "head" and data.sentence_pairs != "none":
+        raise ValueError(
+            f"model.pooler=head has no pair head to train data.sentence_pairs="
+            f"{data.sentence_pairs} on: set data.sentence_pairs=none (MLM only, ModernBERT's "
+            "recipe) or model.pooler=tanh"
+        )
+    if model.pooler == "tanh" and data.sentence_pairs == "none":
+        raise ValueError(
+            "data.sentence_pairs=none trains no pair head, and model.pooler=tanh's pooler and "
+            "NSP head would get no gradient: set model.pooler=head, or sentence_pairs=nsp/sop"
         )

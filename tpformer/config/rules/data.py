@@ -1,0 +1,56 @@
+"""The rules of the data group: each corpus (data.* or an item of data.blend) names what it
+needs, and a blend's weights and labels are well formed."""
+
+from __future__ import annotations
+
+from tpformer.config.rules.choices import check_choices
+from tpformer.config.schema import CorpusConfig, DataConfig
+
+
+def _validate_corpus(corpus: CorpusConfig, key: str, tokenizer: str) -> None:
+    """The keys one corpus (data.* or an item of data.blend, named by `key`) needs."""
+    if corpus.source in ("text", "jsonl") and not corpus.paths:
+        raise ValueError(f"{key}source={corpus.source} needs {key}paths=[file, ...]")
+    if corpus.source == "hf" and not corpus.name:
+        raise ValueError(
+            f"{key}source=hf needs {key}name (a hub dataset such as wikitext, or a "
+            "builder such as json, parquet or arrow with data.paths=[...])"
+        )
+    if corpus.source == "megatron":
+        if len(corpus.paths) != 1:
+            raise ValueError(
+                f"{key}source=megatron needs {key}paths=[prefix] (one Megatron-LM dataset: "
+                f"<prefix>.bin and <prefix>.idx), got {list(corpus.paths)}; blend several "
+                "with data.blend"
+            )
+        if not tokenizer:
+            raise ValueError(
+                f"{key}source=megatron holds token ids already: set data.tokenizer to the "
+                "tokenizer they were written with (an HF directory or tokenizer.json, or a "
+                "sentencepiece .model)"
+            )
+    if corpus.documents != "blank_line" and corpus.source != "text":
+        raise ValueError(
+            f"{key}documents={corpus.documents} applies to source=text; a {corpus.source} "
+            "corpus's documents are its rows (or its index's documents)"
+        )
+
+
+def validate_data(data: DataConfig) -> None:
+    check_choices(data, "data.")
+    if not data.blend:
+        _validate_corpus(data, "data.", data.tokenizer)
+        return
+    if data.paths:
+        raise ValueError(
+            f"data.blend replaces data.source and data.paths: move data.paths={list(data.paths)} "
+            "into an item of data.blend"
+        )
+    for i, part in enumerate(data.blend):
+        check_choices(part, f"data.blend[{i}].")
+        if part.source == "synthetic":
+            raise ValueError(f"data.blend[{i}].source=synthetic cannot be blended; pick a corpus")
+        _validate_corpus(part, f"data.blend[{i}].", data.tokenizer)
+    labels = [part.label for part in data.blend if part.label]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"data.blend labels {labels} must differ")
