@@ -120,7 +120,9 @@ def _train_and_hang_in_second_save(ctx: ParallelContext, config: Config, run_dir
     hangs before the checkpoint is completed (meta.json, rename), waiting to be killed."""
     import time
 
-    real_save, calls = store.dcp.save, []
+    import torch.distributed.checkpoint as dcp  # what checkpoint/store.py calls at each save
+
+    real_save, calls = dcp.save, []
 
     def save_then_hang(*args, **kwargs):
         real_save(*args, **kwargs)
@@ -129,7 +131,7 @@ def _train_and_hang_in_second_save(ctx: ParallelContext, config: Config, run_dir
             (Path(run_dir) / f"written{ctx.rank}").touch()
             time.sleep(3600)
 
-    store.dcp.save = save_then_hang
+    dcp.save = save_then_hang
     _run(ctx, config, run_dir, save_every=2)
 
 
