@@ -77,22 +77,35 @@ def test_config_imports_only_itself_and_the_layout_arithmetic() -> None:
     assert bad == []
 
 
+def _loaded_after(imports: str, modules: list[str]) -> list[str]:
+    """Which of `modules` a fresh interpreter holds after `import <imports>`."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {imports}; print([m for m in {modules!r} if m in sys.modules])"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return list(ast.literal_eval(result.stdout.strip()))
+
+
 def test_a_run_that_does_not_compile_never_imports_dynamo() -> None:
     """torch._dynamo costs 1 - 1.5 s per process to import: no module of ours pulls it in
     (eager islands are marks until trainer.compile). Building torch.optim's AdamW imports it
     all the same (torch 2.13 wraps Optimizer.__init__ in its dynamo guard), so every training
     rank pays it once; a refused input and a launcher process do not."""
-    import subprocess
-    import sys
+    imports = "tpformer.cli.pretrain, tpformer.cli.finetune, tpformer.models"
+    assert _loaded_after(f"{imports}, tpformer.engine.parallelize", ["torch._dynamo"]) == []
 
-    code = (
-        "import sys, tpformer.cli.pretrain, tpformer.cli.finetune, tpformer.models, "
-        "tpformer.engine.parallelize; print('torch._dynamo' in sys.modules)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
-    assert result.stdout.strip() == "False", result.stderr[-2000:]
+
+def test_the_entry_points_load_no_training_stack_until_a_rank_runs() -> None:
+    """A refused input and the launcher process (which only re-runs the command on N ranks)
+    never import DCP, DTensor or the training loop (about 1.5 s a start), and the config's
+    validation imports no torch at all."""
+    heavy = ["torch.distributed.checkpoint", "torch.distributed.tensor", "tpformer.train.loop"]
+    assert _loaded_after("tpformer.cli.pretrain, tpformer.cli.finetune", heavy) == []
+    assert _loaded_after("tpformer.config.validate", ["torch"]) == []
 
 
 def _module_graph() -> dict[str, set[str]]:

@@ -131,10 +131,11 @@ def dry_run_finetune(config: FinetuneConfig, world_size: int, rank: int) -> DryR
 
 def repeats_from(parallel: ParallelConfig) -> int | None:
     """The micro-batch count from which each further micro-batch of a step adds the same work
-    to every rank and nothing to what it holds, or None where that is not so. 1F1B (and plain
-    accumulation, pipeline=1) holds at most `pipeline` micro-batches in flight on any stage:
-    past pipeline + 1 micro-batches (one of them in the steady 1F1B phase on every stage) a
-    micro-batch adds one forward, one backward and their collectives, and the peak stays.
+    to every rank and the same few bytes to what it holds, or None where that is not so. 1F1B
+    (and plain accumulation, pipeline=1) holds at most `pipeline` micro-batches in flight on
+    any stage: past pipeline + 1 micro-batches (one of them in the steady 1F1B phase on every
+    stage) a micro-batch adds one forward, one backward and their collectives, and the peak
+    grows only by the loss and count tensors the step keeps to its end.
     GPipe holds every micro-batch, the interleaved schedule's phases depend on the count, and
     PipeDream's stream carries micro-batches across steps: those run in full."""
     if parallel.pipeline_schedule != "1f1b" or not isinstance(parallel.pipeline, int):
