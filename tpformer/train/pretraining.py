@@ -144,10 +144,13 @@ def log_plan(
     total_params: int,
 ) -> None:
     """The startup plan (layout, parameters per stage, memory and time predicted) and its
-    warnings, in the log."""
+    warnings, in the log: rank 0's, the other ranks only join the gather (the plan's layout
+    search is the same on each; done once, it is said once)."""
     per_rank = all_gather_object(
         sum(s.numel for b in wrapped.engine.buckets for s in b.segments), ctx.pp
     )
+    if not ctx.is_main:
+        return
     stage_params = [int(per_rank[ctx.layout.peer(r, 0)]) for r in range(ctx.layout.pp)]
     plan, warnings = format_plan(
         config,
