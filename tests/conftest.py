@@ -1,13 +1,8 @@
 """Shared test settings."""
 
-import os
-
-# inductor (trainer.compile tests): one compile thread; its worker pool costs more than it
-# saves on the 2-core CI machine (cold compile of the test model: 33 s instead of 43 s)
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-
 import torch
 
+import tests.inductor_settings  # noqa: F401  (inductor's settings for the compiled runs)
 from tests.budget import (
     pytest_collection_modifyitems,
     pytest_sessionfinish,

@@ -77,7 +77,8 @@ def _context() -> mp.context.BaseContext:
     # the training stack too (torch.distributed.checkpoint alone is 0.7 s of imports): every
     # rank is forked with it loaded (measured: 45 s -> 37 s over 12 two-rank training tests);
     # torch._dynamo, which torch.optim imports when the first optimizer is built (about 1 s a
-    # rank: 137 s -> 107 s over the checkpoint and ZeRO tests), and transformers (the HF tests)
+    # rank: 137 s -> 107 s over the checkpoint and ZeRO tests), transformers (the HF tests), and
+    # the suite's inductor settings (tests/inductor_settings.py)
     ctx.set_forkserver_preload(
         [
             "torch",
@@ -85,6 +86,7 @@ def _context() -> mp.context.BaseContext:
             "transformers",
             "tpformer.parallel",
             "tests.dist",
+            "tests.inductor_settings",
             "tpformer.train.pretraining",
         ]
     )
