@@ -16,7 +16,7 @@ from tpformer.config.presets import preset
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig, Precision, Recompute
 from tpformer.device_peaks import peak_tflops
 from tpformer.engine.parallelize import parallelize
-from tpformer.interop.hf_keys import hf_config_from_model
+from tpformer.interop.families import hf_config_from_model
 from tpformer.layers.sequence import labeled_positions
 from tpformer.models import build_model
 from tpformer.models.costs import step_flops

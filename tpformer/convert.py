@@ -25,7 +25,7 @@ from tpformer.config.schema import Arch, OptimConfig, ParallelConfig
 from tpformer.engine.parallelize import parallelize
 from tpformer.engine.state import parameter_template
 from tpformer.interop.hf import load_hf_model, save_hf_checkpoint, task_of
-from tpformer.interop.hf_keys import read_hf_config
+from tpformer.interop.hf_files import read_hf_config
 from tpformer.interop.hf_tokenizer import export_tokenizer
 from tpformer.models import BertForSequenceClassification, GPTForCausalLM, TPModel, build_model
 from tpformer.parallel.context import ParallelContext

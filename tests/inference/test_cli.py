@@ -126,7 +126,7 @@ def test_a_hugging_face_gpt2_generates_and_continues_pretraining(tmp_path: Path)
         f"hydra.run.dir={tmp_path / 'run'}",
         cwd=tmp_path,
     )
-    assert f"gpt, 2 layers, hidden 64, 4 heads, vocabulary {config['vocab_size']}" in (
+    assert f"gpt2, 2 layers, hidden 64, 4 heads, vocabulary {config['vocab_size']}" in (
         continued.stderr
     )
     assert f"model.dropout=0.0 applied over its {config['resid_pdrop']}" in continued.stderr

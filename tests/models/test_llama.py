@@ -13,8 +13,8 @@ import transformers
 
 from tests.dist import run_distributed
 from tests.tolerances import assert_rel_close
+from tpformer.interop.families import model_config_from_hf
 from tpformer.interop.hf import load_hf_model, save_hf_checkpoint
-from tpformer.interop.hf_keys import model_config_from_hf
 from tpformer.parallel.comm import gather_from_tp
 from tpformer.parallel.context import ParallelContext
 

@@ -22,8 +22,8 @@ from tests.train.test_finetune import WORDS, _cli, write_sst2
 from tests.train.test_trainer import QUIET, REPO
 from tpformer.config.presets import preset
 from tpformer.data.tokenizer import SPECIAL_TOKENS
+from tpformer.interop.families import model_config_from_hf
 from tpformer.interop.hf import load_hf_model, save_hf_checkpoint
-from tpformer.interop.hf_keys import model_config_from_hf
 from tpformer.parallel.comm import gather_from_tp
 from tpformer.parallel.context import ParallelContext
 

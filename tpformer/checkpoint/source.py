@@ -10,7 +10,8 @@ from pathlib import Path
 
 from tpformer.checkpoint import store
 from tpformer.config.schema import Activation, Arch, ModelConfig
-from tpformer.interop.hf_keys import model_config_from_hf, read_hf_config
+from tpformer.interop.families import model_config_from_hf
+from tpformer.interop.hf_files import read_hf_config
 
 CHECKPOINT = "checkpoint"
 HUGGING_FACE = "hugging face"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tpformer.checkpoint import store
 from tpformer.checkpoint.source import ModelSource, read_model_source, require_arch
+from tpformer.config.families import family_of
 from tpformer.config.schema import (
     Arch,
     Config,
@@ -90,7 +91,7 @@ def adopt_checkpoint_model(config: Config, overrides: Sequence[str], run_dir: Pa
 
 def describe(model: ModelConfig) -> str:
     return (
-        f"{model.arch.value}, {model.num_layers} layers, hidden {model.hidden_size}, "
+        f"{family_of(model).name}, {model.num_layers} layers, hidden {model.hidden_size}, "
         f"{model.num_heads} heads, vocabulary {model.vocab_size}"
     )
 

@@ -1,3 +1,3 @@
-"""Hugging Face checkpoints in and out: key maps (hf_keys) and the layout-aware loading and
-saving of a built model (hf: each TP rank reads its shard, export gathers over TP and rank 0
-writes through save_pretrained). Above models/, which describe the network only."""
+"""Hugging Face checkpoints in and out: each family's adapter (families/) and the layout-aware
+loading and saving of a built model (hf: each TP rank reads its shard, export gathers over TP
+and rank 0 writes through save_pretrained). Above models/, which describe the network only."""

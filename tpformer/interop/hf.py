@@ -3,7 +3,7 @@
 Loading reads only this rank's slices (safetensors slices, or an mmap'ed pytorch_model.bin),
 so no rank materializes the full checkpoint. Export gathers full tensors, maps them to HF keys
 and lets `transformers` write the directory with `save_pretrained`, so `from_pretrained` loads it.
-The key maps live in hf_keys.py.
+Each family's key map, configs and class names are its adapter (interop/families/).
 """
 
 from __future__ import annotations
@@ -17,20 +17,15 @@ import torch
 from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
-from tpformer.interop.hf_files import CheckpointFiles
-from tpformer.interop.hf_keys import (
-    BODY_PREFIX,
-    HF_TIED,
-    KEY_MAPS,
-    FusedQKV,
-    GatedRows,
-    Plain,
-    Rule,
+from tpformer.interop.families import (
+    SUPPORTED,
+    adapter_for,
+    adapter_of,
     hf_config_from_model,
-    hf_family,
     model_config_from_hf,
-    read_hf_config,
 )
+from tpformer.interop.hf_files import CheckpointFiles, read_hf_config
+from tpformer.interop.hf_rules import FusedQKV, GatedRows, Plain, Rule
 from tpformer.models.base import TPModel
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import full_state_dict, logical_shape
@@ -38,23 +33,6 @@ from tpformer.parallel.param_info import param_info
 
 log = logging.getLogger(__name__)
 
-SUPPORTED = {
-    "BertModel": ("bert", "base"),
-    "BertForMaskedLM": ("bert", "pretraining"),
-    "BertForPreTraining": ("bert", "pretraining"),
-    "BertForSequenceClassification": ("bert", "classification"),
-    "GPT2Model": ("gpt", "base"),
-    "GPT2LMHeadModel": ("gpt", "causal_lm"),
-    "LlamaModel": ("gpt", "base"),
-    "LlamaForCausalLM": ("gpt", "causal_lm"),
-    "MistralModel": ("gpt", "base"),
-    "MistralForCausalLM": ("gpt", "causal_lm"),
-    "Qwen2Model": ("gpt", "base"),
-    "Qwen2ForCausalLM": ("gpt", "causal_lm"),
-    "ModernBertModel": ("bert", "base"),
-    "ModernBertForMaskedLM": ("bert", "pretraining"),
-    "ModernBertForSequenceClassification": ("bert", "classification"),
-}
 IGNORED_KEYS = ("position_ids", "attn.bias", "attn.masked_bias")
 HEAD_KEYS = ("cls.", "classifier.", "lm_head.", "qa_outputs.", "head.", "decoder.")
 """Heads of other HF tasks: a BertForPreTraining checkpoint loads into BertModel, say."""
@@ -137,8 +115,8 @@ def _local_tensor(
     return local
 
 
-def _hf_prefix(keys: list[str], family: str) -> str:
-    body = BODY_PREFIX[family]
+def _hf_prefix(keys: list[str], body: str) -> str:
+    """The HF body prefix `body` when the files carry it (a task class's), else none."""
     return body if any(k.startswith(body) for k in keys) else ""
 
 
@@ -155,8 +133,8 @@ def load_hf_weights(model: nn.Module, directory: str | Path, ctx: ParallelContex
     config: ModelConfig = model.config  # type: ignore[assignment]
     task = task_of(model)
     keys = files.keys()
-    family = hf_family(config)
-    rules = KEY_MAPS[family](config, task, _hf_prefix(keys, family))
+    adapter = adapter_of(config)
+    rules = adapter.key_map(config, task, _hf_prefix(keys, adapter.body_prefix))
     available = set(keys)
     body = "" if task == "base" else ("bert." if config.arch == "bert" else "transformer.")
     missing = {
@@ -227,22 +205,15 @@ def load_hf_model(
     from tpformer.models import build_model
 
     hf = read_hf_config(directory)
-    default = {
-        "bert": "BertModel",
-        "gpt2": "GPT2LMHeadModel",
-        "llama": "LlamaForCausalLM",
-        "mistral": "MistralForCausalLM",
-        "qwen2": "Qwen2ForCausalLM",
-        "modernbert": "ModernBertForMaskedLM",
-    }.get(hf.get("model_type", ""), "?")
-    architecture = (hf.get("architectures") or [default])[0]
+    adapter = adapter_for(hf)
+    architecture = (hf.get("architectures") or [adapter.defaults[hf["model_type"]]])[0]
     if architecture not in SUPPORTED:
         raise ValueError(
             f"architecture {architecture!r} in {directory}/config.json is not "
             f"supported; supported: {sorted(SUPPORTED)}"
         )
     config = replace(model_config_from_hf(hf), **(overrides or {}))
-    task = task or SUPPORTED[architecture][1]
+    task = task or SUPPORTED[architecture]
     if task == "classification" and "num_labels" not in kwargs:
         kwargs["num_labels"] = len(hf.get("id2label") or {0: 0, 1: 1})
     model = build_model(config, ctx, task=task, **kwargs)
@@ -253,28 +224,19 @@ def load_hf_model(
 # ----------------------------------------------------------------------------- export
 
 
-HF_ARCHITECTURE = {
-    "BertModel": "BertModel",
-    "BertForPreTraining": "BertForPreTraining",
-    "BertForSequenceClassification": "BertForSequenceClassification",
-    "GPTModel": "GPT2Model",
-    "GPTForCausalLM": "GPT2LMHeadModel",
-}
-
-
 def to_hf_state_dict(
     model: nn.Module, ctx: ParallelContext, architecture: str
 ) -> dict[str, Tensor]:
     """Full HF-named tensors of `model` (all-gathers over TP; same on every TP rank)."""
     config: ModelConfig = model.config  # type: ignore[assignment]
     task = task_of(model)
-    family = hf_family(config)
-    prefix = "" if task == "base" else BODY_PREFIX[family]
+    adapter = adapter_of(config)
+    prefix = "" if task == "base" else adapter.body_prefix
     full = full_state_dict(model, ctx.tp)
     head_dim = config.hidden_size // config.num_heads
     group = config.num_heads // config.kv_heads
     out: dict[str, Tensor] = {}
-    for name, rule in KEY_MAPS[family](config, task, prefix).items():
+    for name, rule in adapter.key_map(config, task, prefix).items():
         t = full[name]
         if isinstance(rule, Plain):
             out[rule.key] = t.t().contiguous() if rule.transposed and t.dim() == 2 else t
@@ -300,10 +262,8 @@ def to_hf_state_dict(
             out[rule.keys[0]] = (
                 fused.t().contiguous() if rule.transposed and t.dim() == 2 else fused
             )
-    for copy, source in HF_TIED.get(architecture, {}).items():
+    for copy, source in adapter.tied(config, architecture).items():
         out[copy] = out[source]
-    if family == "llama" and task == "causal_lm" and config.tie_embeddings:
-        out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
 
 
@@ -324,15 +284,8 @@ def save_hf_checkpoint(
     """
     import transformers
 
-    architecture = HF_ARCHITECTURE[type(model).__name__]
-    family = hf_family(model.config)  # type: ignore[arg-type]
-    if family == "llama":
-        kind = "Qwen2" if model.config.qkv_bias else "Llama"  # type: ignore[union-attr]
-        architecture = architecture.replace("GPT2LMHeadModel", f"{kind}ForCausalLM")
-        architecture = architecture.replace("GPT2Model", f"{kind}Model")
-    if family == "modernbert":
-        architecture = architecture.replace("BertForPreTraining", "BertForMaskedLM")
-        architecture = architecture.replace("Bert", "ModernBert")
+    config: ModelConfig = model.config  # type: ignore[assignment]
+    architecture = adapter_of(config).export_class(config, task_of(model))
     state = to_hf_state_dict(model, ctx, architecture)
     if not ctx.is_main:
         return
@@ -344,7 +297,7 @@ def save_hf_checkpoint(
         if id2label is not None:
             extra["id2label"] = id2label
             extra["label2id"] = {v: k for k, v in id2label.items()}
-    hf_config = hf_config_from_model(model.config, architecture, **extra)  # type: ignore[arg-type]
+    hf_config = hf_config_from_model(config, architecture, **extra)
     hf_model = getattr(transformers, architecture)(hf_config)
     result = hf_model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:

@@ -1,6 +1,6 @@
-"""The tensors of a Hugging Face `save_pretrained` directory, read by slice: safetensors (one
-file or a sharded index) or an mmap'ed pytorch_model.bin, so no rank materializes the whole
-checkpoint."""
+"""The files of a Hugging Face `save_pretrained` directory: its config.json, and its tensors
+read by slice (safetensors, one file or a sharded index, or an mmap'ed pytorch_model.bin), so
+no rank materializes the whole checkpoint."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+
+def read_hf_config(directory: str | Path) -> dict:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory; pass a save_pretrained directory")
+    path = directory / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{directory} has no config.json; pass a save_pretrained directory")
+    return json.loads(path.read_text())
 
 
 class CheckpointFiles:

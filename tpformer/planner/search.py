@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpformer.config.families import family_of
 from tpformer.parallel.layout import divisors
 from tpformer.planner.candidate import Candidate, Workload, enumerate_candidates, tensor_degrees
 from tpformer.planner.cluster import Cluster
@@ -146,7 +147,7 @@ def search(
         smallest = min(evaluated, key=lambda e: e.memory.total)
         c = smallest.candidate
         raise ValueError(
-            f"{work.name or work.model.arch} ({work.model.num_layers} layers, hidden "
+            f"{work.name or family_of(work.model).name} ({work.model.num_layers} layers, hidden "
             f"{work.model.hidden_size}) "
             f"needs {smallest.memory.total / GB:.1f} GB per rank at the smallest layout "
             f"({c.label()}, global batch {work.global_batch}, seq {work.seq}); the device has "

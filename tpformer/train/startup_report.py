@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from tpformer.config.families import family_of
 from tpformer.config.schema import Config, ModelConfig
 from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import Action
@@ -243,23 +244,25 @@ def format_plan(
 
 
 def _family(model: ModelConfig) -> str:
-    """The architecture, with the Llama and ModernBERT families' blocks named when set."""
+    """The family (config/families/), with the options its blocks take named when set (the
+    family rules keep each option to the families that build it)."""
     window = f"window {model.local_window}, global every {model.global_every} layers"
     blocks = [
-        *(["pre-norm"] if model.pre_norm and model.arch == "bert" else []),
+        *(["pre-norm"] if model.pre_norm else []),
         *(["rope"] if model.position_embedding == "rope" else []),
         *([window] if model.local_window else []),
         *(["rmsnorm"] if model.norm == "rmsnorm" else []),
         *([f"gated {model.activation}"] if model.gated_mlp else []),
         *(["no bias"] if not model.bias else []),
-        *(["untied head"] if not model.tie_embeddings and model.arch == "gpt" else []),
+        *(["untied head"] if not model.tie_embeddings else []),
         *(
             [f"MLM only, {model.classifier_pooling}-pooled classifier"]
-            if model.pooler == "head" and model.arch == "bert"
+            if model.pooler == "head"
             else []
         ),
     ]
-    return f"{model.arch} ({', '.join(blocks)})" if blocks else str(model.arch)
+    name = family_of(model).name
+    return f"{name} ({', '.join(blocks)})" if blocks else name
 
 
 def _heads(model: ModelConfig) -> str:

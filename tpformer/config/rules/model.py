@@ -5,6 +5,7 @@ and the pair head against the data it trains on."""
 
 from __future__ import annotations
 
+from tpformer.config.families import family_of
 from tpformer.config.rules.choices import check_choices
 from tpformer.config.schema import DataConfig, ModelConfig
 from tpformer.parallel.layout import Layout, divisors
@@ -33,9 +34,9 @@ def validate_model(model: ModelConfig, tp: int) -> None:
 
 def validate_model_family(model: ModelConfig, tp: int) -> None:
     """The family keys: grouped-query heads that split over `tp` or are replicated over it
-    (layers/grouped_qkv.py), rotary positions with an even
-    head size, BERT's tied MLM head, the encoder-only keys (local attention, pooler, pre-norm)
-    on encoders only."""
+    (layers/grouped_qkv.py), rotary positions with an even head size, then the rules of the
+    model's family (config/families/: BERT's tied MLM head, the encoder-only keys on encoders
+    only)."""
     kv = model.kv_heads
     if model.num_heads % kv != 0:
         raise ValueError(
@@ -54,26 +55,7 @@ def validate_model_family(model: ModelConfig, tp: int) -> None:
             f"model.position_embedding=rope needs an even head size (hidden_size / num_heads = "
             f"{model.hidden_size // model.num_heads})"
         )
-    if model.arch == "bert" and not model.tie_embeddings:
-        raise ValueError(
-            "model.tie_embeddings=false is built for arch=gpt; BERT's MLM head is tied"
-        )
-    if model.arch == "gpt" and model.local_window:
-        raise ValueError(
-            f"model.local_window={model.local_window} is built for arch=bert (ModernBERT's "
-            "bidirectional window); a decoder's sliding window (Mistral) is not built: set "
-            "model.local_window=0"
-        )
-    if model.pooler == "tanh" and model.classifier_pooling != "cls":
-        raise ValueError(
-            f"model.classifier_pooling={model.classifier_pooling} needs model.pooler=head: "
-            "BERT's tanh pooler reads the first token only"
-        )
-    if model.arch == "gpt" and (model.pooler != "tanh" or model.pre_norm):
-        raise ValueError(
-            "model.pooler and model.pre_norm are encoder (arch=bert) keys: a decoder is "
-            "pre-norm and has no pooler; leave them at their defaults"
-        )
+    family_of(model).check(model)
 
 
 def validate_model_layout(model: ModelConfig, layout: Layout) -> None:

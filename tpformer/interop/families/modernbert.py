@@ -1,5 +1,5 @@
-"""Key map and configs between tpformer's encoder with ModernBERT's options and Hugging Face's
-ModernBertModel / ModernBertForMaskedLM / ModernBertForSequenceClassification.
+"""ModernBERT's Hugging Face adapter: ModernBertModel, ModernBertForMaskedLM,
+ModernBertForSequenceClassification.
 
 ModernBERT keeps the fused QKV as [q | k | v] blocks (Wqkv) and the GeGLU input as one
 [activated | multiplied] matrix (Wi); the first layer has no attention norm; its MLM head
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpformer.config.families.modernbert import MODERNBERT
 from tpformer.config.schema import (
     Activation,
     Arch,
@@ -18,6 +19,7 @@ from tpformer.config.schema import (
     Pooler,
     PositionEmbedding,
 )
+from tpformer.interop.families.base import HFAdapter, export_class_of
 from tpformer.interop.hf_rules import FusedQKV, GatedRows, Plain, Rule
 
 ACTIVATIONS = {"gelu": Activation.gelu, "gelu_new": Activation.gelu_tanh,
@@ -199,3 +201,31 @@ def modernbert_hf_config(config: ModelConfig, architecture: str, **extra: Any) -
         architectures=[architecture],
         **extra,
     )
+
+
+EXPORTS = {"base": "ModernBertModel", "pretraining": "ModernBertForMaskedLM",
+           "classification": "ModernBertForSequenceClassification"}  # fmt: skip
+
+
+def modernbert_tied(config: ModelConfig, architecture: str) -> dict[str, str]:
+    """The MLM decoder's weight, a copy of the token embedding."""
+    if architecture != "ModernBertForMaskedLM":
+        return {}
+    return {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
+
+
+MODERNBERT_HF = HFAdapter(
+    family=MODERNBERT,
+    defaults={"modernbert": "ModernBertForMaskedLM"},
+    classes={
+        "ModernBertModel": "base",
+        "ModernBertForMaskedLM": "pretraining",
+        "ModernBertForSequenceClassification": "classification",
+    },
+    body_prefix="model.",
+    key_map=modernbert_key_map,
+    config_from_hf=modernbert_config,
+    config_to_hf=modernbert_hf_config,
+    export_class=lambda config, task: export_class_of(EXPORTS, "modernbert", task),
+    tied=modernbert_tied,
+)

@@ -1,0 +1,60 @@
+"""ModernBERT: the pre-norm encoder without biases, GeGLU, rotary positions, global attention
+every third layer and a 128-token window in the others, MLM only (Warner et al., 2024)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpformer.config.families.base import Family, encoder_rules
+from tpformer.config.schema import (
+    Activation,
+    Arch,
+    ClassifierPooling,
+    ModelConfig,
+    Pooler,
+    PositionEmbedding,
+)
+
+
+def _modernbert(layers: int, hidden: int, heads: int, ffn: int, **keys: Any) -> ModelConfig:
+    """Rotary base 160,000 globally and 10,000 locally, no segments, no dropout, a mean-pooled
+    classifier head."""
+    shape: dict[str, Any] = {"local_window": 128, **keys}
+    return ModelConfig(
+        arch=Arch.bert,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=ffn,
+        type_vocab_size=0,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation=Activation.gelu,
+        gated_mlp=True,
+        layer_norm_eps=1e-5,
+        bias=False,
+        pre_norm=True,
+        position_embedding=PositionEmbedding.rope,
+        rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        global_every=3,
+        pooler=Pooler.head,
+        classifier_pooling=ClassifierPooling.mean,
+        **shape,
+    )
+
+
+MODERNBERT = Family(
+    name="modernbert",
+    arch=Arch.bert,
+    rotary=True,
+    presets={
+        "modernbert_tiny": _modernbert(
+            4, 128, 4, 192, local_window=32, max_position_embeddings=512
+        ),
+        "modernbert_base": _modernbert(
+            22, 768, 12, 1152, vocab_size=50368, max_position_embeddings=8192
+        ),
+    },
+    check=encoder_rules,
+)
