@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.bad_input_cases import results
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +138,7 @@ def test_every_bad_input_exits_2_with_one_line_and_no_run_directory(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     failures = []
-    for (script, argv, message), (code, stderr, left) in zip(CASES, json.loads(result.stdout)):
+    for (script, argv, message), (code, _, stderr, left) in zip(CASES, results(result.stdout)):
         lines = stderr.splitlines()
         ok = (
             code == 2

@@ -426,47 +426,45 @@ def test_invalid_values_are_rejected_with_the_value(
         validate(config, resolve(config, world), device_type="cpu")
 
 
-@pytest.mark.parametrize(
-    ("module", "override", "message"),
-    [
-        (
-            "tpformer.cli.pretrain",
-            "parallel.precision=fp8",
-            "error: parallel.precision=fp8 is not one of fp32, bf16, fp16",
-        ),
-        (
-            "tpformer.cli.pretrain",
-            "parallel.tensr=2",
-            "error: parallel.tensr is not a config key; did you mean parallel.tensor?",
-        ),
-        ("tpformer.cli.pretrain", "trainer.log_every=0", "trainer.log_every=0 must be >= 1"),
-        ("tpformer.cli.finetune", "trainer.epochs=0", "trainer.epochs=0.0 must be > 0"),
-        (
-            "tpformer.cli.finetune",
-            "trainer.max_steps=10",
-            "error: trainer.max_steps is not a config key; the keys of trainer are async_save, ",
-        ),
-        (
-            "tpformer.cli.finetune",
-            "data.seq_length=64",
-            "error: data.seq_length is not a config key; did you mean data.max_length?",
-        ),
-    ],
-)
+CONFIG_ERRORS = [
+    (
+        "tpformer.cli.pretrain",
+        "parallel.precision=fp8",
+        "error: parallel.precision=fp8 is not one of fp32, bf16, fp16",
+    ),
+    (
+        "tpformer.cli.pretrain",
+        "parallel.tensr=2",
+        "error: parallel.tensr is not a config key; did you mean parallel.tensor?",
+    ),
+    ("tpformer.cli.pretrain", "trainer.log_every=0", "trainer.log_every=0 must be >= 1"),
+    ("tpformer.cli.finetune", "trainer.epochs=0", "trainer.epochs=0.0 must be > 0"),
+    (
+        "tpformer.cli.finetune",
+        "trainer.max_steps=10",
+        "error: trainer.max_steps is not a config key; the keys of trainer are async_save, ",
+    ),
+    (
+        "tpformer.cli.finetune",
+        "data.seq_length=64",
+        "error: data.seq_length is not a config key; did you mean data.max_length?",
+    ),
+]
+
+
+def _config_error_argv(module: str, override: str) -> list[str]:
+    return [override, "task=sst2", "init={cwd}"] if module.endswith("finetune") else [override]
+
+
+@pytest.mark.parametrize(("module", "override", "message"), CONFIG_ERRORS)
 @pytest.mark.slow
-def test_config_errors_exit_2_before_any_process(
-    tmp_path: Path, module: str, override: str, message: str
-) -> None:
+def test_config_errors_exit_2_before_any_process(module: str, override: str, message: str) -> None:
     """A pretraining-only key has no meaning in fine-tuning and is rejected there, like a typo
     or a value outside a key's choices: exit code 2 and Hydra's one-line message."""
-    import os
-    import subprocess
-    import sys
+    from tests.cli.in_process import outcome
 
-    args = [sys.executable, "-m", module, override, f"hydra.run.dir={tmp_path}"]
-    if module == "tpformer.cli.finetune":
-        args += ["task=sst2", f"init={tmp_path}"]
-    env = {**os.environ, "PYTHONPATH": str(Path(CONF).parent)}
-    result = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert message in result.stderr
+    table = [_config_error_argv(m, o) for m, o, _ in CONFIG_ERRORS if m == module]
+    result = outcome(f"{module}:main", _config_error_argv(module, override), table)
+    assert result.code == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and not result.left, result

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.in_process import outcome
 from tests.tolerances import FP32_MODEL_REL
-from tests.train.test_trainer import QUIET, _cli
+from tests.train.test_trainer import PRETRAIN, QUIET, _cli
 
 MINI = [
     "model=bert_mini",
@@ -83,78 +84,78 @@ def test_cli_pipedream_partition_chooses_replicas_and_runs(tmp_path: Path) -> No
     assert len(got) == 3 and abs(got[0] - want[0]) <= FP32_MODEL_REL * want[0], (got, want)
 
 
+BAD_PIPELINE = [
+    (
+        "parallel.pipeline=3",
+        "error: parallel.tensor=1 x parallel.pipeline=3 = 3 does not divide "
+        "world_size=2; valid products are [1, 2]",
+    ),
+    (
+        "parallel.pipeline=2 model.num_layers=1",
+        "error: parallel.pipeline=2 exceeds the model's num_layers=1",
+    ),
+    (
+        "parallel.pipeline=2 parallel.pipeline_layers=[3,2]",
+        "error: parallel.pipeline_layers=[3, 2] sums to 5 layers; the model has model.num_layers=2",
+    ),
+    (
+        "parallel.pipeline=2 parallel.pipeline_split=fastest",
+        "error: parallel.pipeline_split=fastest is not one of balanced, profile, pipedream",
+    ),
+    (
+        "parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b trainer.grad_accum=2",
+        "error: parallel.pipeline_schedule=interleaved_1f1b splits the num_layers=2 layers "
+        "into parallel.pipeline=2 x parallel.virtual_stages=2 equal chunks: it must be a "
+        "multiple of 4",
+    ),
+    (
+        "parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b model.num_layers=4",
+        "error: parallel.pipeline_schedule=interleaved_1f1b needs the micro-batches per step "
+        "(1) to "
+        "be a multiple of parallel.pipeline=2",
+    ),
+    (
+        "parallel.pipeline_schedule=pipedream",
+        "error: parallel.pipeline_schedule=pipedream needs parallel.pipeline >= 2 (got 1)",
+    ),
+    (
+        "parallel.pipeline=2 parallel.pipeline_schedule=pipedream parallel.pipeline_replicas=[2,1]",
+        "error: parallel.pipeline_replicas=[2, 1] uses 3 workers but world_size=2",
+    ),
+    (
+        "parallel.pipeline=auto parallel.pipeline_schedule=pipedream "
+        "parallel.pipeline_split=pipedream",
+        "error: parallel.pipeline=auto: the planner chooses regular layouts; with "
+        "replicated pipeline stages",
+    ),
+    (
+        "parallel.pipeline=2 parallel.pipeline_replicas=[1,1]",
+        "error: parallel.pipeline_replicas=[1, 1] replicates pipeline stages, which only "
+        "the asynchronous schedule runs",
+    ),
+    (
+        "parallel.pipeline=2 parallel.zero_stage=2",
+        "error: parallel.zero_stage=2 is not supported with parallel.pipeline=2",
+    ),
+]
+
+
+def _bad_pipeline_argv(override: str) -> list[str]:
+    return [
+        "model=bert_tiny",
+        "data=synthetic",
+        "trainer.progress=false",
+        *override.split(),
+        "launcher.nproc_per_node=2",
+    ]
+
+
 @pytest.mark.sweep
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        (
-            "parallel.pipeline=3",
-            "error: parallel.tensor=1 x parallel.pipeline=3 = 3 does not divide "
-            "world_size=2; valid products are [1, 2]",
-        ),
-        (
-            "parallel.pipeline=2 model.num_layers=1",
-            "error: parallel.pipeline=2 exceeds the model's num_layers=1",
-        ),
-        (
-            "parallel.pipeline=2 parallel.pipeline_layers=[3,2]",
-            "error: parallel.pipeline_layers=[3, 2] sums to 5 layers; the model has "
-            "model.num_layers=2",
-        ),
-        (
-            "parallel.pipeline=2 parallel.pipeline_split=fastest",
-            "error: parallel.pipeline_split=fastest is not one of balanced, profile, pipedream",
-        ),
-        (
-            "parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b trainer.grad_accum=2",
-            "error: parallel.pipeline_schedule=interleaved_1f1b splits the num_layers=2 layers "
-            "into parallel.pipeline=2 x parallel.virtual_stages=2 equal chunks: it must be a "
-            "multiple of 4",
-        ),
-        (
-            "parallel.pipeline=2 parallel.pipeline_schedule=interleaved_1f1b model.num_layers=4",
-            "error: parallel.pipeline_schedule=interleaved_1f1b needs the micro-batches per step "
-            "(1) to "
-            "be a multiple of parallel.pipeline=2",
-        ),
-        (
-            "parallel.pipeline_schedule=pipedream",
-            "error: parallel.pipeline_schedule=pipedream needs parallel.pipeline >= 2 (got 1)",
-        ),
-        (
-            "parallel.pipeline=2 parallel.pipeline_schedule=pipedream "
-            "parallel.pipeline_replicas=[2,1]",
-            "error: parallel.pipeline_replicas=[2, 1] uses 3 workers but world_size=2",
-        ),
-        (
-            "parallel.pipeline=auto parallel.pipeline_schedule=pipedream "
-            "parallel.pipeline_split=pipedream",
-            "error: parallel.pipeline=auto: the planner chooses regular layouts; with "
-            "replicated pipeline stages",
-        ),
-        (
-            "parallel.pipeline=2 parallel.pipeline_replicas=[1,1]",
-            "error: parallel.pipeline_replicas=[1, 1] replicates pipeline stages, which only "
-            "the asynchronous schedule runs",
-        ),
-        (
-            "parallel.pipeline=2 parallel.zero_stage=2",
-            "error: parallel.zero_stage=2 is not supported with parallel.pipeline=2",
-        ),
-    ],
-)
-def test_bad_pipeline_settings_exit_2_with_one_line(
-    tmp_path: Path, override: str, message: str
-) -> None:
-    result = _cli(
-        [
-            "model=bert_tiny",
-            "data=synthetic",
-            "trainer.progress=false",
-            *override.split(),
-            "launcher.nproc_per_node=2",
-        ],
-        tmp_path,
+@pytest.mark.parametrize(("override", "message"), BAD_PIPELINE)
+def test_bad_pipeline_settings_exit_2_with_one_line(override: str, message: str) -> None:
+    result = outcome(
+        PRETRAIN, _bad_pipeline_argv(override), [_bad_pipeline_argv(o) for o, _ in BAD_PIPELINE]
     )
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+    assert result.code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message) and not result.left, result

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.in_process import outcome
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -73,32 +75,32 @@ def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
     )
 
 
+BAD_INPUT = [
+    (["cluster=h100_node", "cluster.gpus_per_node=-1"], "cluster.gpus_per_node=-1 must be > 0"),
+    (
+        ["cluster=h100_node", "cluster.matmul_efficiency=1.5"],
+        "cluster.matmul_efficiency=1.5 must be a fraction in [0, 1]",
+    ),
+    (
+        ["model=bert_tiny", "cluster=h100_node", "plan.global_batch=3"],
+        "no layout can form the global batch of 3 on 8 devices: it must be divisible by a "
+        "data-parallel degree in [2, 4, 8]",
+    ),
+    (["model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1"], "needs "),
+    (
+        ["cluster=dgx9000"],
+        "Could not find 'cluster/dgx9000' Available options in 'cluster': "
+        "a100_node auto cpu h100_node",
+    ),
+    (["cluster.gpus_per_nod=8"], "gpus_per_nod"),
+]
+
+
 @pytest.mark.sweep
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["cluster=h100_node", "cluster.gpus_per_node=-1"], "cluster.gpus_per_node=-1 must be > 0"),
-        (
-            ["cluster=h100_node", "cluster.matmul_efficiency=1.5"],
-            "cluster.matmul_efficiency=1.5 must be a fraction in [0, 1]",
-        ),
-        (
-            ["model=bert_tiny", "cluster=h100_node", "plan.global_batch=3"],
-            "no layout can form the global batch of 3 on 8 devices: it must be divisible by a "
-            "data-parallel degree in [2, 4, 8]",
-        ),
-        (["model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1"], "needs "),
-        (
-            ["cluster=dgx9000"],
-            "Could not find 'cluster/dgx9000' Available options in 'cluster': "
-            "a100_node auto cpu h100_node",
-        ),
-        (["cluster.gpus_per_nod=8"], "gpus_per_nod"),
-    ],
-)
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT)
 def test_bad_input_is_one_line_with_exit_code_2(args: list[str], message: str) -> None:
-    result = plan(*args)
-    assert result.returncode == 2, (result.stdout, result.stderr)
+    result = outcome("tpformer.cli.plan:main", args, [a for a, _ in BAD_INPUT])
+    assert result.code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
 

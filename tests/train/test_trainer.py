@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.in_process import outcome
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tpformer.config.presets import preset
@@ -19,6 +20,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
 REPO = Path(__file__).resolve().parents[2]
+PRETRAIN = "tpformer.cli.pretrain:main"
 QUIET = ["trainer.loggers=[]", "trainer.plot=false"]
 """No TensorBoard events and no loss plot (about a second of a tiny run's start and end): the
 tests of those files ask for them (tests/train/test_loggers.py and the runs that read them)."""
@@ -234,42 +236,45 @@ def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
         assert abs(got - want) <= FP32_MODEL_REL * abs(want), curves
 
 
+BAD_VALUES = [
+    ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
+    ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
+    (
+        "parallel.tensor=1 trainer.global_batch_size=10",  # dp 2, micro 4 (TINY)
+        "error: trainer.global_batch_size=10 is not a multiple of trainer.micro_batch_size=4 "
+        "x dp=2 = 8; valid at this layout: trainer.micro_batch_size in [1, 5]",
+    ),
+    (
+        "parallel.grad_compression=powersgd parallel.zero_stage=2",
+        "error: parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 (got 2)",
+    ),
+    (
+        "parallel.sequence_parallel=true",
+        "error: parallel.sequence_parallel=true needs parallel.tensor > 1 (got parallel.tensor=1)",
+    ),
+    (
+        "parallel.tensor=2 parallel.sequence_parallel=true data.seq_length=31",
+        "error: data.seq_length=31 must be divisible by parallel.tensor=2 with "
+        "parallel.sequence_parallel=true (e.g. 30 or 32)",
+    ),
+    (
+        "parallel.context=2 data.seq_length=30",
+        "error: data.seq_length=30 must be divisible by 4 with parallel.context=2 (two "
+        "mirrored chunks per CP rank); e.g. 28 or 32",
+    ),
+]
+
+
 @pytest.mark.sweep
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("parallel.tensor=3", "error: parallel.tensor=3 does not divide world_size=2"),
-        ("trainer.grad_accum=0", "error: trainer.grad_accum=0 must be >= 1"),
-        (
-            "parallel.tensor=1 trainer.global_batch_size=10",  # dp 2, micro 4 (TINY)
-            "error: trainer.global_batch_size=10 is not a multiple of trainer.micro_batch_size=4 "
-            "x dp=2 = 8; valid at this layout: trainer.micro_batch_size in [1, 5]",
-        ),
-        (
-            "parallel.grad_compression=powersgd parallel.zero_stage=2",
-            "error: parallel.grad_compression=powersgd needs parallel.zero_stage 0 or 1 (got 2)",
-        ),
-        (
-            "parallel.sequence_parallel=true",
-            "error: parallel.sequence_parallel=true needs parallel.tensor > 1 "
-            "(got parallel.tensor=1)",
-        ),
-        (
-            "parallel.tensor=2 parallel.sequence_parallel=true data.seq_length=31",
-            "error: data.seq_length=31 must be divisible by parallel.tensor=2 with "
-            "parallel.sequence_parallel=true (e.g. 30 or 32)",
-        ),
-        (
-            "parallel.context=2 data.seq_length=30",
-            "error: data.seq_length=30 must be divisible by 4 with parallel.context=2 (two "
-            "mirrored chunks per CP rank); e.g. 28 or 32",
-        ),
-    ],
-)
-def test_bad_values_exit_2_with_one_line(tmp_path: Path, override: str, message: str) -> None:
-    result = _cli([*TINY, *override.split(), "launcher.nproc_per_node=2"], tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+@pytest.mark.parametrize(("override", "message"), BAD_VALUES)
+def test_bad_values_exit_2_with_one_line(override: str, message: str) -> None:
+    def argv(override: str) -> list[str]:
+        return [*TINY, *override.split(), "launcher.nproc_per_node=2"]
+
+    result = outcome(PRETRAIN, argv(override), [argv(o) for o, _ in BAD_VALUES])
+    assert result.code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message) and not result.left, result
 
 
 def test_typo_fails_before_any_process(tmp_path: Path) -> None:

@@ -1,0 +1,67 @@
+"""A table of console-script cases run in one Python process (tests/cli/bad_input_cases.py),
+for the parametrized bad-input tests: each case keeps its own test and its own working
+directory, and the table pays the start-up once per test worker instead of once per case.
+
+The entry point, its argument parsing, Hydra's composition and our error handling run as in a
+console script; what one process per case would add is the interpreter's start-up, which the
+tests that run the scripts as subprocesses (the launcher runs, `test_typo_fails_before_any_
+process`) keep in view."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a console script left: its exit code, its output and the run directories kept."""
+
+    code: object
+    stdout: str
+    stderr: str
+    left: tuple[str, ...]
+
+    @property
+    def returncode(self) -> object:
+        return self.code
+
+
+def outcome(script: str, argv: list[str], table: list[list[str]]) -> Outcome:
+    """`script argv`'s outcome, the whole `table` (argv lists, `argv` among them) run at the
+    first call; "{cwd}" in an argument names the case's own working directory."""
+    return _run_table(script, tuple(tuple(a) for a in table))[tuple(argv)]
+
+
+@functools.cache
+def _run_table(script: str, table: tuple[tuple[str, ...], ...]) -> dict[tuple[str, ...], Outcome]:
+    root = Path(tempfile.mkdtemp(prefix="cli-cases-"))
+    cases = []
+    for i, argv in enumerate(table):
+        cwd = root / str(i)
+        cwd.mkdir()
+        cases.append([script, [a.replace("{cwd}", str(cwd)) for a in argv], str(cwd)])
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.cli.bad_input_cases"],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60 + 30 * len(cases),
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "COLUMNS": "100"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    from tests.cli.bad_input_cases import results
+
+    return {
+        argv: Outcome(code, out, err, tuple(left))
+        for argv, (code, out, err, left) in zip(table, results(result.stdout), strict=True)
+    }
