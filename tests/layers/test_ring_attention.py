@@ -54,7 +54,7 @@ def _run(ctx: ParallelContext, causal: bool, dropout: float) -> dict[str, object
     q, k, v = (data[n][:, heads][:, :, rows].clone().requires_grad_() for n in "qkv")
     _, keys = _masks(data["padding"], causal)
     with count_collectives() as counts:
-        out = layer.core(q, k, v, keys)
+        out = layer.core(q, k, v, keys, causal)
         out.backward(data["grad"][:, heads][:, :, rows])
     assert q.grad is not None and k.grad is not None and v.grad is not None
     return {
@@ -71,7 +71,7 @@ def _reference(causal: bool, dropout: float) -> dict[str, object]:
     layer = _layer(ParallelContext.single(rng="exact", device="cpu"), causal, dropout)
     q, k, v = (data[n].clone().requires_grad_() for n in "qkv")
     full, _ = _masks(data["padding"], causal)
-    out = layer.core(q, k, v, full)
+    out = layer.core(q, k, v, full, causal)
     out.backward(data["grad"])
     return {"out": out.detach(), "grads": [q.grad, k.grad, v.grad]}
 
@@ -116,7 +116,7 @@ def _run_fast(ctx: ParallelContext, moved: bool) -> list[float]:
     positions = [context_positions(SEQ, r, ctx.cp.size, torch.device("cpu")) for r in range(2)]
     q, k, v = (data[n][:, :, rows].clone().requires_grad_() for n in "qkv")
     _, keys = _masks(data["padding"], True)
-    out = layer.core(q, k, v, keys)
+    out = layer.core(q, k, v, keys, True)
     if moved:
         ctx.rng.set_position(step=3, sample_offset=5 + B)  # the next micro-batch's forward
     out.backward(data["grad"][:, :, rows])

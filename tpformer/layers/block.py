@@ -83,7 +83,7 @@ class TransformerLayer(nn.Module):
     def selective_recompute_targets(self) -> list[tuple[nn.Module, str]]:
         """(module, method) pairs that selective recomputation wraps: the attention core, which
         holds the b x heads x s x s tensors and costs two batched matmuls to redo."""
-        return [(self.attention, "core")]
+        return [(self.attention.core, "forward")]
 
     def forward(
         self,

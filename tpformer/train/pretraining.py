@@ -32,7 +32,7 @@ from tpformer.planner.split import SplitChoice, plan_pipeline
 from tpformer.train.loop import Trainer, TrainingTask
 from tpformer.train.objectives import Objective, objective_for
 from tpformer.train.schedule import scaled_lr
-from tpformer.train.startup_report import format_plan
+from tpformer.train.startup_report import attention_line, format_plan
 from tpformer.train.task import EvalSteps
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ def _step_batches(
 def log_plan(
     config: Config,
     ctx: ParallelContext,
+    model: nn.Module,
     wrapped: Parallelized,
     split: SplitChoice | None,
     total_params: int,
@@ -160,6 +161,7 @@ def log_plan(
         wrapped.recomputed,
         split,
         device_type=ctx.device.type,
+        attention=attention_line(model, ctx.layout.pp),
     )
     log.info("plan:\n%s", plan)
     for warning in warnings:
@@ -219,7 +221,7 @@ def pretraining_trainer(config: Config, ctx: ParallelContext, run_dir: Path) -> 
 
     config, ctx, model, wrapped, split = _parallelized(config, ctx, task, objective, first_batch)
     total_params = sum(logical_shape(p).numel() for p in model.parameters())
-    log_plan(config, ctx, wrapped, split, total_params)
+    log_plan(config, ctx, model, wrapped, split, total_params)
     run_config = {k: v for k, v in asdict(config).items() if k != "model"}
     return Trainer(
         TrainingTask(

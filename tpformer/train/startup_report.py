@@ -5,9 +5,13 @@ much slower than the best layout the planner finds for the same world and global
 from __future__ import annotations
 
 import logging
+from collections import Counter
+
+from torch import nn
 
 from tpformer.config.families import family_of
 from tpformer.config.schema import Config, ModelConfig
+from tpformer.layers.attention_core import AttentionCore
 from tpformer.parallel.layout import Layout
 from tpformer.parallel.pipeline.schedule import Action
 from tpformer.parallel.pipeline.simulate import simulate
@@ -195,8 +199,10 @@ def format_plan(
     split: SplitChoice | None = None,
     *,
     device_type: str = "cpu",
+    attention: str = "",
 ) -> tuple[str, list[str]]:
-    """(the startup plan, warnings); `stage_params`: parameters per rank on each stage."""
+    """(the startup plan, warnings); `stage_params`: parameters per rank on each stage;
+    `attention`: the attention cores' line (`attention_line`)."""
     t = config.trainer
     global_batch = t.micro_batch_size * t.grad_accum * layout.dp
     pp = f"pp {layout.pp} x " if layout.pp > 1 else ""
@@ -241,6 +247,19 @@ def format_plan(
         *predicted,
     ]
     return "\n".join(lines), warnings
+
+
+def attention_line(model: nn.Module, pipeline: int) -> str:
+    """Which attention core each layer runs (chosen when the model was built: layers/
+    attention_core.py), with why: layers counted per kind, this stage's under a pipeline."""
+    kinds = Counter(m.describe() for m in model.modules() if isinstance(m, AttentionCore))
+    where = " (stage 0)" if pipeline > 1 else ""
+    return (
+        "attention"
+        + where
+        + ": "
+        + "; ".join(f"{n} layer{'s' if n > 1 else ''} {kind}" for kind, n in kinds.items())
+    )
 
 
 def _family(model: ModelConfig) -> str:

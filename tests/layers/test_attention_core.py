@@ -1,0 +1,68 @@
+"""The attention core is chosen once, when a layer is built (layers/attention_core.py): which
+core each layer of a model gets under each rng mode and dropout, its window, the startup
+plan's line, and that selective recomputation wraps the core the layer calls. The cores'
+numbers are held where they meet their references: tests/layers/test_attention.py and
+test_ring_attention.py, the layout and fast-mode tests, the Hugging Face parity tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tpformer.config.presets import preset
+from tpformer.layers.attention_core import AttentionCore, ExactCore, FusedCore
+from tpformer.models import build_model
+from tpformer.parallel.context import ParallelContext
+from tpformer.train.startup_report import attention_line
+
+
+def _cores(model_name: str, rng: str, **overrides: object) -> list[AttentionCore]:
+    config = preset(model_name, **overrides)
+    ctx = ParallelContext.single(device="cpu", rng=rng)
+    model = build_model(config, ctx, task="pretraining" if config.arch == "bert" else "causal_lm")
+    return [m for m in model.modules() if isinstance(m, AttentionCore)]
+
+
+@pytest.mark.parametrize(
+    ("rng", "dropout", "kind"),
+    [("exact", 0.1, ExactCore), ("fast", 0.1, FusedCore), ("exact", 0.0, FusedCore)],
+)
+def test_each_layer_gets_the_core_its_rng_and_dropout_need(
+    rng: str, dropout: float, kind: type
+) -> None:
+    cores = _cores("bert_tiny", rng, attention_dropout=dropout)
+    assert len(cores) == preset("bert_tiny").num_layers
+    assert all(type(c) is kind and c.reach == 0 for c in cores), cores
+
+
+def test_local_layers_get_their_reach_and_the_plan_names_each_kind() -> None:
+    """modernbert_tiny: 4 layers, global every 3rd (layers 0 and 3), window 32 elsewhere;
+    attention dropout 0.1 (the preset's is 0, as ModernBERT's)."""
+    config = preset("modernbert_tiny", attention_dropout=0.1)
+    cores = _cores("modernbert_tiny", "fast", attention_dropout=0.1)
+    assert [c.reach for c in cores] == [0, 16, 16, 0], config.global_every
+    ctx = ParallelContext.single(device="cpu", rng="fast")
+    model = build_model(config, ctx, task="pretraining")
+    assert attention_line(model, pipeline=1) == (
+        "attention: 2 layers sdpa, the kernel's dropout (rng=fast); "
+        "2 layers sdpa, window 32, the kernel's dropout (rng=fast)"
+    )
+    exact = build_model(
+        config, ParallelContext.single(device="cpu", rng="exact"), task="pretraining"
+    )
+    assert attention_line(exact, pipeline=2).startswith(
+        "attention (stage 0): 2 layers explicit (rng=exact: the TP=1 model's dropout masks"
+    )
+
+
+def test_a_local_core_attends_within_its_window_only() -> None:
+    """A key past the reach changes nothing; one inside it does (the band is the core's)."""
+    (core, *_) = [c for c in _cores("modernbert_tiny", "fast") if c.reach]
+    core.eval()
+    q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
+    out = core(q, k, v, None, False)
+    far, near = v.clone(), v.clone()
+    far[:, :, 39] += 1.0  # 39 positions from query 0, past the reach of 16
+    near[:, :, 10] += 1.0
+    assert torch.equal(core(q, k, far, None, False)[:, :, 0], out[:, :, 0])
+    assert not torch.allclose(core(q, k, near, None, False)[:, :, 0], out[:, :, 0])

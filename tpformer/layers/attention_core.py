@@ -1,0 +1,216 @@
+"""The attention core, softmax(q k^T / sqrt(d) + mask) [dropout] @ v over [b, heads, s, d],
+chosen once per layer when the model is built (`choose_core`), so the attention layer composes
+its projections with one core instead of dispatching among kernels at every call:
+
+- `FusedCore`: `scaled_dot_product_attention` (flash / memory-efficient kernels on CUDA); under
+  parallel.rng=fast its attention dropout is the kernel's own, drawn from a stream keyed by the
+  layer (a compiled block seeds it before it runs: `device_stream_site`).
+- `ExactCore`: parallel.rng=exact with attention dropout: in training the probabilities are
+  materialized and dropped with the TP=1 model's masks (layers/dropout.py); in evaluation,
+  with nothing to draw, the fused kernel.
+- `RingCore`: context parallelism: this rank's queries over the whole sequence, keys and values
+  passed around the CP ring (layers/ring_attention.py).
+
+A local (sliding-window) layer gives its core a reach: keys at most that many positions away.
+Each core names its kernel and why it was chosen (`describe`), for the startup plan.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tpformer.layers.dropout import ParallelDropout
+from tpformer.layers.ring_attention import RingSpec, ring_attention
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.random import eager_island
+from tpformer.parallel.sequence_chunks import context_positions
+
+
+class AttentionCore(nn.Module):
+    """One kernel's core. It holds no weights; the attention layer owns the dropout (its
+    module name keys the random streams, the same in every layout), the core uses it."""
+
+    kernel: ClassVar[str]
+
+    def __init__(self, dropout: ParallelDropout, head_dim: int, head_offset: int, reach: int):
+        super().__init__()
+        self.__dict__["dropout"] = dropout  # used, not owned: not a submodule
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.head_offset = head_offset
+        """This rank's first head among all heads (the exact masks' rows)."""
+        self.reach = reach
+        """Sliding-window attention: keys at most this many positions away (0: all)."""
+
+    dropout: ParallelDropout
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """`mask`: bool [b, 1, 1|s, s], True = attend (None: all, or the future masked when
+        `causal`). Selective recomputation wraps this call."""
+        if self.reach:
+            mask = self._banded(mask, q.shape[-2], q.device)
+        return self.attend(q, k, v, mask, causal)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The kernel and why, as the startup plan prints it."""
+        return self.kernel
+
+    def device_stream_site(self) -> int | None:
+        """The key of the one draw this core makes from the device's default generator, which
+        a compiled block seeds before it runs (engine/compiled.py); None: it draws nothing."""
+        return None
+
+    def _banded(self, mask: Tensor | None, s: int, device: torch.device) -> Tensor:
+        """`mask` and the band |query - key| <= reach over the whole sequence of s positions:
+        one bool mask for SDPA's fused kernels (memory-efficient on CUDA: flash takes no mask).
+        Context parallelism is refused for local layers (config/rules/model.py)."""
+        index = torch.arange(s, device=device)
+        band = (index[:, None] - index[None, :]).abs() <= self.reach
+        return band if mask is None else mask & band
+
+
+class FusedCore(AttentionCore):
+    """`scaled_dot_product_attention`, its own dropout under parallel.rng=fast."""
+
+    kernel = "sdpa"
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        p = self.dropout.p if self.dropout.training else 0.0
+        if p == 0:
+            return fused_sdpa(q, k, v, mask, causal, 0.0)
+        if torch.compiler.is_compiling():  # seeded before the block (engine/compiled.py)
+            return fused_sdpa(q, k, v, mask, causal, p)
+        assert self.dropout.site is not None, "call assign_dropout_sites(model)"
+        with self.dropout.rng.forked(q.device, self.dropout.site):
+            return fused_sdpa(q, k, v, mask, causal, p)
+
+    def describe(self) -> str:
+        band = f", window {2 * self.reach}" if self.reach else ""
+        drop = ", the kernel's dropout (rng=fast)" if self.dropout.p else ""
+        return f"{self.kernel}{band}{drop}"
+
+    def device_stream_site(self) -> int | None:
+        return self.dropout.site if self.dropout.p > 0 else None
+
+
+class ExactCore(AttentionCore):
+    """parallel.rng=exact with attention dropout: the probabilities materialized in training."""
+
+    kernel = "explicit"
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        if not self.dropout.training:
+            return fused_sdpa(q, k, v, mask, causal, 0.0)
+        return self._explicit(q, k, v, mask, causal)
+
+    def describe(self) -> str:
+        band = f", window {2 * self.reach}" if self.reach else ""
+        return f"{self.kernel}{band} (rng=exact: the TP=1 model's dropout masks; sdpa in eval)"
+
+    @eager_island
+    def _explicit(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
+    ) -> Tensor:
+        """The probabilities materialized, dropped with the TP=1 model's masks (a per-sample
+        generator loop: kept out of compiled graphs)."""
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        if mask is None and causal:
+            s = q.shape[-2]
+            mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = self.dropout(torch.softmax(scores, dim=-1), head_offset=self.head_offset)
+        return torch.matmul(probs, v)
+
+
+class RingCore(AttentionCore):
+    """Context parallelism: the keys and values passed around the CP ring."""
+
+    kernel = "ring"
+
+    def __init__(
+        self, dropout: ParallelDropout, head_dim: int, head_offset: int, ctx: ParallelContext
+    ):
+        super().__init__(dropout, head_dim, head_offset, reach=0)
+        self.cp = ctx.cp
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        return self._ring(q, k, v, mask, causal)
+
+    def describe(self) -> str:
+        return f"{self.kernel} over parallel.context={self.cp.size}"
+
+    @eager_island
+    def _ring(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """This CP rank's queries over the whole sequence. `mask` can only be a key padding
+        mask [b, 1, 1, s] over the whole sequence (the models pass that under CP)."""
+        n = q.shape[-2]
+        total = n * self.cp.size
+        if mask is not None and (mask.shape[-2] != 1 or mask.shape[-1] != total):
+            raise ValueError(
+                f"context parallelism takes a key padding mask [b, 1, 1, {total}], got "
+                f"{list(mask.shape)}: causal masks are built from positions inside the ring"
+            )
+        positions = [
+            context_positions(total, r, self.cp.size, q.device) for r in range(self.cp.size)
+        ]
+        keep, held = self.dropout.ring_keep(q, self.head_offset, positions, self.cp.rank)
+        spec = RingSpec(
+            cp=self.cp,
+            positions=positions,
+            key_padding=None if mask is None else mask[:, 0, 0, :],
+            causal=causal,
+            scale=self.scale,
+            keep=keep,
+            held=held,
+        )
+        return ring_attention(q, k, v, spec)
+
+
+def choose_core(
+    ctx: ParallelContext, dropout: ParallelDropout, *, head_dim: int, head_offset: int, window: int
+) -> AttentionCore:
+    """The layer's core: the ring under context parallelism (local windows are refused there),
+    the explicit core where exact dropout must draw the TP=1 masks, otherwise SDPA."""
+    if ctx.cp.size > 1:
+        return RingCore(dropout, head_dim, head_offset, ctx)
+    exact = dropout.p > 0 and not dropout.rng.fast
+    core = ExactCore if exact else FusedCore
+    return core(dropout, head_dim, head_offset, reach=window // 2)
+
+
+def fused_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float
+) -> Tensor:
+    """SDPA, `causal` applying only without a mask (a mask already says what is attended)."""
+    if q.is_meta:
+        return accelerator_sdpa(q, k, v, mask, causal, dropout_p)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
+    )
+
+
+def accelerator_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float
+) -> Tensor:
+    """The fused kernel CUDA's SDPA picks, called by name: on the meta device (dry runs,
+    train/dry_run.py) SDPA takes its math path, which keeps the [b, h, s, s] probabilities that
+    no accelerator run keeps. Flash for 16-bit without a mask; otherwise memory-efficient
+    attention, with a boolean mask turned into an additive bias as SDPA turns it."""
+    if mask is None and q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, causal)[0]
+    bias = None
+    if mask is not None:
+        zeros = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+        bias = zeros.masked_fill(~mask, float("-inf")).expand(*q.shape[:3], k.shape[-2])
+    causal = causal and mask is None
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, dropout_p, causal
+    )[0]
