@@ -17,6 +17,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +36,19 @@ class Outcome:
     @property
     def returncode(self) -> object:
         return self.code
+
+
+def selected_cases(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """The parameters of the cases of the requesting test that this run selected (its first
+    case alone in the quick tier, where a sweep runs one case): the table to run at once."""
+    node = request.node
+    return [
+        item.callspec.params
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.module is node.module
+        and item.originalname == node.originalname
+    ]
 
 
 def outcome(script: str, argv: list[str], table: list[list[str]]) -> Outcome:

@@ -458,12 +458,15 @@ def _config_error_argv(module: str, override: str) -> list[str]:
 
 @pytest.mark.parametrize(("module", "override", "message"), CONFIG_ERRORS)
 @pytest.mark.slow
-def test_config_errors_exit_2_before_any_process(module: str, override: str, message: str) -> None:
+def test_config_errors_exit_2_before_any_process(
+    module: str, override: str, message: str, request: pytest.FixtureRequest
+) -> None:
     """A pretraining-only key has no meaning in fine-tuning and is rejected there, like a typo
     or a value outside a key's choices: exit code 2 and Hydra's one-line message."""
-    from tests.cli.in_process import outcome
+    from tests.cli.in_process import outcome, selected_cases
 
-    table = [_config_error_argv(m, o) for m, o, _ in CONFIG_ERRORS if m == module]
+    cases = [c for c in selected_cases(request) if c["module"] == module]
+    table = [_config_error_argv(module, c["override"]) for c in cases]
     result = outcome(f"{module}:main", _config_error_argv(module, override), table)
     assert result.code == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()

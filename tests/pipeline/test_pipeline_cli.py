@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.in_process import outcome
+from tests.cli.in_process import outcome, selected_cases
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import PRETRAIN, QUIET, _cli
 
@@ -152,10 +152,11 @@ def _bad_pipeline_argv(override: str) -> list[str]:
 
 @pytest.mark.sweep
 @pytest.mark.parametrize(("override", "message"), BAD_PIPELINE)
-def test_bad_pipeline_settings_exit_2_with_one_line(override: str, message: str) -> None:
-    result = outcome(
-        PRETRAIN, _bad_pipeline_argv(override), [_bad_pipeline_argv(o) for o, _ in BAD_PIPELINE]
-    )
+def test_bad_pipeline_settings_exit_2_with_one_line(
+    override: str, message: str, request: pytest.FixtureRequest
+) -> None:
+    table = [_bad_pipeline_argv(case["override"]) for case in selected_cases(request)]
+    result = outcome(PRETRAIN, _bad_pipeline_argv(override), table)
     assert result.code == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message) and not result.left, result

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.in_process import outcome
+from tests.cli.in_process import outcome, selected_cases
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,8 +98,11 @@ BAD_INPUT = [
 
 @pytest.mark.sweep
 @pytest.mark.parametrize(("args", "message"), BAD_INPUT)
-def test_bad_input_is_one_line_with_exit_code_2(args: list[str], message: str) -> None:
-    result = outcome("tpformer.cli.plan:main", args, [a for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_with_exit_code_2(
+    args: list[str], message: str, request: pytest.FixtureRequest
+) -> None:
+    table = [case["args"] for case in selected_cases(request)]
+    result = outcome("tpformer.cli.plan:main", args, table)
     assert result.code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines

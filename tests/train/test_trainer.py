@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.in_process import outcome
+from tests.cli.in_process import outcome, selected_cases
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tpformer.config.presets import preset
@@ -267,11 +267,14 @@ BAD_VALUES = [
 
 @pytest.mark.sweep
 @pytest.mark.parametrize(("override", "message"), BAD_VALUES)
-def test_bad_values_exit_2_with_one_line(override: str, message: str) -> None:
+def test_bad_values_exit_2_with_one_line(
+    override: str, message: str, request: pytest.FixtureRequest
+) -> None:
     def argv(override: str) -> list[str]:
         return [*TINY, *override.split(), "launcher.nproc_per_node=2"]
 
-    result = outcome(PRETRAIN, argv(override), [argv(o) for o, _ in BAD_VALUES])
+    table = [argv(case["override"]) for case in selected_cases(request)]
+    result = outcome(PRETRAIN, argv(override), table)
     assert result.code == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message) and not result.left, result
