@@ -36,6 +36,7 @@ class AttentionCore(nn.Module):
     module name keys the random streams, the same in every layout), the core uses it."""
 
     kernel: ClassVar[str]
+    dropout: ParallelDropout
 
     def __init__(self, dropout: ParallelDropout, head_dim: int, head_offset: int, reach: int):
         super().__init__()
@@ -45,8 +46,6 @@ class AttentionCore(nn.Module):
         """This rank's first head among all heads (the exact masks' rows)."""
         self.reach = reach
         """Sliding-window attention: keys at most this many positions away (0: all)."""
-
-    dropout: ParallelDropout
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         """`mask`: bool [b, 1, 1|s, s], True = attend (None: all, or the future masked when
