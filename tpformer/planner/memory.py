@@ -142,12 +142,14 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     """What a local (sliding-window) layer keeps beyond a global one: its [b, 1, s, s] mask of
     the whole sequence (the padding and the band; [s, s] for unpadded batches), as the
     additive bias a fused kernel saves (itemsize bytes), or as the bool mask the explicit
-    core's masked_fill and selective recomputation's checkpoint keep; nothing under full
-    recomputation. Each local layer makes its own (layers/attention.py)."""
-    if not work.model.local_window or c.recompute == "full":
+    core's masked_fill keeps. Nothing under selective or full recomputation: the core builds
+    the band inside what is recomputed (layers/attention_core.py; measured on the dry run:
+    the s x s bool mask, 4,096 B at seq 64, gone from the held activations). Each local layer
+    makes its own."""
+    if not work.model.local_window or c.recompute in ("selective", "full"):
         return 0.0
     area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
-    return float(area * (work.itemsize if fused and c.recompute != "selective" else 1))
+    return float(area * (work.itemsize if fused else 1))
 
 
 def _walk(work: Workload, c: Candidate, stage: int) -> list[tuple[Action, int]]:
