@@ -9,12 +9,10 @@ process`) keep in view."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +31,6 @@ class Outcome:
     stderr: str
     left: tuple[str, ...]
 
-    @property
-    def returncode(self) -> object:
-        return self.code
-
 
 def selected_cases(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     """The parameters of the cases of the requesting test that this run selected (its first
@@ -51,15 +45,26 @@ def selected_cases(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     ]
 
 
-def outcome(script: str, argv: list[str], table: list[list[str]]) -> Outcome:
+_TABLES: dict[tuple[str, tuple[tuple[str, ...], ...]], dict[tuple[str, ...], Outcome]] = {}
+"""Each table's outcomes, run once per test worker."""
+
+
+def outcome(
+    script: str, argv: list[str], table: list[list[str]], request: pytest.FixtureRequest
+) -> Outcome:
     """`script argv`'s outcome, the whole `table` (argv lists, `argv` among them) run at the
-    first call; "{cwd}" in an argument names the case's own working directory."""
-    return _run_table(script, tuple(tuple(a) for a in table))[tuple(argv)]
+    first call, each case in its own directory under pytest's temporary directory; "{cwd}" in
+    an argument names that directory."""
+    key = (script, tuple(tuple(a) for a in table))
+    if key not in _TABLES:
+        root = request.getfixturevalue("tmp_path_factory").mktemp("cli-cases")
+        _TABLES[key] = _run_table(script, key[1], root)
+    return _TABLES[key][tuple(argv)]
 
 
-@functools.cache
-def _run_table(script: str, table: tuple[tuple[str, ...], ...]) -> dict[tuple[str, ...], Outcome]:
-    root = Path(tempfile.mkdtemp(prefix="cli-cases-"))
+def _run_table(
+    script: str, table: tuple[tuple[str, ...], ...], root: Path
+) -> dict[tuple[str, ...], Outcome]:
     cases = []
     for i, argv in enumerate(table):
         cwd = root / str(i)

@@ -467,7 +467,7 @@ def test_config_errors_exit_2_before_any_process(
 
     cases = [c for c in selected_cases(request) if c["module"] == module]
     table = [_config_error_argv(module, c["override"]) for c in cases]
-    result = outcome(f"{module}:main", _config_error_argv(module, override), table)
+    result = outcome(f"{module}:main", _config_error_argv(module, override), table, request)
     assert result.code == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and not result.left, result

@@ -43,15 +43,15 @@ def test_local_layers_get_their_reach_and_the_plan_names_each_kind() -> None:
     assert [c.reach for c in cores] == [0, 16, 16, 0], config.global_every
     ctx = ParallelContext.single(device="cpu", rng="fast")
     model = build_model(config, ctx, task="pretraining")
-    assert attention_line(model, pipeline=1) == (
+    assert attention_line(model) == (
         "attention: 2 layers sdpa, the kernel's dropout (rng=fast); "
         "2 layers sdpa, window 32, the kernel's dropout (rng=fast)"
     )
     exact = build_model(
         config, ParallelContext.single(device="cpu", rng="exact"), task="pretraining"
     )
-    assert attention_line(exact, pipeline=2).startswith(
-        "attention (stage 0): 2 layers explicit (rng=exact: the TP=1 model's dropout masks"
+    assert attention_line(exact).startswith(
+        "attention: 2 layers explicit (rng=exact: the TP=1 model's dropout masks"
     )
 
 

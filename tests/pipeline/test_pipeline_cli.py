@@ -156,7 +156,7 @@ def test_bad_pipeline_settings_exit_2_with_one_line(
     override: str, message: str, request: pytest.FixtureRequest
 ) -> None:
     table = [_bad_pipeline_argv(case["override"]) for case in selected_cases(request)]
-    result = outcome(PRETRAIN, _bad_pipeline_argv(override), table)
+    result = outcome(PRETRAIN, _bad_pipeline_argv(override), table, request)
     assert result.code == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message) and not result.left, result

@@ -102,7 +102,7 @@ def test_bad_input_is_one_line_with_exit_code_2(
     args: list[str], message: str, request: pytest.FixtureRequest
 ) -> None:
     table = [case["args"] for case in selected_cases(request)]
-    result = outcome("tpformer.cli.plan:main", args, table)
+    result = outcome("tpformer.cli.plan:main", args, table, request)
     assert result.code == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines

@@ -167,6 +167,7 @@ def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
     assert len(runs) == 1, runs  # both ranks wrote into one directory
     run = runs[0]
     assert "layout: world 2 = dp 1 x tp 2" in result.stderr
+    assert "attention: 2 layers explicit (rng=exact" in result.stderr  # the CPU's default rng
     assert (run / ".hydra" / "config.yaml").read_text().count("tensor: 2") == 1
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # steps 1, 2, 3 + eval
     assert (run / "train.log").exists() and (run / "loss_curve.png").exists()
@@ -274,7 +275,7 @@ def test_bad_values_exit_2_with_one_line(
         return [*TINY, *override.split(), "launcher.nproc_per_node=2"]
 
     table = [argv(case["override"]) for case in selected_cases(request)]
-    result = outcome(PRETRAIN, argv(override), table)
+    result = outcome(PRETRAIN, argv(override), table, request)
     assert result.code == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message) and not result.left, result

@@ -58,8 +58,8 @@ class AttentionCore(nn.Module):
         raise NotImplementedError
 
     def describe(self) -> str:
-        """The kernel and why, as the startup plan prints it."""
-        return self.kernel
+        """The kernel and why, as the startup plan prints it (a local layer: its window)."""
+        return f"{self.kernel}, window {2 * self.reach}" if self.reach else self.kernel
 
     def device_stream_site(self) -> int | None:
         """The key of the one draw this core makes from the device's default generator, which
@@ -91,9 +91,8 @@ class FusedCore(AttentionCore):
             return fused_sdpa(q, k, v, mask, causal, p)
 
     def describe(self) -> str:
-        band = f", window {2 * self.reach}" if self.reach else ""
         drop = ", the kernel's dropout (rng=fast)" if self.dropout.p else ""
-        return f"{self.kernel}{band}{drop}"
+        return f"{super().describe()}{drop}"
 
     def device_stream_site(self) -> int | None:
         return self.dropout.site if self.dropout.p > 0 else None
@@ -110,8 +109,7 @@ class ExactCore(AttentionCore):
         return self._explicit(q, k, v, mask, causal)
 
     def describe(self) -> str:
-        band = f", window {2 * self.reach}" if self.reach else ""
-        return f"{self.kernel}{band} (rng=exact: the TP=1 model's dropout masks; sdpa in eval)"
+        return f"{super().describe()} (rng=exact: the TP=1 model's dropout masks; sdpa in eval)"
 
     @eager_island
     def _explicit(

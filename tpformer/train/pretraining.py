@@ -161,7 +161,7 @@ def log_plan(
         wrapped.recomputed,
         split,
         device_type=ctx.device.type,
-        attention=attention_line(model, ctx.layout.pp),
+        attention=attention_line(model),
     )
     log.info("plan:\n%s", plan)
     for warning in warnings:

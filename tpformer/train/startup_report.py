@@ -238,6 +238,7 @@ def format_plan(
         f"{stage_params[0]:,} per rank" + (" (stage 0)" if layout.pp > 1 else ""),
         f"batch: global {global_batch} = micro {t.micro_batch_size} x accum {t.grad_accum} x dp "
         f"{layout.dp}, seq {config.data.seq_length}",
+        *([attention] if attention else []),
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
         f"checkpointing {config.parallel.recompute} ({len(checkpointed)} wrapped), "
@@ -249,16 +250,13 @@ def format_plan(
     return "\n".join(lines), warnings
 
 
-def attention_line(model: nn.Module, pipeline: int) -> str:
+def attention_line(model: nn.Module) -> str:
     """Which attention core each layer runs (chosen when the model was built: layers/
-    attention_core.py), with why: layers counted per kind, this stage's under a pipeline."""
+    attention_core.py), with why, layers counted per kind. Every rank builds the whole model
+    before a pipeline keeps its stage's part, and the choice does not depend on the stage."""
     kinds = Counter(m.describe() for m in model.modules() if isinstance(m, AttentionCore))
-    where = " (stage 0)" if pipeline > 1 else ""
-    return (
-        "attention"
-        + where
-        + ": "
-        + "; ".join(f"{n} layer{'s' if n > 1 else ''} {kind}" for kind, n in kinds.items())
+    return "attention: " + "; ".join(
+        f"{n} layer{'s' if n > 1 else ''} {kind}" for kind, n in kinds.items()
     )
 
 
