@@ -55,6 +55,8 @@ def hf_modernbert(seq: int, sparse: bool = False) -> torch.nn.Module:
     import transformers
 
     c = preset("modernbert_tiny")
+    rotary, window = c.rotary, c.local_attention
+    assert rotary is not None and window is not None  # the preset's
     return transformers.ModernBertForMaskedLM(
         transformers.ModernBertConfig(
             vocab_size=c.vocab_size,
@@ -63,9 +65,9 @@ def hf_modernbert(seq: int, sparse: bool = False) -> torch.nn.Module:
             num_hidden_layers=c.num_layers,
             num_attention_heads=c.num_heads,
             max_position_embeddings=max(seq, 512),
-            local_attention=c.local_window,
-            global_rope_theta=c.rope_theta,
-            local_rope_theta=c.local_rope_theta,
+            local_attention=window.window,
+            global_rope_theta=rotary.theta,
+            local_rope_theta=rotary.local_theta,
             pad_token_id=0,
             bos_token_id=2,
             eos_token_id=3,

@@ -36,7 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.config.schema import (
+    Activation,
+    Arch,
+    MlpConfig,
+    ModelConfig,
+    NormConfig,
+    NormPosition,
+)
 from tpformer.models.costs import step_flops
 from tpformer.planner.candidate import Candidate, StackProfile, Workload, enumerate_candidates
 from tpformer.planner.cluster import Cluster, load_preset, resolve_cluster
@@ -199,7 +206,8 @@ def gpt(layers: int, hidden: int, heads: int) -> ModelConfig:
         intermediate_size=4 * hidden,
         max_position_embeddings=SEQ,
         type_vocab_size=0,
-        activation=Activation.gelu_tanh,
+        mlp=MlpConfig(activation=Activation.gelu_tanh),
+        norm=NormConfig(position=NormPosition.pre),
         pad_vocab_to=128,
     )
 

@@ -39,6 +39,12 @@ CASES: list[tuple[str, list[str], str]] = [
     (PLAN, ["cluster.nodez=2"], "did you mean cluster.nodes?"),
     (PREPROCESS, ["data.seq_lenght=64"], "did you mean data.seq_length?"),
     (PLAN, ["parallel.checkpoint_every=2"], "was renamed parallel.recompute_every"),
+    (PRETRAIN, ["model=llama_tiny", "model.rope_theta=5e5"], "model.rope_theta was renamed model.rotary.theta (the model's variants are groups now: mlp, norm, rotary, local_attention); write model.rotary.theta=5e5"),
+    (PLAN, ["model.pre_norm=true"], "model.pre_norm was replaced (the model's variants are groups now: mlp, norm, rotary, local_attention): write model.norm.position=pre"),
+    # the model's variant groups (rotary, local_attention: absent when off)
+    (PRETRAIN, ["model.rotary.theta=5e5"], "model.rotary.theta=5e5: model=bert_mini has no model.rotary (null); turn it on first: +model/rotary=on model.rotary.theta=5e5"),
+    (PLAN, ["model/local_attention=on"], "model/local_attention=on: a variant group is added: write +model/local_attention=on"),
+    (PRETRAIN, ["model=modernbert_tiny", "+model/rotary=on"], "model=modernbert_tiny has model.rotary already (the option would reset it to the defaults)"),
     # invalid values and layouts
     (PRETRAIN, ["parallel.zero_stage=5"], "parallel.zero_stage=5 is not one of 0, 1, 2, 3"),
     (PRETRAIN, ["parallel.tensor=3"], "parallel.tensor=3 does not divide world_size=1"),

@@ -12,7 +12,13 @@ import pytest
 from tpformer.config.families import FAMILIES, family_named, family_of
 from tpformer.config.presets import PRESETS
 from tpformer.config.rules.model import validate_model
-from tpformer.config.schema import ClassifierPooling, Pooler
+from tpformer.config.schema import (
+    ClassifierPooling,
+    LocalAttentionConfig,
+    NormConfig,
+    NormPosition,
+    Pooler,
+)
 from tpformer.interop.families import ADAPTERS, SUPPORTED, adapter_for, adapter_of
 from tpformer.models import TASKS
 
@@ -37,10 +43,13 @@ def test_every_preset_is_one_family_s_and_recognized_as_it() -> None:
         ("modernbert_tiny", {"tie_embeddings": False}, "BERT's MLM head is tied"),
         ("bert_tiny", {"classifier_pooling": ClassifierPooling.mean},
          "model.classifier_pooling=mean needs model.pooler=head"),
-        ("gpt2_small", {"local_window": 8}, "model.local_window=8 is built for arch=bert"),
-        ("llama_tiny", {"local_window": 8}, "a decoder's sliding window .Mistral. is not built"),
+        ("gpt2_small", {"local_attention": LocalAttentionConfig(window=8)},
+         r"model.local_attention \(window 8\) is built for arch=bert"),
+        ("llama_tiny", {"local_attention": LocalAttentionConfig(window=8)},
+         "a decoder's sliding window .Mistral. is not built"),
         ("gpt2_small", {"pooler": Pooler.head}, "are encoder .arch=bert. keys"),
-        ("llama_tiny", {"pre_norm": True}, "are encoder .arch=bert. keys"),
+        ("llama_tiny", {"norm": NormConfig(position=NormPosition.post)},
+         "model.norm.position=post: a decoder .arch=gpt. is built pre-norm only"),
         ("gpt2_small", {"classifier_pooling": ClassifierPooling.mean}, "are encoder"),
     ],
 )  # fmt: skip

@@ -99,7 +99,12 @@ tests/pipeline/test_pipeline_training.py (pipeline_layers) show them acting."""
 
 OPTION_RUNS = [["optim.name=lars"]]
 """Keys only an option reads (LARS's momentum and trust coefficient): one more run with it."""
-ROTARY_RUN = ["model.arch=gpt", "model.position_embedding=rope", "model.rope_scaling=llama3"]
+ROTARY_RUN = [
+    "model.arch=gpt",
+    "model.norm.position=pre",
+    "+model/rotary=on",
+    "model.rotary.scaling=llama3",
+]
 """The rotary keys (a decoder with Llama 3.1's scaling reads every one of them)."""
 MODERNBERT_RUN = ["model=modernbert_tiny", "data.sentence_pairs=none"]
 """The encoder's family keys (pre-norm, local attention and its rope base, the pooler)."""

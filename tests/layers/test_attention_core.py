@@ -40,7 +40,7 @@ def test_local_layers_get_their_reach_and_the_plan_names_each_kind() -> None:
     attention dropout 0.1 (the preset's is 0, as ModernBERT's)."""
     config = preset("modernbert_tiny", attention_dropout=0.1)
     cores = _cores("modernbert_tiny", "fast", attention_dropout=0.1)
-    assert [c.reach for c in cores] == [0, 16, 16, 0], config.global_every
+    assert [c.reach for c in cores] == [0, 16, 16, 0], config.local_attention
     ctx = ParallelContext.single(device="cpu", rng="fast")
     model = build_model(config, ctx, task="pretraining")
     assert attention_line(model) == (

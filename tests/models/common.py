@@ -7,7 +7,7 @@ from torch import nn
 
 from tests.tolerances import seeded
 from tpformer.config.presets import preset
-from tpformer.config.schema import ModelConfig
+from tpformer.config.schema import LocalAttentionConfig, ModelConfig
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.init import gather_full
 
@@ -75,7 +75,7 @@ def tiny_modernbert(dropout: float = 0.0, **overrides: object) -> ModelConfig:
         "num_heads": 4,
         "intermediate_size": 48,
         "max_position_embeddings": 32,
-        "local_window": 4,
+        "local_attention": LocalAttentionConfig(window=4, global_every=3),
         "dropout": dropout,
         "attention_dropout": dropout,
         "pad_vocab_to": 8,

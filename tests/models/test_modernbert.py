@@ -167,10 +167,13 @@ def test_a_modernbert_shape_tpformer_does_not_build_is_refused_by_name(
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["parallel.context=2"], "model.local_window=32 with parallel.context=2"),
+        (["parallel.context=2"], r"model.local_attention \(window 32\) with parallel.context=2"),
         (["data.sentence_pairs=nsp"], "model.pooler=head has no pair head"),
         (["model=bert_tiny", "data.sentence_pairs=none"], "data.sentence_pairs=none trains no"),
-        (["model=gpt2_small", "model.local_window=8"], "model.local_window=8 is built for"),
+        (
+            ["model=gpt2_small", "+model/local_attention=on"],
+            "model.local_attention .window 128. is built for",
+        ),
         (["model.pooler=tanh", "data.sentence_pairs=nsp"], "classifier_pooling=mean needs"),
     ],
 )

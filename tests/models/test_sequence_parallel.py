@@ -24,6 +24,7 @@ from tests.tolerances import (
     seeded,
     shard,
 )
+from tpformer.config.schema import NormConfig, NormPosition
 from tpformer.layers.block import TransformerLayer
 from tpformer.layers.dropout import assign_dropout_sites
 from tpformer.layers.sequence import labeled_positions, rows_at
@@ -42,8 +43,10 @@ def sum_sequence_parallel_grads(model: torch.nn.Module, ctx: ParallelContext) ->
 
 
 def _layer(ctx: ParallelContext, dropout: float, pre_norm: bool) -> dict:
-    config = tiny_bert(dropout)
-    layer = TransformerLayer(config, ctx, pre_norm=pre_norm, causal=pre_norm)
+    config = tiny_bert(
+        dropout, norm=NormConfig(position=NormPosition.pre if pre_norm else NormPosition.post)
+    )
+    layer = TransformerLayer(config, ctx, causal=pre_norm)
     initialize_parameters(layer, ctx.rng, ctx.tp, std=0.2)
     assign_dropout_sites(layer)
     ctx.rng.set_position(step=2, sample_offset=4)
@@ -119,7 +122,9 @@ def _model_step(ctx: ParallelContext, task: str, dropout: float) -> dict:
     elif task in ("classification", "modernbert_cls", "modernbert_global_cls"):
         config = tiny_bert(dropout)
         if task != "classification":  # mean pooling; no window: context parallelism takes it
-            config = tiny_modernbert(dropout, local_window=0 if "global" in task else 4)
+            config = tiny_modernbert(
+                dropout, **({"local_attention": None} if "global" in task else {})
+            )
         model = build_model(config, ctx, task="classification", num_labels=3)
 
         def run():

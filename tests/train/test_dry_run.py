@@ -29,7 +29,13 @@ import pytest
 from tests.train.test_finetune import _cli, _rte_config, write_hf_bert
 from tests.train.test_trainer import REPO
 from tpformer.config.presets import preset
-from tpformer.config.schema import Config, DataConfig, ParallelConfig, TrainerConfig
+from tpformer.config.schema import (
+    Config,
+    DataConfig,
+    LocalAttentionConfig,
+    ParallelConfig,
+    TrainerConfig,
+)
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.models.costs import executed_flops
 from tpformer.parallel.context import ParallelContext
@@ -87,7 +93,7 @@ def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
     elif arch == "modernbert":  # pre-norm, GeGLU, rope, a window of 16 in layer 1, MLM only
         model = preset("modernbert_tiny", vocab_size=500, num_layers=layers, hidden_size=128,
                        num_heads=4, intermediate_size=192, max_position_embeddings=128,
-                       local_window=16)  # fmt: skip
+                       local_attention=LocalAttentionConfig(window=16))  # fmt: skip
     else:
         model = preset("gpt2_small", vocab_size=500, num_layers=layers, hidden_size=128,
                        num_heads=4, intermediate_size=512, max_position_embeddings=128)  # fmt: skip
@@ -108,7 +114,7 @@ def test_a_ranks_memory_and_traffic_are_the_planners(
 ) -> None:
     """ModernBERT's local attention has no context-parallel form (refused by validation)."""
     if arch == "modernbert" and "context" in keys:
-        pytest.skip("model.local_window with parallel.context is refused")
+        pytest.skip("model.local_attention with parallel.context is refused")
     config = _config(arch, layers, **keys)
     p = config.parallel
     layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)  # type: ignore[arg-type]

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpformer.checkpoint import store
-from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.config.records import record_from_dict
+from tpformer.config.renamed import upgraded_model_keys
+from tpformer.config.schema import Arch, ModelConfig
 from tpformer.interop.families import model_config_from_hf
 from tpformer.interop.hf_files import read_hf_config
 
@@ -33,16 +35,21 @@ class ModelSource:
 
 
 def saved_model_config(meta: dict, directory: Path) -> ModelConfig:
-    """The model config a checkpoint's meta.json records."""
+    """The model config a checkpoint's meta.json records (in today's keys, whichever version
+    saved it)."""
     saved = meta.get("config", {}).get("model")
     if not isinstance(saved, dict):
         raise store.CheckpointError(
             f"{directory}/meta.json records no model config (an older tpformer wrote it); "
             "re-save it with this one"
         )
-    return ModelConfig(
-        **{**saved, "arch": Arch(saved["arch"]), "activation": Activation(saved["activation"])}
-    )
+    try:
+        return record_from_dict(ModelConfig, upgraded_model_keys(saved), "model.")
+    except (ValueError, KeyError) as err:
+        raise store.CheckpointError(
+            f"{directory}/meta.json: its model config cannot be read ({err}); a newer tpformer "
+            "may have written it"
+        ) from None
 
 
 def read_model_source(value: str | Path, key: str) -> ModelSource:

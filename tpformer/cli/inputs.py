@@ -31,14 +31,15 @@ loaded model is not initialized."""
 
 
 def given_model_keys(overrides: Sequence[str]) -> tuple[str | None, set[str]]:
-    """(the preset named by model=..., the keys named by model.KEY=...) on the command line."""
+    """(the preset named by model=..., the model keys or groups named by model.KEY=... or
+    model.GROUP.KEY=...) on the command line."""
     preset, keys = None, set()
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if key == "model":
             preset = value
         elif key.startswith("model."):
-            keys.add(key.removeprefix("model."))
+            keys.add(key.removeprefix("model.").split(".")[0])
     return preset, keys
 
 

@@ -65,7 +65,7 @@ LAYOUT_KEYS = (
 
 def _compose(overrides: list[str]) -> PlanConfig:
     register_configs()
-    check_overrides(overrides, PlanConfig)
+    check_overrides(overrides, PlanConfig, "plan")
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("plan", overrides=overrides)
     return to_config(cfg)

@@ -151,11 +151,18 @@ def unparsable(override: str, *, multirun: bool) -> str | None:
     return None
 
 
-def check_overrides(overrides: list[str], schema: type) -> None:
+def check_overrides(overrides: list[str], schema: type, config_name: str = "config") -> None:
     """Raise ValueError for the first override whose key `schema` does not have: key=value,
     +key=value (adding a key the schema lacks is refused, not ignored), ~key; or whose value
-    Hydra's grammar cannot read as one value. Flags (--help, -m, --config-dir DIR) and Hydra's
-    own keys are left to Hydra."""
+    Hydra's grammar cannot read as one value; or that sets a model variant group Hydra cannot
+    (config/variant_groups.py; `config_name`: the command's config file, whose model preset is
+    the default). Flags (--help, -m, --config-dir DIR) and Hydra's own keys are left to
+    Hydra."""
+    from tpformer.config.schema import ModelConfig
+    from tpformer.config.variant_groups import check_variant_overrides
+
+    if typing.get_type_hints(schema).get("model") is ModelConfig:
+        check_variant_overrides(overrides, config_name)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
     for override in overrides:
         if override.startswith("-") or ("=" not in override and not override.startswith("~")):
@@ -186,7 +193,7 @@ def checked_overrides(
             from tpformer.config.help import print_help_and_exit
 
             print_help_and_exit(command, description, schema, config_name, sys.argv[1:])
-            check_overrides(sys.argv[1:], schema)
+            check_overrides(sys.argv[1:], schema, config_name)
             main(*args, **kwargs)
 
         return wrapped

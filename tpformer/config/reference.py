@@ -122,7 +122,7 @@ def group_table(group: str, cls: type) -> str:
 def _rows(group: str, cls: type) -> list[str]:
     """The table rows of cls's keys under `group`; a section of a group (trainer.profile)
     adds its keys in line, a command's groups (at the top level) have their own tables."""
-    docs = field_docstrings(cls)
+    docs, hints = field_docstrings(cls), typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
         key = f"{group}.{f.name}" if group else f.name
@@ -133,10 +133,21 @@ def _rows(group: str, cls: type) -> list[str]:
             rows += _rows(key, f.default_factory) if group else []  # type: ignore[arg-type]
             continue
         meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
-        rows.append(
-            f"| `{key}` | {format_value(default_of(f))} | {allowed_values(cls, f)} | {meaning} |"
-        )
+        variant = _optional_record(hints[f.name])
+        values = "a group or null" if variant else allowed_values(cls, f)
+        rows.append(f"| `{key}` | {format_value(default_of(f))} | {values} | {meaning} |")
+        if variant is not None and group:  # a variant group (model.rotary): its keys in line
+            rows += _rows(key, variant)
     return rows
+
+
+def _optional_record(hint: typing.Any) -> type | None:
+    """The dataclass of an optional group (`RotaryConfig | None`: absent when off), else None."""
+    members = (
+        typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()
+    )
+    records = [m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)]
+    return records[0] if records and type(None) in members else None
 
 
 def config_reference_markdown() -> str:

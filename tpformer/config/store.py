@@ -18,6 +18,7 @@ from tpformer.config.schema import (
     GenerateConfig,
     PlanConfig,
 )
+from tpformer.config.variant_groups import ON, variant_groups
 
 __all__ = ["CONF_DIR", "register_configs", "to_config"]
 
@@ -32,6 +33,8 @@ def register_configs() -> None:
     cs.store(name="base_eval_lm", node=EvalLMConfig)
     for name, preset in PRESETS.items():
         cs.store(group="model", name=name, node=preset)
+    for group, record in variant_groups().items():  # +model/rotary=on: config/variant_groups.py
+        cs.store(group=f"model/{group}", name=ON, node=record)
 
 
 def to_config(cfg: DictConfig) -> Any:

@@ -25,28 +25,32 @@ from tpformer.parallel.init import mark_sequence_parallel
 class TransformerLayer(nn.Module):
     """post-norm (BERT): x = N(x + drop(attn(x))); x = N(x + drop(mlp(x))).
     pre-norm (GPT-2, Llama, ModernBERT): x = x + drop(attn(N(x))); x = x + drop(mlp(N(x))).
-    N is the config's norm (LayerNorm, RMSNorm). Layer `index` of a pre-norm encoder
-    (ModernBERT) skips the first layer's attention norm (its input is the normalized
-    embeddings) and attends locally as config.is_local says, with the local rope base."""
+    N is the config's norm (LayerNorm, RMSNorm), placed as config.norm.position says. Layer
+    `index` of a pre-norm encoder (ModernBERT) skips the first layer's attention norm (its input
+    is the normalized embeddings) and attends locally as config.is_local says, with the local
+    rotary base."""
 
     def __init__(
         self,
         config: ModelConfig,
         ctx: ParallelContext,
         *,
-        pre_norm: bool,
         causal: bool,
         index: int = 0,
     ) -> None:
         super().__init__()
-        self.pre_norm = pre_norm
+        self.pre_norm = pre_norm = config.norm.position == "pre"
         h, sp = config.hidden_size, ctx.sequence_parallel
         sequence = ctx.tp if sp else None
-        local = config.is_local(index)
+        local = config.local_attention if config.is_local(index) else None
         rotary = None
-        if config.position_embedding == "rope":
-            theta = config.local_rope_theta if local else None
-            rotary = Rotary(config, h // config.num_heads, theta)
+        if config.rotary is not None:
+            rotary = Rotary(
+                config.rotary,
+                h // config.num_heads,
+                config.max_position_embeddings,
+                local=bool(local),
+            )
         self.attention = ParallelSelfAttention(
             h,
             config.num_heads,
@@ -57,7 +61,7 @@ class TransformerLayer(nn.Module):
             bias=config.bias,
             qkv_bias=config.bias or config.qkv_bias,
             rotary=rotary,
-            window=config.local_window if local else 0,
+            window=local.window if local else 0,
         )
         self.attention_dropout = ParallelDropout(
             config.dropout, ctx.rng, sequence=sequence, context=ctx.cp
@@ -68,9 +72,9 @@ class TransformerLayer(nn.Module):
             h,
             config.intermediate_size,
             ctx.tp,
-            activation=config.activation,
+            activation=config.mlp.activation,
             sequence_parallel=sp,
-            gated=config.gated_mlp,
+            gated=config.mlp.gated,
             bias=config.bias,
         )
         self.mlp_dropout = ParallelDropout(
@@ -106,13 +110,10 @@ class TransformerLayer(nn.Module):
 class TransformerStack(nn.Module):
     """num_layers TransformerLayers applied in order; `layers` is what recomputation wraps."""
 
-    def __init__(
-        self, config: ModelConfig, ctx: ParallelContext, *, pre_norm: bool, causal: bool
-    ) -> None:
+    def __init__(self, config: ModelConfig, ctx: ParallelContext, *, causal: bool) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            TransformerLayer(config, ctx, pre_norm=pre_norm, causal=causal, index=i)
-            for i in range(config.num_layers)
+            TransformerLayer(config, ctx, causal=causal, index=i) for i in range(config.num_layers)
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -18,10 +18,11 @@ from tpformer.parallel.init import ones_init, set_init
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
-    """config.norm over the hidden size, with config's epsilon (and bias, for LayerNorm)."""
-    if config.norm == "rmsnorm":
-        return RMSNorm(config.hidden_size, eps=config.layer_norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+    """config.norm's kind over the hidden size, with its epsilon (and bias, for LayerNorm)."""
+    norm = config.norm
+    if norm.kind == "rmsnorm":
+        return RMSNorm(config.hidden_size, eps=norm.eps)
+    return nn.LayerNorm(config.hidden_size, eps=norm.eps, bias=norm.bias)
 
 
 class RMSNorm(nn.Module):

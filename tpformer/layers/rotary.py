@@ -9,30 +9,34 @@ import math
 import torch
 from torch import Tensor
 
-from tpformer.config.schema import ModelConfig
+from tpformer.config.schema import RotaryConfig
 
 
 class Rotary:
-    """cos/sin of each position for a head_dim; `rotate(q, k, positions, longest)`. `theta`:
-    another base than config.rope_theta (ModernBERT's local layers)."""
+    """cos/sin of each position for a head_dim; `rotate(q, k, positions, longest)`.
+    `max_positions`: the model's context (the original context of scaling, unless the config
+    names one); `local`: a local-attention layer's, with config.local_theta as its base
+    (ModernBERT)."""
 
-    def __init__(self, config: ModelConfig, head_dim: int, theta: float | None = None) -> None:
+    def __init__(
+        self, config: RotaryConfig, head_dim: int, max_positions: int, *, local: bool = False
+    ) -> None:
         self.config, self.head_dim = config, head_dim
-        self.theta = config.rope_theta if theta is None else theta
-        self.original = config.rope_original_max_positions or config.max_position_embeddings
+        self.theta = config.local_theta if local else config.theta
+        self.original = config.original_max_positions or max_positions
 
     def inverse_frequencies(self, longest: int, device: torch.device) -> Tensor:
-        """theta^(-2i/d), scaled as config.rope_scaling says (fp32; HF's formulas)."""
+        """theta^(-2i/d), scaled as config.scaling says (fp32; HF's formulas)."""
         c, d = self.config, self.head_dim
         base = self.theta
-        if c.rope_scaling == "dynamic" and longest > self.original:
-            grown = c.rope_factor * longest / self.original - (c.rope_factor - 1)
+        if c.scaling == "dynamic" and longest > self.original:
+            grown = c.factor * longest / self.original - (c.factor - 1)
             base = base * grown ** (d / (d - 2))
         exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
         inverse = 1.0 / base**exponents
-        if c.rope_scaling == "linear":
-            return inverse / c.rope_factor
-        if c.rope_scaling == "llama3":
+        if c.scaling == "linear":
+            return inverse / c.factor
+        if c.scaling == "llama3":
             return self._llama3(inverse)
         return inverse
 
@@ -40,13 +44,13 @@ class Rotary:
         """Llama 3.1: long wavelengths divided by the factor, short ones kept, those between
         interpolated smoothly."""
         c = self.config
-        low, high = self.original / c.rope_low_freq_factor, self.original / c.rope_high_freq_factor
+        low, high = self.original / c.low_freq_factor, self.original / c.high_freq_factor
         wavelength = 2 * math.pi / inverse
-        scaled = torch.where(wavelength > low, inverse / c.rope_factor, inverse)
-        smooth = (self.original / wavelength - c.rope_low_freq_factor) / (
-            c.rope_high_freq_factor - c.rope_low_freq_factor
+        scaled = torch.where(wavelength > low, inverse / c.factor, inverse)
+        smooth = (self.original / wavelength - c.low_freq_factor) / (
+            c.high_freq_factor - c.low_freq_factor
         )
-        between = (1 - smooth) * scaled / c.rope_factor + smooth * scaled
+        between = (1 - smooth) * scaled / c.factor + smooth * scaled
         middle = (wavelength >= high) & (wavelength <= low)
         return torch.where(middle, between, scaled)
 

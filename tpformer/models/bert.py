@@ -52,7 +52,7 @@ class BertEmbeddings(nn.Module):
         )
         h = config.hidden_size
         self.position_embeddings: nn.Embedding | None = None
-        if config.position_embedding == "learned":
+        if config.rotary is None:
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
         self.token_type_embeddings: nn.Embedding | None = None
         if config.type_vocab_size > 0:
@@ -86,8 +86,8 @@ class BertModel(TPModel):
         super().__init__()
         self.config, self.tp, self.rows = config, ctx.tp, sequence_rows(ctx)
         self.embeddings = BertEmbeddings(config, self.rows, ctx)
-        self.encoder = TransformerStack(config, ctx, pre_norm=config.pre_norm, causal=False)
-        self.final_norm = make_norm(config) if config.pre_norm else None
+        self.encoder = TransformerStack(config, ctx, causal=False)
+        self.final_norm = make_norm(config) if config.norm.position == "pre" else None
         if self.final_norm is not None:
             self.rows.mark_replicated(self.final_norm)
         tanh = pooler and config.pooler == "tanh"
@@ -192,7 +192,7 @@ class BertForPreTraining(_PipelinedBert):
         self.bert = BertModel(config, ctx)
         h = config.hidden_size
         self.mlm_transform = nn.Linear(h, h, bias=config.bias)
-        self.mlm_act = activation_fn(config.activation)
+        self.mlm_act = activation_fn(config.mlp.activation)
         self.mlm_norm = make_norm(config)
         embedding = self.bert.embeddings.word_embeddings
         self.mlm_bias = mark_sharded(
@@ -305,7 +305,7 @@ class BertForSequenceClassification(_PipelinedBert):
         self.pool_head: nn.Sequential | None = None
         if config.pooler == "head":
             self.pool_head = nn.Sequential(
-                nn.Linear(h, h, bias=config.bias), activation_fn(config.activation)
+                nn.Linear(h, h, bias=config.bias), activation_fn(config.mlp.activation)
             )
             self.pool_head.append(make_norm(config))
         self.dropout = ParallelDropout(config.dropout, ctx.rng)

@@ -24,7 +24,7 @@ def layer_matrix_elements(config: ModelConfig) -> int:
     attention output, and the MLP's two matrices (three when gated)."""
     h, f = config.hidden_size, config.intermediate_size
     kv = 2 * config.kv_heads * (h // config.num_heads)
-    return h * (h + kv) + h * h + (3 if config.gated_mlp else 2) * h * f
+    return h * (h + kv) + h * h + (3 if config.mlp.gated else 2) * h * f
 
 
 def kv_elements(config: ModelConfig) -> int:
@@ -171,7 +171,7 @@ def layer_params(config: ModelConfig, tp: int) -> int:
     kv = 2 * config.kv_heads * (h // config.num_heads)
     qkv_bias = config.bias or config.qkv_bias
     split_biases = (h + kv if qkv_bias else 0) + (
-        (2 if config.gated_mlp else 1) * f if config.bias else 0
+        (2 if config.mlp.gated else 1) * f if config.bias else 0
     )
     replicated = 2 * norm_params(config) + (2 * h if config.bias else 0)
     kv_params = kv_elements(config) + (kv if qkv_bias else 0)  # all heads
@@ -182,7 +182,7 @@ def layer_params(config: ModelConfig, tp: int) -> int:
 def norm_params(config: ModelConfig) -> int:
     """One norm's parameters: a weight, and a bias for a LayerNorm with biases."""
     h = config.hidden_size
-    return 2 * h if config.norm == "layernorm" and config.bias else h
+    return 2 * h if config.norm.kind == "layernorm" and config.norm.bias else h
 
 
 def word_embedding_params(config: ModelConfig, tp: int) -> int:
@@ -194,7 +194,7 @@ def embedding_params(config: ModelConfig, tp: int) -> int:
     """The embedding stage on one TP rank: the word embedding, positions, BERT's segments and
     its norm."""
     h = config.hidden_size
-    positions = config.max_position_embeddings * h if config.position_embedding == "learned" else 0
+    positions = config.max_position_embeddings * h if config.rotary is None else 0
     if config.arch == "bert":
         segments = config.type_vocab_size * h
         return word_embedding_params(config, tp) + positions + segments + norm_params(config)
@@ -204,7 +204,8 @@ def embedding_params(config: ModelConfig, tp: int) -> int:
 def first_layer_saving(config: ModelConfig) -> int:
     """Parameters the first layer lacks: a pre-norm encoder's (ModernBERT) first layer has no
     attention norm, its input being the normalized embeddings."""
-    return norm_params(config) if config.arch == "bert" and config.pre_norm else 0
+    pre_norm = config.norm.position == "pre"
+    return norm_params(config) if config.arch == "bert" and pre_norm else 0
 
 
 def head_params(
@@ -217,7 +218,8 @@ def head_params(
     encoder's final norm."""
     h = config.hidden_size
     dense = h * h + (h if config.bias else 0)
-    final = norm_params(config) if config.pre_norm and config.arch == "bert" else 0
+    pre_norm = config.norm.position == "pre"
+    final = norm_params(config) if pre_norm and config.arch == "bert" else 0
     if task == "classification":
         pool = (h * h + h) if config.pooler == "tanh" else dense + norm_params(config)
         return final + pool + (h * num_labels + num_labels)

@@ -38,13 +38,13 @@ class GPTModel(TPModel):
             sequence_parallel=ctx.sequence_parallel,
         )
         self.wpe: nn.Embedding | None = None  # rotary positions live in the attention
-        if config.position_embedding == "learned":
+        if config.rotary is None:
             self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
             self.rows.mark_replicated(self.wpe)
         self.dropout = ParallelDropout(
             config.dropout, ctx.rng, sequence=self.rows.sequence_group, context=ctx.cp
         )
-        self.decoder = TransformerStack(config, ctx, pre_norm=True, causal=True)
+        self.decoder = TransformerStack(config, ctx, causal=True)
         self.norm = make_norm(config)
         self.rows.mark_replicated(self.norm)
         # GPT-2: residual output projections start at std / sqrt(2 * layers).
@@ -103,8 +103,8 @@ class GPTForCausalLM(TPModel):
                 ctx.tp,
                 pad_to_multiple_of=config.pad_vocab_to,
             )
-        learned = config.position_embedding == "learned"
-        self.pipeline_embedding = ("transformer.wte", *(["transformer.wpe"] if learned else []))
+        learned = ["transformer.wpe"] if config.rotary is None else []
+        self.pipeline_embedding = ("transformer.wte", *learned)
         self.pipeline_head = ("transformer.norm", *([] if config.tie_embeddings else ["lm_head"]))
         self.pipeline_tied = ("transformer.wte.weight",) if config.tie_embeddings else ()
 

@@ -90,8 +90,8 @@ class LayerShape:
         rank they are 1 / (num_heads / tp) of its query heads (kv_fraction counts per rank)."""
         kv = config.kv_heads if config.kv_heads % tp == 0 else tp
         return cls(
-            gated=config.gated_mlp,
-            rotary=config.position_embedding == "rope",
+            gated=config.mlp.gated,
+            rotary=config.rotary is not None,
             kv_fraction=kv / config.num_heads,
             dropout=config.dropout > 0,
             split=config.kv_heads < config.num_heads,

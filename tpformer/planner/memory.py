@@ -146,7 +146,7 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     the band inside what is recomputed (layers/attention_core.py; measured on the dry run:
     the s x s bool mask, 4,096 B at seq 64, gone from the held activations). Each local layer
     makes its own."""
-    if not work.model.local_window or c.recompute in ("selective", "full"):
+    if work.model.local_attention is None or c.recompute in ("selective", "full"):
         return 0.0
     area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
     return float(area * (work.itemsize if fused else 1))
@@ -238,7 +238,7 @@ def _end_parts(work: Workload, c: Candidate, mask_bytes: int) -> tuple[float, fl
     # a pre-norm encoder (ModernBERT): its first layer has no attention norm, so it keeps no
     # norm input (its QKV projection keeps the embedding output itself), and a final norm
     # keeps the encoder's output; BERT's pooler keeps that output by its view of the first token
-    prenorm = m.arch == "bert" and m.pre_norm
+    prenorm = m.arch == "bert" and m.norm.position == "pre"
     first_norm = sbh * i / q if prenorm and c.recompute != "full" else 0.0
     dropout_mask = mask_bytes if m.dropout > 0 else 0
     if work.task == "classification":  # embedding: as BERT's, and the batch's three int64

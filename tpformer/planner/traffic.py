@@ -134,11 +134,10 @@ def _tensor_parallel(
         add("all_reduce", "tp", t, head, 2 * m)
     # each layer's two norms and two row-parallel biases
     marked = (2 * norm_params(model) + (2 * h if model.bias else 0)) * layers + whole_kv
-    prenorm_encoder = not gpt and model.pre_norm
+    prenorm_encoder = not gpt and model.norm.position == "pre"
     if first:  # the embeddings outside the vocabulary: positions (BERT: segments, the norm;
         # a pre-norm encoder's first layer has no attention norm)
-        learned = model.position_embedding == "learned"
-        marked += model.max_position_embeddings * h if learned else 0
+        marked += model.max_position_embeddings * h if model.rotary is None else 0
         marked += 0 if gpt else model.type_vocab_size * h + norm_params(model)
         marked -= norm_params(model) if prenorm_encoder else 0
     if last and (gpt or prenorm_encoder):

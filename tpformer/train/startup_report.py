@@ -263,13 +263,14 @@ def attention_line(model: nn.Module) -> str:
 def _family(model: ModelConfig) -> str:
     """The family (config/families/), with the options its blocks take named when set (the
     family rules keep each option to the families that build it)."""
-    window = f"window {model.local_window}, global every {model.global_every} layers"
+    local = model.local_attention
+    window = f"window {local.window}, global every {local.global_every} layers" if local else ""
     blocks = [
-        *(["pre-norm"] if model.pre_norm else []),
-        *(["rope"] if model.position_embedding == "rope" else []),
-        *([window] if model.local_window else []),
-        *(["rmsnorm"] if model.norm == "rmsnorm" else []),
-        *([f"gated {model.activation}"] if model.gated_mlp else []),
+        *(["pre-norm"] if model.norm.position == "pre" else []),
+        *(["rope"] if model.rotary is not None else []),
+        *([window] if window else []),
+        *(["rmsnorm"] if model.norm.kind == "rmsnorm" else []),
+        *([f"gated {model.mlp.activation}"] if model.mlp.gated else []),
         *(["no bias"] if not model.bias else []),
         *(["untied head"] if not model.tie_embeddings else []),
         *(

@@ -27,7 +27,7 @@ def family_of(model: ModelConfig) -> Family:
     found = [f for f in FAMILIES if f.recognizes(model)]
     if len(found) != 1:
         raise ValueError(
-            f"model.arch={model.arch} with model.position_embedding={model.position_embedding} "
+            f"model.arch={model.arch} with model.rotary={'set' if model.rotary else 'null'} "
             f"matches the families {[f.name for f in found]}; one of "
             f"{[f.name for f in FAMILIES]} expected"
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tpformer.config.schema import Arch, ModelConfig, PositionEmbedding
+from tpformer.config.schema import Arch, ModelConfig, NormPosition
 
 
 def _no_rules(model: ModelConfig) -> None:
@@ -30,8 +30,7 @@ class Family:
 
     def recognizes(self, model: ModelConfig) -> bool:
         """Whether `model` is one of this family's configs."""
-        rotary = model.position_embedding == PositionEmbedding.rope
-        return model.arch == self.arch and rotary == self.rotary
+        return model.arch == self.arch and (model.rotary is not None) == self.rotary
 
 
 def encoder_rules(model: ModelConfig) -> None:
@@ -49,15 +48,20 @@ def encoder_rules(model: ModelConfig) -> None:
 
 
 def decoder_rules(model: ModelConfig) -> None:
-    """The decoder's (GPT-2's and Llama's): no encoder keys (a window, a pooler, pre_norm)."""
-    if model.local_window:
+    """The decoder's (GPT-2's and Llama's): pre-norm, no encoder keys (a window, a pooler)."""
+    if model.local_attention is not None:
         raise ValueError(
-            f"model.local_window={model.local_window} is built for arch=bert (ModernBERT's "
-            "bidirectional window); a decoder's sliding window (Mistral) is not built: set "
-            "model.local_window=0"
+            f"model.local_attention (window {model.local_attention.window}) is built for "
+            "arch=bert (ModernBERT's bidirectional window); a decoder's sliding window (Mistral) "
+            "is not built: set model.local_attention=null"
         )
-    if model.pooler != "tanh" or model.pre_norm or model.classifier_pooling != "cls":
+    if model.norm.position != NormPosition.pre:
         raise ValueError(
-            "model.pooler, model.classifier_pooling and model.pre_norm are encoder (arch=bert) "
-            "keys: a decoder is pre-norm and has no pooler; leave them at their defaults"
+            f"model.norm.position={model.norm.position}: a decoder (arch=gpt) is built pre-norm "
+            "only; set model.norm.position=pre"
+        )
+    if model.pooler != "tanh" or model.classifier_pooling != "cls":
+        raise ValueError(
+            "model.pooler and model.classifier_pooling are encoder (arch=bert) keys: a decoder "
+            "has no pooler; leave them at their defaults"
         )

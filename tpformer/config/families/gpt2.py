@@ -4,7 +4,14 @@ to the word embedding (Radford et al., 2019)."""
 from __future__ import annotations
 
 from tpformer.config.families.base import Family, decoder_rules
-from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.config.schema import (
+    Activation,
+    Arch,
+    MlpConfig,
+    ModelConfig,
+    NormConfig,
+    NormPosition,
+)
 
 
 def _gpt2(layers: int, hidden: int, heads: int) -> ModelConfig:
@@ -17,8 +24,8 @@ def _gpt2(layers: int, hidden: int, heads: int) -> ModelConfig:
         intermediate_size=4 * hidden,
         max_position_embeddings=1024,
         type_vocab_size=0,
-        activation=Activation.gelu_tanh,
-        layer_norm_eps=1e-5,
+        mlp=MlpConfig(activation=Activation.gelu_tanh),
+        norm=NormConfig(eps=1e-5, position=NormPosition.pre),
     )
 
 

@@ -11,15 +11,25 @@ from tpformer.config.families.base import Family, decoder_rules
 from tpformer.config.schema import (
     Activation,
     Arch,
+    MlpConfig,
     ModelConfig,
     Norm,
-    PositionEmbedding,
+    NormConfig,
+    NormPosition,
     RopeScaling,
+    RotaryConfig,
 )
 
 
 def _llama(
-    layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, **keys: Any
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    vocab: int,
+    rotary: RotaryConfig | None = None,
+    **keys: Any,
 ) -> ModelConfig:
     """No dropout."""
     return ModelConfig(
@@ -33,13 +43,11 @@ def _llama(
         type_vocab_size=0,
         dropout=0.0,
         attention_dropout=0.0,
-        activation=Activation.silu,
-        gated_mlp=True,
-        norm=Norm.rmsnorm,
-        layer_norm_eps=1e-5,
+        mlp=MlpConfig(activation=Activation.silu, gated=True),
+        norm=NormConfig(kind=Norm.rmsnorm, eps=1e-5, bias=False, position=NormPosition.pre),
         bias=False,
         tie_embeddings=False,
-        position_embedding=PositionEmbedding.rope,
+        rotary=rotary or RotaryConfig(),
         **keys,
     )
 
@@ -59,10 +67,12 @@ LLAMA = Family(
             14336,
             128256,
             max_position_embeddings=131072,
-            rope_theta=500000.0,
-            rope_scaling=RopeScaling.llama3,
-            rope_factor=8.0,
-            rope_original_max_positions=8192,
+            rotary=RotaryConfig(
+                theta=500000.0,
+                scaling=RopeScaling.llama3,
+                factor=8.0,
+                original_max_positions=8192,
+            ),
         ),  # fmt: skip (Llama 3.1 8B)
     },
     check=decoder_rules,

@@ -10,16 +10,21 @@ from tpformer.config.schema import (
     Activation,
     Arch,
     ClassifierPooling,
+    LocalAttentionConfig,
+    MlpConfig,
     ModelConfig,
+    NormConfig,
+    NormPosition,
     Pooler,
-    PositionEmbedding,
+    RotaryConfig,
 )
 
 
-def _modernbert(layers: int, hidden: int, heads: int, ffn: int, **keys: Any) -> ModelConfig:
-    """Rotary base 160,000 globally and 10,000 locally, no segments, no dropout, a mean-pooled
-    classifier head."""
-    shape: dict[str, Any] = {"local_window": 128, **keys}
+def _modernbert(
+    layers: int, hidden: int, heads: int, ffn: int, window: int, **keys: Any
+) -> ModelConfig:
+    """Rotary base 160,000 globally and 10,000 locally, global attention every third layer, no
+    segments, no dropout, a mean-pooled classifier head."""
     return ModelConfig(
         arch=Arch.bert,
         num_layers=layers,
@@ -29,18 +34,14 @@ def _modernbert(layers: int, hidden: int, heads: int, ffn: int, **keys: Any) -> 
         type_vocab_size=0,
         dropout=0.0,
         attention_dropout=0.0,
-        activation=Activation.gelu,
-        gated_mlp=True,
-        layer_norm_eps=1e-5,
+        mlp=MlpConfig(activation=Activation.gelu, gated=True),
+        norm=NormConfig(eps=1e-5, bias=False, position=NormPosition.pre),
         bias=False,
-        pre_norm=True,
-        position_embedding=PositionEmbedding.rope,
-        rope_theta=160000.0,
-        local_rope_theta=10000.0,
-        global_every=3,
+        rotary=RotaryConfig(theta=160000.0, local_theta=10000.0),
+        local_attention=LocalAttentionConfig(window=window, global_every=3),
         pooler=Pooler.head,
         classifier_pooling=ClassifierPooling.mean,
-        **shape,
+        **keys,
     )
 
 
@@ -49,11 +50,9 @@ MODERNBERT = Family(
     arch=Arch.bert,
     rotary=True,
     presets={
-        "modernbert_tiny": _modernbert(
-            4, 128, 4, 192, local_window=32, max_position_embeddings=512
-        ),
+        "modernbert_tiny": _modernbert(4, 128, 4, 192, 32, max_position_embeddings=512),
         "modernbert_base": _modernbert(
-            22, 768, 12, 1152, vocab_size=50368, max_position_embeddings=8192
+            22, 768, 12, 1152, 128, vocab_size=50368, max_position_embeddings=8192
         ),
     },
     check=encoder_rules,

@@ -50,9 +50,9 @@ def validate_model_family(model: ModelConfig, tp: int) -> None:
             "key/value heads (TP divides them) or one replicated head (they divide TP); "
             f"valid degrees: {valid}"
         )
-    if model.position_embedding == "rope" and (model.hidden_size // model.num_heads) % 2:
+    if model.rotary is not None and (model.hidden_size // model.num_heads) % 2:
         raise ValueError(
-            f"model.position_embedding=rope needs an even head size (hidden_size / num_heads = "
+            f"model.rotary needs an even head size (hidden_size / num_heads = "
             f"{model.hidden_size // model.num_heads})"
         )
     family_of(model).check(model)
@@ -61,11 +61,12 @@ def validate_model_family(model: ModelConfig, tp: int) -> None:
 def validate_model_layout(model: ModelConfig, layout: Layout) -> None:
     """What a model's architecture cannot run under: local attention over a context-parallel
     ring (ring attention builds no window)."""
-    if model.local_window and layout.cp > 1:
+    if model.local_attention is not None and layout.cp > 1:
         raise ValueError(
-            f"model.local_window={model.local_window} with parallel.context={layout.cp}: ring "
-            "attention has no sliding window; use parallel.context=1 (sequence parallelism "
-            "splits long sequences too) or model.local_window=0"
+            f"model.local_attention (window {model.local_attention.window}) with "
+            f"parallel.context={layout.cp}: ring attention has no sliding window; use "
+            "parallel.context=1 (sequence parallelism splits long sequences too) or "
+            "model.local_attention=null"
         )
 
 

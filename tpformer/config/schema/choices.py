@@ -42,9 +42,9 @@ class Norm(Choice):
     rmsnorm = "rmsnorm"
 
 
-class PositionEmbedding(Choice):
-    learned = "learned"
-    rope = "rope"
+class NormPosition(Choice):
+    post = "post"
+    pre = "pre"
 
 
 class RopeScaling(Choice):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpformer.config.families.bert import BERT
-from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.config.schema import Activation, Arch, MlpConfig, ModelConfig, NormConfig
 from tpformer.interop.families.base import HFAdapter, export_class_of
 from tpformer.interop.hf_rules import FusedQKV, Plain, Rule, linear_rules, norm_rules
 
@@ -67,8 +67,8 @@ def bert_config(hf: dict) -> ModelConfig:
         type_vocab_size=hf["type_vocab_size"],
         dropout=hf["hidden_dropout_prob"],
         attention_dropout=hf["attention_probs_dropout_prob"],
-        activation=Activation.gelu,
-        layer_norm_eps=hf["layer_norm_eps"],
+        mlp=MlpConfig(activation=Activation.gelu),
+        norm=NormConfig(eps=hf["layer_norm_eps"]),
         init_std=hf.get("initializer_range", 0.02),
     )
 
@@ -88,7 +88,7 @@ def bert_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any:
         type_vocab_size=config.type_vocab_size,
         hidden_dropout_prob=config.dropout,
         attention_probs_dropout_prob=config.attention_dropout,
-        layer_norm_eps=config.layer_norm_eps,
+        layer_norm_eps=config.norm.eps,
         initializer_range=config.init_std,
         architectures=[architecture],
         **extra,

@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from tpformer.config.families.gpt2 import GPT2
-from tpformer.config.schema import Activation, Arch, ModelConfig
+from tpformer.config.schema import (
+    Activation,
+    Arch,
+    MlpConfig,
+    ModelConfig,
+    NormConfig,
+    NormPosition,
+)
 from tpformer.interop.families.base import HFAdapter, export_class_of
 from tpformer.interop.hf_rules import FusedQKV, Plain, Rule, linear_rules, norm_rules
 
@@ -44,8 +51,8 @@ def gpt2_config(hf: dict) -> ModelConfig:
         type_vocab_size=0,
         dropout=hf["resid_pdrop"],
         attention_dropout=hf["attn_pdrop"],
-        activation=Activation.gelu_tanh,
-        layer_norm_eps=hf["layer_norm_epsilon"],
+        mlp=MlpConfig(activation=Activation.gelu_tanh),
+        norm=NormConfig(eps=hf["layer_norm_epsilon"], position=NormPosition.pre),
         init_std=hf.get("initializer_range", 0.02),
     )
 
@@ -65,7 +72,7 @@ def gpt2_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any:
         embd_pdrop=config.dropout,
         attn_pdrop=config.attention_dropout,
         activation_function="gelu_new",
-        layer_norm_epsilon=config.layer_norm_eps,
+        layer_norm_epsilon=config.norm.eps,
         initializer_range=config.init_std,
         architectures=[architecture],
         **extra,

@@ -12,10 +12,13 @@ from tpformer.config.families.llama import LLAMA
 from tpformer.config.schema import (
     Activation,
     Arch,
+    MlpConfig,
     ModelConfig,
     Norm,
-    PositionEmbedding,
+    NormConfig,
+    NormPosition,
     RopeScaling,
+    RotaryConfig,
 )
 from tpformer.interop.families.base import HFAdapter, export_class_of
 from tpformer.interop.hf_rules import FusedQKV, GatedRows, Plain, Rule
@@ -84,11 +87,7 @@ def llama_config(hf: dict) -> ModelConfig:
         refuse.append(f"rope_type={rope_type!r} (supported: {sorted(ROPE_TYPES)})")
     if refuse:
         raise ValueError(f"this {kind} checkpoint is not supported: " + "; ".join(refuse))
-    scaling = ROPE_TYPES[rope_type]
-    original = int(rope.get("original_max_position_embeddings") or 0)
-    longest = hf["max_position_embeddings"]
-    if scaling == RopeScaling.dynamic:  # HF grows the base past the trained context
-        original, longest = original or longest, int(longest * rope.get("factor", 1.0))
+    rotary, longest = _rotary(rope, ROPE_TYPES[rope_type], hf["max_position_embeddings"])
     return ModelConfig(
         arch=Arch.gpt,
         vocab_size=hf["vocab_size"],
@@ -101,30 +100,44 @@ def llama_config(hf: dict) -> ModelConfig:
         type_vocab_size=0,
         dropout=0.0,
         attention_dropout=hf.get("attention_dropout", 0.0),
-        activation=Activation.silu,
-        gated_mlp=True,
-        norm=Norm.rmsnorm,
-        layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        mlp=MlpConfig(activation=Activation.silu, gated=True),
+        norm=NormConfig(
+            kind=Norm.rmsnorm,
+            eps=hf.get("rms_norm_eps", 1e-6),
+            bias=False,
+            position=NormPosition.pre,
+        ),
         bias=False,
         qkv_bias=kind == "qwen2",
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        position_embedding=PositionEmbedding.rope,
-        rope_theta=float(rope.get("rope_theta", 10000.0)),
-        rope_scaling=scaling,
-        rope_factor=float(rope.get("factor", 1.0)),
-        rope_original_max_positions=original,
-        rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
-        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+        rotary=rotary,
         init_std=hf.get("initializer_range", 0.02),
     )
+
+
+def _rotary(rope: dict, scaling: RopeScaling, longest: int) -> tuple[RotaryConfig, int]:
+    """The rotary group of HF's rope parameters, and the model's longest sequence: dynamic
+    scaling's grows past the trained context (as HF does), which becomes the original one."""
+    original = int(rope.get("original_max_position_embeddings") or 0)
+    if scaling == RopeScaling.dynamic:
+        original, longest = original or longest, int(longest * rope.get("factor", 1.0))
+    rotary = RotaryConfig(
+        theta=float(rope.get("rope_theta", 10000.0)),
+        scaling=scaling,
+        factor=float(rope.get("factor", 1.0)),
+        original_max_positions=original,
+        low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+    )
+    return rotary, longest
 
 
 def llama_export_problems(config: ModelConfig) -> list[str]:
     """The keys of a GPT-family config with rotary positions that LlamaForCausalLM cannot hold."""
     wrong = {
-        "model.norm": (config.norm, "rmsnorm"),
-        "model.activation": (config.activation, "silu"),
-        "model.gated_mlp": (config.gated_mlp, True),
+        "model.norm.kind": (config.norm.kind, "rmsnorm"),
+        "model.mlp.activation": (config.mlp.activation, "silu"),
+        "model.mlp.gated": (config.mlp.gated, True),
         "model.bias": (config.bias, False),
     }
     return [f"{key}={have} (Llama: {want})" for key, (have, want) in wrong.items() if have != want]
@@ -136,20 +149,22 @@ def llama_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any
     from transformers import LlamaConfig, Qwen2Config
 
     problems = llama_export_problems(config)
-    if problems:
+    r = config.rotary
+    if problems or r is None:
+        problems = problems or ["model.rotary=null (Llama: rotary positions)"]
         raise ValueError("cannot export as LlamaForCausalLM: " + "; ".join(problems))
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": r.theta}
     longest = config.max_position_embeddings
-    if config.rope_scaling != "none":
-        rope.update(rope_type=str(config.rope_scaling), factor=config.rope_factor)
-    if config.rope_scaling == "llama3":
+    if r.scaling != "none":
+        rope.update(rope_type=str(r.scaling), factor=r.factor)
+    if r.scaling == "llama3":
         rope.update(
-            low_freq_factor=config.rope_low_freq_factor,
-            high_freq_factor=config.rope_high_freq_factor,
-            original_max_position_embeddings=config.rope_original_max_positions or longest,
+            low_freq_factor=r.low_freq_factor,
+            high_freq_factor=r.high_freq_factor,
+            original_max_position_embeddings=r.original_max_positions or longest,
         )
-    if config.rope_scaling == "dynamic":
-        longest = config.rope_original_max_positions or longest
+    if r.scaling == "dynamic":
+        longest = r.original_max_positions or longest
     kind = Qwen2Config if config.qkv_bias else LlamaConfig
     return kind(
         vocab_size=config.vocab_size,
@@ -159,7 +174,7 @@ def llama_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any
         num_attention_heads=config.num_heads,
         num_key_value_heads=config.kv_heads,
         max_position_embeddings=longest,
-        rms_norm_eps=config.layer_norm_eps,
+        rms_norm_eps=config.norm.eps,
         tie_word_embeddings=config.tie_embeddings,
         attention_dropout=config.attention_dropout,
         initializer_range=config.init_std,

@@ -15,9 +15,13 @@ from tpformer.config.schema import (
     Activation,
     Arch,
     ClassifierPooling,
+    LocalAttentionConfig,
+    MlpConfig,
     ModelConfig,
+    NormConfig,
+    NormPosition,
     Pooler,
-    PositionEmbedding,
+    RotaryConfig,
 )
 from tpformer.interop.families.base import HFAdapter, export_class_of
 from tpformer.interop.hf_rules import FusedQKV, GatedRows, Plain, Rule
@@ -38,35 +42,36 @@ def _rules(ours: str, theirs: str, bias: bool, rule: type = Plain) -> dict[str, 
 def modernbert_key_map(config: ModelConfig, task: str, hf_prefix: str) -> dict[str, Rule]:
     """Our encoder parameter names (with ModernBERT's options) -> ModernBERT keys."""
     ours, p, bias = ("" if task == "base" else "bert."), hf_prefix, config.bias
+    norm_bias = config.norm.bias
     rules: dict[str, Rule] = {
         f"{ours}embeddings.word_embeddings.weight": Plain(f"{p}embeddings.tok_embeddings.weight"),
-        **_rules(f"{ours}embeddings.norm", f"{p}embeddings.norm", bias),
-        **_rules(f"{ours}final_norm", f"{p}final_norm", bias),
+        **_rules(f"{ours}embeddings.norm", f"{p}embeddings.norm", norm_bias),
+        **_rules(f"{ours}final_norm", f"{p}final_norm", norm_bias),
     }
     for i in range(config.num_layers):
         o, t = f"{ours}encoder.layers.{i}", f"{p}layers.{i}"
         if i > 0:
-            rules.update(_rules(f"{o}.attention_norm", f"{t}.attn_norm", bias))
+            rules.update(_rules(f"{o}.attention_norm", f"{t}.attn_norm", norm_bias))
         for kind in ("weight", "bias") if bias else ("weight",):
             rules[f"{o}.attention.qkv.{kind}"] = FusedQKV((f"{t}.attn.Wqkv.{kind}",))
         rules.update(_rules(f"{o}.attention.out", f"{t}.attn.Wo", bias))
-        rules.update(_rules(f"{o}.mlp_norm", f"{t}.mlp_norm", bias))
+        rules.update(_rules(f"{o}.mlp_norm", f"{t}.mlp_norm", norm_bias))
         rules.update(_rules(f"{o}.mlp.fc_in", f"{t}.mlp.Wi", bias, GatedRows))
         rules.update(_rules(f"{o}.mlp.fc_out", f"{t}.mlp.Wo", bias))
     if task == "pretraining":
         rules.update(_rules("mlm_transform", "head.dense", bias))
-        rules.update(_rules("mlm_norm", "head.norm", bias))
+        rules.update(_rules("mlm_norm", "head.norm", norm_bias))
         rules["mlm_bias"] = Plain("decoder.bias")
     if task == "classification":
         rules.update(_rules("pool_head.0", "head.dense", bias))
-        rules.update(_rules("pool_head.2", "head.norm", bias))
+        rules.update(_rules("pool_head.2", "head.norm", norm_bias))
         rules.update(_rules("classifier", "classifier", True))
     return rules
 
 
-def _layer_pattern(hf: dict) -> tuple[int, int]:
-    """(local_window, global_every) of ModernBERT's layer_types; a pattern other than global
-    every n-th layer from the first is refused."""
+def _local_attention(hf: dict) -> LocalAttentionConfig | None:
+    """ModernBERT's layer_types as local attention (None: every layer global); a pattern other
+    than global every n-th layer from the first is refused."""
     layers = hf["num_hidden_layers"]
     kinds = hf.get("layer_types")
     every = int(hf.get("global_attn_every_n_layers", 3))
@@ -74,15 +79,15 @@ def _layer_pattern(hf: dict) -> tuple[int, int]:
         kinds = ["sliding_attention" if i % every else "full_attention" for i in range(layers)]
     local = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
     if not local:
-        return 0, 1
+        return None
     full = [i for i in range(layers) if i not in local]
     every = full[1] - full[0] if len(full) > 1 else layers
     if [i for i in range(layers) if i % every == 0] != full:
         raise ValueError(
             f"layer_types={kinds} is not supported: tpformer attends globally in layers 0, n, "
-            "2n, ... (model.global_every) and locally in the others"
+            "2n, ... (model.local_attention.global_every) and locally in the others"
         )
-    return int(hf.get("local_attention", 128)), every
+    return LocalAttentionConfig(window=int(hf.get("local_attention", 128)), global_every=every)
 
 
 def _rope_theta(hf: dict, kind: str, legacy: str, default: float) -> float:
@@ -100,7 +105,7 @@ def modernbert_config(hf: dict) -> ModelConfig:
     (mixed biases, another activation, a layer pattern other than global every n-th) is
     refused by name."""
     biases = {k: bool(hf.get(k, d)) for k, d in (("attention_bias", False), ("mlp_bias", False),
-              ("norm_bias", False), ("classifier_bias", False))}  # fmt: skip
+              ("classifier_bias", False))}  # fmt: skip
     refuse = []
     if len(set(biases.values())) > 1:
         refuse.append(f"{biases} (tpformer has one model.bias for all of them)")
@@ -118,7 +123,6 @@ def modernbert_config(hf: dict) -> ModelConfig:
         refuse.append("tie_word_embeddings=false (tpformer's MLM decoder is tied)")
     if refuse:
         raise ValueError("this modernbert checkpoint is not supported: " + "; ".join(refuse))
-    window, every = _layer_pattern(hf)
     return ModelConfig(
         arch=Arch.bert,
         vocab_size=hf["vocab_size"],
@@ -130,16 +134,18 @@ def modernbert_config(hf: dict) -> ModelConfig:
         type_vocab_size=0,
         dropout=float(hf.get("embedding_dropout", 0.0)),
         attention_dropout=float(hf.get("attention_dropout", 0.0)),
-        activation=ACTIVATIONS[act],
-        gated_mlp=True,
-        layer_norm_eps=hf.get("norm_eps", 1e-5),
+        mlp=MlpConfig(activation=ACTIVATIONS[act], gated=True),
+        norm=NormConfig(
+            eps=hf.get("norm_eps", 1e-5),
+            bias=bool(hf.get("norm_bias", False)),
+            position=NormPosition.pre,
+        ),
         bias=biases["attention_bias"],
-        pre_norm=True,
-        position_embedding=PositionEmbedding.rope,
-        rope_theta=_rope_theta(hf, "full_attention", "global_rope_theta", 160000.0),
-        local_rope_theta=_rope_theta(hf, "sliding_attention", "local_rope_theta", 10000.0),
-        local_window=window,
-        global_every=every,
+        rotary=RotaryConfig(
+            theta=_rope_theta(hf, "full_attention", "global_rope_theta", 160000.0),
+            local_theta=_rope_theta(hf, "sliding_attention", "local_rope_theta", 10000.0),
+        ),
+        local_attention=_local_attention(hf),
         pooler=Pooler.head,
         classifier_pooling=ClassifierPooling(hf.get("classifier_pooling", "cls")),
         init_std=hf.get("initializer_range", 0.02),
@@ -149,12 +155,13 @@ def modernbert_config(hf: dict) -> ModelConfig:
 def modernbert_export_problems(config: ModelConfig) -> list[str]:
     """The keys of an encoder config with rotary positions that ModernBERT cannot hold."""
     wrong = {
-        "model.norm": (config.norm, "layernorm"),
-        "model.gated_mlp": (config.gated_mlp, True),
-        "model.pre_norm": (config.pre_norm, True),
+        "model.norm.kind": (config.norm.kind, "layernorm"),
+        "model.mlp.gated": (config.mlp.gated, True),
+        "model.norm.position": (config.norm.position, "pre"),
         "model.pooler": (config.pooler, "head"),
         "model.type_vocab_size": (config.type_vocab_size, 0),
         "model.qkv_bias": (config.qkv_bias, False),
+        "model.rotary.scaling": (config.rotary.scaling if config.rotary else "none", "none"),
     }
     return [f"{k}={have} (ModernBERT: {want})" for k, (have, want) in wrong.items() if have != want]
 
@@ -164,10 +171,11 @@ def modernbert_hf_config(config: ModelConfig, architecture: str, **extra: Any) -
     from transformers import ModernBertConfig
 
     problems = modernbert_export_problems(config)
-    if problems:
-        raise ValueError("cannot export as ModernBERT: " + "; ".join(problems))
+    rotary = config.rotary
+    if problems or rotary is None:
+        raise ValueError("cannot export as ModernBERT: " + "; ".join(problems or ["no rotary"]))
     act = {Activation.gelu: "gelu", Activation.gelu_tanh: "gelu_pytorch_tanh",
-           Activation.silu: "silu"}[config.activation]  # fmt: skip
+           Activation.silu: "silu"}[config.mlp.activation]  # fmt: skip
     layers = config.num_layers
     # ModernBERT's default special ids (50281-50283) lie outside a smaller vocabulary: none
     # unless the exported tokenizer gives them
@@ -183,18 +191,18 @@ def modernbert_hf_config(config: ModelConfig, architecture: str, **extra: Any) -
         hidden_activation=act,
         classifier_activation=act,
         max_position_embeddings=config.max_position_embeddings,
-        norm_eps=config.layer_norm_eps,
+        norm_eps=config.norm.eps,
         attention_bias=config.bias,
         mlp_bias=config.bias,
-        norm_bias=config.bias,
+        norm_bias=config.norm.bias,
         classifier_bias=config.bias,
         embedding_dropout=config.dropout,
         attention_dropout=config.attention_dropout,
         layer_types=kinds,
-        local_attention=config.local_window or 128,
+        local_attention=config.local_attention.window if config.local_attention else 128,
         rope_parameters={
-            "full_attention": {"rope_type": "default", "rope_theta": config.rope_theta},
-            "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta},
+            "full_attention": {"rope_type": "default", "rope_theta": rotary.theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": rotary.local_theta},
         },
         classifier_pooling="mean" if config.classifier_pooling == "mean" else "cls",
         initializer_range=config.init_std,
