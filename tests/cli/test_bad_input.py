@@ -39,6 +39,10 @@ CASES: list[tuple[str, list[str], str]] = [
     (PLAN, ["cluster.nodez=2"], "did you mean cluster.nodes?"),
     (PREPROCESS, ["data.seq_lenght=64"], "did you mean data.seq_length?"),
     (PLAN, ["parallel.checkpoint_every=2"], "was renamed parallel.recompute_every"),
+    (PRETRAIN, ["model=bert_tnyy"], "model=bert_tnyy is not one of its options; did you mean model=bert_tiny? the options: bert_base,"),
+    (PLAN, ["optim=adamx"], "optim=adamx is not one of its options; did you mean optim=adamw?"),
+    (PRETRAIN, ["trainer.profile=[2,3]"], "trainer.profile=[2,3]: trainer.profile is a group of keys, not a value; set them one by one: trainer.profile.start,"),
+    (FINETUNE, ["task=sst2", "model=bert_base"], "model=bert_base: model is a group of keys, not a value; set them one by one: model.dropout, model.attention_dropout"),
     (PRETRAIN, ["model=llama_tiny", "model.rope_theta=5e5"], "model.rope_theta was renamed model.rotary.theta (the model's variants are groups now: mlp, norm, rotary, local_attention); write model.rotary.theta=5e5"),
     (PLAN, ["model.pre_norm=true"], "model.pre_norm was replaced (the model's variants are groups now: mlp, norm, rotary, local_attention): write model.norm.position=pre"),
     # the model's variant groups (rotary, local_attention: absent when off)
@@ -62,6 +66,7 @@ CASES: list[tuple[str, list[str], str]] = [
     # missing files, paths and checkpoints
     (PRETRAIN, ["data=text", "data.paths=[{tmp}/none.txt]"], "data.paths={tmp}/none.txt: no such file or directory"),
     (PRETRAIN, ["data.tokenizer={tmp}/none.model"], "data.tokenizer={tmp}/none.model: no such file"),
+    (PRETRAIN, ["data.source=megatron", "data.paths=[{tmp}/none_text_document]", "data.tokenizer={tmp}/none.model"], "data.paths={tmp}/none_text_document: no Megatron dataset there ({tmp}/none_text_document.bin and {tmp}/none_text_document.idx not found)"),
     (PRETRAIN, ["trainer.resume={tmp}/none"], "trainer.resume={tmp}/none is not a directory"),
     (PRETRAIN, ["trainer.resume={tmp}"], "trainer.resume={tmp} has neither meta.json nor config.json"),
     (PRETRAIN, ["trainer.resume={damaged}"], "meta.json is unreadable"),
@@ -76,6 +81,8 @@ CASES: list[tuple[str, list[str], str]] = [
     # a model that does not fit the job
     (FINETUNE, ["task=sst2", "init={gpt2}"], "holds a gpt model; fine-tuning needs a BERT"),
     (GENERATE, ["init={bert}", "prompt=a"], "holds a bert model; generation needs a GPT"),
+    (FINETUNE, ["task=sst2", "init={bert}", "parallel.tensor=3", "launcher.nproc_per_node=3"], "parallel.tensor=3 must divide model.num_heads=2 (valid: [1, 2]) (the model of init={bert})"),
+    (GENERATE, ["init={gpt2}", "prompt=a", "parallel.tensor=3", "launcher.nproc_per_node=3"], "parallel.tensor=3 must divide model.num_heads=4 (valid: [1, 2, 4]) (the model of init={gpt2})"),
     (EVAL_LM, ["init={bert}", "data_file={text}"], "holds a bert model; tpformer-eval-lm needs a GPT"),
     (GENERATE, ["init={untokenized}", "prompt=a"], "prompt is text, and init={untokenized} has no tokenizer"),
     (EVAL_LM, ["init={untokenized}", "data_file={text}"], "data_file is text, and init={untokenized} has no tokenizer"),

@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from tpformer.checkpoint.source import read_model_source
-from tpformer.cli.inputs import adopt_checkpoint_model, given_model_keys
+from tpformer.cli.inputs import (
+    adopt_checkpoint_model,
+    given_model_keys,
+    require_megatron_prefixes,
+)
 from tpformer.config.schema import Config, ModelConfig
 
 
@@ -89,3 +93,15 @@ def test_fine_tuning_sets_dropout_over_its_init_and_logs_it(checkpoint: Path) ->
         )  # fmt: skip
         assert (model.config.dropout, model.config.attention_dropout) == (0.0, 0.1)
         assert model.config.hidden_size == 32
+
+
+def test_a_megatron_source_is_checked_as_a_prefix(tmp_path: Path) -> None:
+    """docs/data.md's command names the prefix Megatron's preprocessing wrote (or its .bin):
+    both files beside it pass; a prefix without them is one line naming what is missing."""
+    prefix = tmp_path / "my-gpt2_text_document"
+    for suffix in (".bin", ".idx"):
+        Path(f"{prefix}{suffix}").write_bytes(b"")
+    require_megatron_prefixes([str(prefix), f"{prefix}.bin"])
+    Path(f"{prefix}.idx").unlink()
+    with pytest.raises(FileNotFoundError, match=r"my-gpt2_text_document.idx not found"):
+        require_megatron_prefixes([str(prefix)])

@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.models.common import tiny_bert
+from tests.tolerances import FP32_LAYER_REL, assert_rel_close
 from tpformer.data.steps import StepInput, StepLoader, prepare_step
 from tpformer.data.synthetic import SyntheticPretraining
+from tpformer.models import build_model
+from tpformer.parallel.context import ParallelContext
 from tpformer.train.objectives import MaskedLMObjective
 
 
@@ -143,3 +147,33 @@ def test_a_dead_worker_ends_the_run_instead_of_hanging(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "exited unexpectedly" in result.stdout
+
+
+class PaddedSteps(Steps):
+    """Steps whose first micro-batch has padding (its last sample two tokens short) and whose
+    second has none: both carry a padding mask, as a real corpus's batches do."""
+
+    def __call__(self, step: int) -> list:
+        parts = super().__call__(step)
+        for _, batch in parts:
+            batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        parts[0][1]["attention_mask"][-1, -2:] = 0
+        return parts
+
+
+def test_a_micro_batch_without_padding_runs_without_a_mask_and_computes_the_same() -> None:
+    """Decided on the host: the unpadded micro-batch loses its all-ones mask (its attention
+    then takes none: flash on CUDA), the padded one keeps it, the step still reports its pad
+    fraction, and BERT's loss on the unpadded batch is the same with the mask and without."""
+    prepared = prepare_step(PaddedSteps(), MaskedLMObjective(0.15), 0)
+    (_, padded), (_, full) = prepared.parts
+    assert "attention_mask" in padded and "attention_mask" not in full
+    assert prepared.padded
+    tokens, real = prepared.counts[-2:].tolist()
+    assert (tokens, real) == (96, 94)
+    ctx = ParallelContext.single(device="cpu")
+    model = build_model(tiny_bert(vocab_size=100), ctx, task="pretraining")
+    inputs = {k: full[k] for k in ("input_ids", "token_type_ids", "mlm_labels", "nsp_labels")}
+    without = model(**inputs).loss
+    with_mask = model(**inputs, attention_mask=torch.ones_like(full["input_ids"])).loss
+    assert_rel_close(without, with_mask, FP32_LAYER_REL, "loss without the all-ones mask")

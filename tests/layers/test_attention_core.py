@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tpformer.config.presets import preset
-from tpformer.layers.attention_core import AttentionCore, ExactCore, FusedCore
+from tpformer.layers.attention import ParallelSelfAttention
+from tpformer.layers.attention_core import AttentionCore, ExactCore, FusedCore, expanded_kv
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.startup_report import attention_line
@@ -66,3 +68,31 @@ def test_a_local_core_attends_within_its_window_only() -> None:
     near[:, :, 10] += 1.0
     assert torch.equal(core(q, k, far, None, False)[:, :, 0], out[:, :, 0])
     assert not torch.allclose(core(q, k, near, None, False)[:, :, 0], out[:, :, 0])
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_key_value_heads_are_read_in_place_where_the_kernel_takes_them(
+    masked: bool,
+) -> None:
+    """8 query heads over 2 key/value heads, bf16: without a mask (flash, `enable_gqa`) the
+    attention keeps its keys and values at 2 heads, so the [b, 8, s, d] tensors it keeps are
+    the queries and the output only; with a padding mask (CUDA's memory-efficient kernel takes
+    no groups) they are expanded first, and kept at 8 heads too. Both give what SDPA gives
+    the keys and values expanded by hand."""
+    ctx = ParallelContext.single(device="cpu")
+    attention = ParallelSelfAttention(64, 8, ctx, attention_dropout=0.0, causal=not masked,
+                                      kv_heads=2).to(torch.bfloat16)  # fmt: skip
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    mask = torch.ones(2, 1, 1, 16, dtype=torch.bool)
+    mask[1, ..., 12:] = False
+    mask = mask if masked else None
+    kept: list[tuple[int, ...]] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(tuple(t.shape)) or t,
+                                                  lambda t: t):  # fmt: skip
+        out = attention(x.requires_grad_(), mask)
+    assert kept.count((2, 8, 16, 8)) == (4 if masked else 2), kept
+    q, k, v = attention._project(x)
+    k, v = expanded_kv(q, k, v)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not masked)
+    expected = attention.out(reference.transpose(1, 2).reshape(2, 16, 64))
+    assert torch.equal(out, expected)

@@ -14,6 +14,7 @@ from pathlib import Path
 from tpformer.checkpoint import store
 from tpformer.checkpoint.source import ModelSource, read_model_source, require_arch
 from tpformer.config.families import family_of
+from tpformer.config.rules.model import validate_model
 from tpformer.config.schema import (
     Arch,
     Config,
@@ -23,6 +24,7 @@ from tpformer.config.schema import (
     ModelConfig,
 )
 from tpformer.data.glue.tasks import split_file
+from tpformer.data.megatron_indexed import megatron_prefix
 from tpformer.inference.text import has_tokenizer
 
 COMPATIBLE_KEYS = ("dropout", "attention_dropout", "init_std")
@@ -107,8 +109,24 @@ def require_paths(**given: str | Sequence[str]) -> None:
                 raise FileNotFoundError(f"{name}={path}: no such file or directory")
 
 
+def require_megatron_prefixes(paths: Sequence[str]) -> None:
+    """Each of data.paths (data.source=megatron) names a Megatron dataset: a prefix, or its
+    .bin or .idx file, with both files beside it; FileNotFoundError naming the path otherwise."""
+    for path in paths:
+        prefix = megatron_prefix(path)
+        missing = [f"{prefix}{s}" for s in (".bin", ".idx") if not Path(f"{prefix}{s}").is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"data.paths={path}: no Megatron dataset there ({' and '.join(missing)} not "
+                "found); give the prefix Megatron's preprocessing wrote (PREFIX.bin, PREFIX.idx)"
+            )
+
+
 def prepare_pretrain(config: Config, overrides: Sequence[str], run_dir: Path) -> list[str]:
-    require_paths(data__paths=config.data.paths, data__tokenizer=config.data.tokenizer)
+    megatron = config.data.source == "megatron"
+    require_paths(data__paths=[] if megatron else config.data.paths)
+    require_megatron_prefixes(config.data.paths if megatron else [])
+    require_paths(data__tokenizer=config.data.tokenizer)
     return adopt_checkpoint_model(config, overrides, run_dir)
 
 
@@ -124,6 +142,7 @@ def prepare_finetune(config: FinetuneConfig, overrides: Sequence[str], run_dir: 
         split_file(d.glue_dir, config.task, "train")
     source = read_model_source(config.init, "init")
     require_arch(source, Arch.bert, "init", "fine-tuning")
+    require_split(source, config.parallel.tensor)
     given = config.model.given()  # its range was checked with every other key's
     lines = [f"model from the {source.kind} {source.path}: {describe(source.config)}"]
     return lines + [
@@ -134,6 +153,7 @@ def prepare_finetune(config: FinetuneConfig, overrides: Sequence[str], run_dir: 
 def prepare_generate(config: GenerateConfig, overrides: Sequence[str], run_dir: Path) -> list[str]:
     require_paths(prompts=config.prompts)
     source = require_arch(read_model_source(config.init, "init"), Arch.gpt, "init", "generation")
+    require_split(source, config.parallel.tensor)
     text = "prompt" if config.prompt else "prompts" if not config.prompts.endswith(".jsonl") else ""
     require_tokenizer(source, text)
     return []
@@ -143,8 +163,20 @@ def prepare_eval_lm(config: EvalLMConfig, overrides: Sequence[str], run_dir: Pat
     require_paths(data_file=config.data_file)
     init = read_model_source(config.init, "init")
     source = require_arch(init, Arch.gpt, "init", "tpformer-eval-lm")
+    require_split(source, config.parallel.tensor)
     require_tokenizer(source, "" if config.data_file.endswith(".jsonl") else "data_file")
     return []
+
+
+def require_split(source: ModelSource, tensor: int | str) -> None:
+    """The init model splits over parallel.tensor (its heads, key/value heads and FFN width),
+    checked before any rank starts: one line naming the degree, the model and the valid
+    degrees, instead of every rank failing as it builds the model."""
+    if isinstance(tensor, int):
+        try:
+            validate_model(source.config, tensor)
+        except ValueError as err:
+            raise ValueError(f"{err} (the model of init={source.path})") from None
 
 
 def require_tokenizer(source: ModelSource, text_key: str) -> None:

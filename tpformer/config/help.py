@@ -42,7 +42,7 @@ def selectable_groups(config_name: str) -> set[str]:
     }
 
 
-def _options(group: str) -> list[str]:
+def group_options(group: str) -> list[str]:
     """The options `group=NAME` selects: the YAML files of conf/<group>/ (and model presets)."""
     names = {p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")}
     if group == "model":
@@ -93,7 +93,7 @@ def schema_help(
     for name, cls in groups.items():
         if only and name != only:
             continue
-        options = _options(name) if name in selectable else []
+        options = group_options(name) if name in selectable else []
         head = f"{name}=OPTION, one of: {', '.join(options)}" if options else f"{name}:"
         out += [*textwrap.wrap(head, width, subsequent_indent="    ")]
         out += [*_keys(cls, f"{name}.", width), ""]

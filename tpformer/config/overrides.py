@@ -109,6 +109,28 @@ def invalid_list_items(key: str, value: str, schema: type) -> str | None:
     return None
 
 
+def invalid_group_value(key: str, value: str, schema: type, config_name: str) -> str | None:
+    """Why `key=value` cannot set the group `key` (one line), else None: a name that is not
+    one of a selectable group's options (the closest named), or a plain value given to a
+    group of keys without options (tpformer-finetune's model, trainer.profile). Hydra's own
+    answers are many lines, and advise `+key`, which fails next."""
+    from tpformer.config.help import group_options, selectable_groups
+
+    hint = _field_type(key, schema)
+    record = _nested(hint) if hint is not None else None
+    if record is None or value == "null" or value.startswith(("{", "$")):
+        return None
+    if "." not in key and key in selectable_groups(config_name):
+        options = group_options(key)
+        if value in options or any(c in value for c in ",'\"()"):  # a sweep: Hydra's
+            return None
+        close = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
+        guess = f"did you mean {key}={close[0]}? " if close else ""
+        return f"{key}={value} is not one of its options; {guess}the options: {', '.join(options)}"
+    keys = ", ".join(f"{key}.{f.name}" for f in dataclasses.fields(record))
+    return f"{key}={value}: {key} is a group of keys, not a value; set them one by one: {keys}"
+
+
 def key_docstring(key: str, schema: type) -> str:
     """The schema's docstring of a dotted key ("" if it has none)."""
     from tpformer.config.reference import field_docstrings
@@ -177,6 +199,9 @@ def check_overrides(overrides: list[str], schema: type, config_name: str = "conf
             problem = invalid_choice(key, override.split("=", 1)[1], schema)
         if problem is None and "=" in override:
             problem = invalid_list_items(key, override.split("=", 1)[1], schema)
+        if problem is None and "=" in override and not override.startswith("~"):
+            value = override.split("=", 1)[1]
+            problem = invalid_group_value(key, value, schema, config_name)
         if problem is not None:
             raise ValueError(problem)
 

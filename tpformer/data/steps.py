@@ -5,7 +5,9 @@ be built anywhere and early: `StepLoader` is a `torch.utils.data.DataLoader` ove
 whose workers (`data.num_workers`; 0 builds them in line) run `prepare_step` up to
 `data.prefetch_steps` steps ahead, into pinned memory on accelerators. Besides the batches,
 `prepare_step` computes on the host what the loss normalization needs (this rank's counts, the
-step's mask width), so the training step never reads a device value to start.
+step's mask width), so the training step never reads a device value to start; and it drops the
+padding mask of a micro-batch that has no padding, so its attention runs without a mask (flash
+on CUDA) — decided here, from the host tensor, with no device read.
 """
 
 from __future__ import annotations
@@ -62,20 +64,22 @@ class StepInput:
     """float64 [objective counts..., tokens, real tokens] of this rank's micro-batches; the
     step sums it over DP on the device."""
     mask_width: int
+    padded: bool = False
+    """The source's batches carry padding masks (whether or not this step's needed them):
+    the step reports its pad fraction."""
 
     def pin_memory(self) -> StepInput:
         """Called by the DataLoader's pinning thread on accelerators (non_blocking copies)."""
         parts = [(key, {k: v.pin_memory() for k, v in b.items()}) for key, b in self.parts]
-        return StepInput(self.step, parts, self.counts.pin_memory(), self.mask_width)
+        return StepInput(self.step, parts, self.counts.pin_memory(), self.mask_width, self.padded)
 
     def to(self, device: torch.device) -> StepInput:
         parts = [
             (key, {k: v.to(device, non_blocking=True) for k, v in b.items()})
             for key, b in self.parts
         ]
-        return StepInput(
-            self.step, parts, self.counts.to(device, non_blocking=True), self.mask_width
-        )
+        counts = self.counts.to(device, non_blocking=True)
+        return StepInput(self.step, parts, counts, self.mask_width, self.padded)
 
 
 def prepare_step(source: StepSource, counter: Counter, step: int) -> StepInput:
@@ -96,7 +100,17 @@ def prepare_step(source: StepSource, counter: Counter, step: int) -> StepInput:
             f"widest is {width} (StepSource.mask_width must cover every DP rank's batches)"
         )
     counts = torch.tensor([*local, float(tokens), float(real)], dtype=torch.float64)
-    return StepInput(step, parts, counts, width)
+    padded = any("attention_mask" in b for _, b in parts)
+    return StepInput(step, [(key, unpadded(b)) for key, b in parts], counts, width, padded)
+
+
+def unpadded(batch: Batch) -> Batch:
+    """`batch` without its padding mask when every position is a token: the attention then
+    takes no mask (flash, not the memory-efficient kernel, on CUDA) and computes the same."""
+    mask = batch.get("attention_mask")
+    if mask is None or not bool(mask.all()):
+        return batch
+    return {k: v for k, v in batch.items() if k != "attention_mask"}
 
 
 class _Steps(Dataset[StepInput]):

@@ -70,8 +70,6 @@ class ParallelSelfAttention(nn.Module):
                 hidden_size, num_heads, kv_heads, ctx.tp, sequence_parallel=sp, bias=in_bias
             )
             self.local_kv_heads = self.qkv.local_kv_heads
-        self.expand = self.local_heads // self.local_kv_heads
-        """Query heads per key/value head on this rank (all of them when replicated)."""
         self.out = RowParallelLinear(
             hidden_size, hidden_size, ctx.tp, sequence_parallel=sp, bias=bias
         )
@@ -106,9 +104,7 @@ class ParallelSelfAttention(nn.Module):
                 raise ValueError("decoding with a KV cache runs without context parallelism")
             causal = causal and cache.length == 0  # a decode step sees every cached position
             k, v = cache.append(k, v)
-        if self.expand > 1:  # each query head's key and value head, as HF's repeat_kv
-            k, v = k.repeat_interleave(self.expand, dim=1), v.repeat_interleave(self.expand, dim=1)
-        ctx = self.core(q, k, v, mask, causal)
+        ctx = self.core(q, k, v, mask, causal)  # grouped k, v: the core expands if it must
         ctx = ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return self.out(ctx)
 

@@ -12,7 +12,10 @@ its projections with one core instead of dispatching among kernels at every call
   passed around the CP ring (layers/ring_attention.py).
 
 A local (sliding-window) layer gives its core a reach: keys at most that many positions away.
-Each core names its kernel and why it was chosen (`describe`), for the startup plan.
+Grouped-query attention hands the core fewer key/value heads than query heads: SDPA's
+`enable_gqa` reads them in place where its kernel takes groups (`fused_sdpa`); the explicit and
+ring cores expand them. Each core names its kernel and why it was chosen (`describe`), for the
+startup plan.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ class AttentionCore(nn.Module):
         """Sliding-window attention: keys at most this many positions away (0: all)."""
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-        """`mask`: bool [b, 1, 1|s, s], True = attend (None: all, or the future masked when
-        `causal`). Selective recomputation wraps this call."""
+        """q [b, heads, s, d]; k, v [b, kv_heads, s, d] (kv_heads divides heads: grouped-query
+        attention); `mask`: bool [b, 1, 1|s, s], True = attend (None: all, or the future masked
+        when `causal`). Selective recomputation wraps this call."""
         if self.reach:
             mask = self._banded(mask, q.shape[-2], q.device)
         return self.attend(q, k, v, mask, causal)
@@ -106,7 +110,7 @@ class ExactCore(AttentionCore):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         if not self.dropout.training:
             return fused_sdpa(q, k, v, mask, causal, 0.0)
-        return self._explicit(q, k, v, mask, causal)
+        return self._explicit(q, *expanded_kv(q, k, v), mask, causal)
 
     def describe(self) -> str:
         return f"{super().describe()} (rng=exact: the TP=1 model's dropout masks; sdpa in eval)"
@@ -139,7 +143,7 @@ class RingCore(AttentionCore):
         self.cp = ctx.cp
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-        return self._ring(q, k, v, mask, causal)
+        return self._ring(q, *expanded_kv(q, k, v), mask, causal)
 
     def describe(self) -> str:
         return f"{self.kernel} over parallel.context={self.cp.size}"
@@ -183,14 +187,43 @@ def choose_core(
     return core(dropout, head_dim, head_offset, reach=window // 2)
 
 
+def expanded_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """k and v with one head per query head (grouped-query attention: each key/value head
+    repeated for its group, as HF's repeat_kv); as they are for multi-head attention."""
+    group = q.shape[1] // k.shape[1]
+    if group == 1:
+        return k, v
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def takes_groups(q: Tensor, mask: Tensor | None) -> bool:
+    """Whether SDPA's kernel for this call reads grouped key/value heads in place
+    (`enable_gqa`): flash does, for 16-bit inputs without a mask; CUDA's memory-efficient
+    kernel does not (SDPA would fall back to its math path, which keeps the [b, h, s, s]
+    probabilities), so there the keys and values are expanded first. The CPU follows the same
+    rule, so what it proves is what a GPU runs."""
+    return mask is None and q.dtype in (torch.float16, torch.bfloat16)
+
+
 def fused_sdpa(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float
 ) -> Tensor:
-    """SDPA, `causal` applying only without a mask (a mask already says what is attended)."""
+    """SDPA, `causal` applying only without a mask (a mask already says what is attended);
+    grouped key/value heads read in place where the kernel takes them (`takes_groups`)."""
+    grouped = k.shape[1] != q.shape[1]
+    if grouped and not takes_groups(q, mask):
+        k, v = expanded_kv(q, k, v)
+        grouped = False
     if q.is_meta:
         return accelerator_sdpa(q, k, v, mask, causal, dropout_p)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=causal and mask is None,
+        enable_gqa=grouped,
     )
 
 
@@ -199,8 +232,9 @@ def accelerator_sdpa(
 ) -> Tensor:
     """The fused kernel CUDA's SDPA picks, called by name: on the meta device (dry runs,
     train/dry_run.py) SDPA takes its math path, which keeps the [b, h, s, s] probabilities that
-    no accelerator run keeps. Flash for 16-bit without a mask; otherwise memory-efficient
-    attention, with a boolean mask turned into an additive bias as SDPA turns it."""
+    no accelerator run keeps. Flash for 16-bit without a mask (grouped key/value heads read in
+    place); otherwise memory-efficient attention (heads expanded by `fused_sdpa`), with a
+    boolean mask turned into an additive bias as SDPA turns it."""
     if mask is None and q.dtype in (torch.float16, torch.bfloat16):
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, causal)[0]
     bias = None

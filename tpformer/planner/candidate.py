@@ -86,8 +86,9 @@ class Workload:
     and a classifier of `num_labels` outputs are the whole head)."""
     num_labels: int = 2
     padded: bool = True
-    """Batches carry a padding mask (real corpora, GLUE; not synthetic pretraining data), so a
-    local-attention layer's mask is [b, 1, s, s] rather than the band [s, s] alone."""
+    """Batches carry a padding mask (BERT's real corpora, GLUE; not synthetic data, not GPT's
+    filled sequences), so a local-attention layer's mask is [b, 1, s, s] rather than the band
+    [s, s] alone, and grouped key/value heads are expanded for the masked kernel."""
 
     @classmethod
     def finetuning(cls, config: FinetuneConfig, model: ModelConfig, num_labels: int) -> Workload:
@@ -124,7 +125,7 @@ class Workload:
             pipedream_every_step=config.parallel.pipedream_update == "step",
             pipedream_vertical_sync=config.parallel.pipedream_vertical_sync,
             task="pretraining" if bert else "causal_lm",
-            padded=config.data.source != "synthetic",
+            padded=bert and config.data.source != "synthetic",
         )
 
     @property

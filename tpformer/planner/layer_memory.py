@@ -25,6 +25,7 @@ def layer_activation_bytes(
     context: int = 1,
     attention_dropout: bool = False,
     shape: LayerShape | None = None,
+    masked: bool = True,
 ) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
     tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
@@ -45,7 +46,9 @@ def layer_activation_bytes(
 
     `shape` (the Llama family's blocks, LayerShape.of(config)): a gated MLP keeps its two
     projections' output, the activation and the product (4 sbf / t instead of 2); rotary
-    queries and keys and grouped-query attention's expanded keys and values are new tensors,
+    queries and keys and grouped-query attention's expanded keys and values are new tensors
+    (expanded unless the fused 16-bit kernel runs without a mask, `masked`, and reads the
+    groups in place: layers/attention_core.takes_groups),
     and the fused QKV output stays only while a view of it is kept (RMSNorm keeps what
     LayerNorm keeps: layers/norm.py); rotary's cos and sin of the positions ([s, head_dim]
     each, shared by the queries and keys) are kept too; no hidden dropout keeps no masks."""
@@ -55,7 +58,8 @@ def layer_activation_bytes(
     if recompute == "full":
         return itemsize * sbh / q
     shape = shape or LayerShape()
-    core = shape.attention_elements(sbh)
+    in_place = fused_attention and itemsize == 2 and context == 1 and not masked
+    core = shape.attention_elements(sbh, groups_in_place=in_place)
     mlp = (4 if shape.gated else 2) * local * b * f
     masks = mask_bytes * 2 * sbh / q if shape.dropout else 0.0
     rotary = 2 * local * (h / a) * itemsize if shape.rotary else 0.0  # its cos and sin
@@ -97,13 +101,14 @@ class LayerShape:
             split=config.kv_heads < config.num_heads,
         )
 
-    def attention_elements(self, sbh: float) -> float:
+    def attention_elements(self, sbh: float, *, groups_in_place: bool = False) -> float:
         """Elements the attention keeps of one micro-batch (whole heads; divide by TP): the
         query, key and value the core reads, its output, and each projection output while
         one of them is a view of it: the fused QKV output (multi-head), or the query's and
         the key/value's (grouped-query, layers/grouped_qkv.py). Rotary queries and keys, and
-        keys and values expanded to a rank's query heads, are new tensors."""
-        expanded = self.kv_fraction < 1
+        keys and values expanded to a rank's query heads, are new tensors (`groups_in_place`:
+        the kernel reads grouped heads as they are)."""
+        expanded = self.kv_fraction < 1 and not groups_in_place
         q_new, k_new, v_new = self.rotary, self.rotary or expanded, expanded
         new = (q_new + (1 if expanded else self.kv_fraction) * (k_new + v_new)) * sbh
         if not self.split:

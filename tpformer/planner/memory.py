@@ -224,6 +224,7 @@ def activation_parts(
         context=c.cp,
         attention_dropout=exact_dropout,
         shape=LayerShape.of(m, c.tp),
+        masked=work.padded,
     )
     return (layer, *_end_parts(work, c, mask_bytes))
 

@@ -121,6 +121,7 @@ def _touched_bytes(
         context=c.cp,
         attention_dropout=recompute == "none" and exact_attention_dropout(work, cl),
         shape=LayerShape.of(work.model, c.tp),
+        masked=work.padded,
     )
 
 

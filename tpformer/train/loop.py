@@ -97,8 +97,7 @@ class Trainer:
         )
         # CP ranks hold the same samples (counts over DP) but each its share of every value
         values = torch.cat([all_reduce(totals, self.ctx.replicas), counts[-2:]])
-        padded = bool(prepared.parts) and "attention_mask" in prepared.parts[0][1]
-        return StepResult(values, padded)
+        return StepResult(values, prepared.padded)
 
     def step_metrics(self, result: StepResult, row: list[float]) -> dict[str, float]:
         """A step's global-batch means from its values read on the host as `row`."""
