@@ -297,7 +297,7 @@ CHOICES = {
     "data.source": "shakespeare, text, jsonl, hf, megatron, synthetic",
     "data.documents": "blank_line, file, line",
     "data.tokenizer_type": "bpe, unigram",
-    "data.sentence_pairs": "nsp, sop, none",
+    "data.sentence_pairs": "auto, nsp, sop, none",
 }
 
 

@@ -190,6 +190,27 @@ def test_a_layout_or_recipe_modernbert_cannot_run_is_refused_before_start(
         validate(config, Layout(dp=1, tp=1, cp=cp))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "pairs"),
+    [
+        (["model=modernbert_tiny"], "none"),
+        (["model=bert_tiny"], "nsp"),
+        (["model=bert_tiny", "data.sentence_pairs=sop"], "sop"),
+        (["model=modernbert_tiny", "model.pooler=tanh", "model.classifier_pooling=cls"], "nsp"),
+    ],
+)
+def test_a_preset_brings_its_pair_recipe(overrides: list[str], pairs: str) -> None:
+    """data.sentence_pairs=auto (the default): ModernBERT's preset runs as given, MLM only;
+    BERT's keeps NSP; an explicit choice is the user's."""
+    from tests.config.test_config import compose_config
+    from tpformer.config.validate import validate
+    from tpformer.parallel.layout import Layout
+
+    config = compose_config(*overrides)
+    validate(config, Layout(dp=1, tp=1))
+    assert config.data.sentence_pairs == pairs
+
+
 def _hf_modernbert_with_vocab(directory: Path) -> Path:
     """A tiny random ModernBertForMaskedLM with a WordPiece vocab.txt (the test sentences'
     words)."""

@@ -10,7 +10,7 @@ from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import tiny_config
 from tpformer.config.presets import preset
-from tpformer.config.schema import Config
+from tpformer.config.schema import Config, LocalAttentionConfig
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
 
@@ -31,7 +31,8 @@ def pipeline_config(
     if arch == "modernbert":  # pre-norm GeGLU, rope, layers 1-2 in a window of 8, MLM only
         modern = preset(
             "modernbert_tiny", vocab_size=128, hidden_size=64, num_heads=4, intermediate_size=128,
-            num_layers=4, max_position_embeddings=64, local_window=8, dropout=0.1,
+            num_layers=4, max_position_embeddings=64, dropout=0.1,
+            local_attention=LocalAttentionConfig(window=8),
             attention_dropout=0.1,
         )  # fmt: skip
         data = replace(config.data, sentence_pairs="none")

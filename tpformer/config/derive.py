@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from tpformer.config.schema import DataConfig, FinetuneTrainerConfig, TrainerConfig
+from tpformer.config.schema import (
+    DataConfig,
+    FinetuneTrainerConfig,
+    ModelConfig,
+    Pooler,
+    SentencePairs,
+    TrainerConfig,
+)
 from tpformer.parallel.layout import divisors
 
 
@@ -24,6 +31,19 @@ def apply_global_batch(trainer: TrainerConfig, dp: int) -> None:
             f"{micro} x dp={dp} = {micro * dp}; valid at this layout: {valid}"
         )
     trainer.grad_accum = total // (micro * dp)
+
+
+def pair_recipe(model: ModelConfig, data: DataConfig) -> SentencePairs:
+    """data.sentence_pairs, with auto resolved to the model's recipe: none for a pooler=head
+    encoder (ModernBERT trains MLM only: it has no pair head), nsp otherwise."""
+    if data.sentence_pairs != SentencePairs.auto:
+        return data.sentence_pairs
+    return SentencePairs.none if model.pooler == Pooler.head else SentencePairs.nsp
+
+
+def apply_pair_recipe(model: ModelConfig, data: DataConfig) -> None:
+    """data.sentence_pairs=auto -> the model's recipe (pair_recipe), set once for every reader."""
+    data.sentence_pairs = pair_recipe(model, data)
 
 
 def finetune_micro_batching(trainer: FinetuneTrainerConfig, dp: int) -> tuple[int, int]:

@@ -5,7 +5,7 @@ layout. Library code takes the typed values it produces and does not check them 
 
 from __future__ import annotations
 
-from tpformer.config.derive import apply_global_batch
+from tpformer.config.derive import apply_global_batch, apply_pair_recipe
 from tpformer.config.rules.choices import check_choices
 from tpformer.config.rules.data import validate_data
 from tpformer.config.rules.model import validate_model, validate_model_layout, validate_pair_head
@@ -41,6 +41,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     validate_sequence_parallel(config.parallel, layout.tp, config.data.seq_length)
     validate_context_parallel(layout, config.parallel, config.data.seq_length)
     validate_model_layout(config.model, layout)
+    apply_pair_recipe(config.model, config.data)
     validate_pair_head(config.model, config.data)
     t = config.trainer
     validate_pipeline(config.parallel, layout.pp, config.model.num_layers, t.grad_accum)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tpformer.config.derive import pair_recipe
 from tpformer.config.schema import BlendPart, CorpusConfig, DataConfig, ModelConfig
 from tpformer.data.blend import BlendedSamples, SampleSource
 from tpformer.data.corpus import CorpusSpec
@@ -128,7 +129,7 @@ def _corpus_samples(
         seq_length=data.seq_length,
         mask_prob=data.mask_prob,
         whole_word=data.whole_word_mask,
-        sentence_pairs=data.sentence_pairs,
+        sentence_pairs=pair_recipe(model, data),
         seed=seed,
         eval_fraction=data.eval_fraction,
         short_seq_prob=data.short_seq_prob,

@@ -143,6 +143,7 @@ class PipeDreamUpdate(Choice):
 
 
 class SentencePairs(Choice):
+    auto = "auto"
     nsp = "nsp"
     sop = "sop"
     none = "none"

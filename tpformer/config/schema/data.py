@@ -90,10 +90,11 @@ class DataConfig(LoaderConfig, CorpusConfig):
     short_seq_prob: float = ranged(0.1, 0, 1)
     """BERT with sentence pairs: the share of samples filled to a random shorter length (Google's
     short_seq_prob), so the model also sees short inputs; the others fill data.seq_length."""
-    sentence_pairs: SentencePairs = SentencePairs.nsp
+    sentence_pairs: SentencePairs = SentencePairs.auto
     """BERT: nsp (50% random next segment), sop (50% swapped segments) or none (RoBERTa's and
     ModernBERT's MLM only: [CLS] sentences of one document [SEP], no pair head; needs
-    model.pooler=head)."""
+    model.pooler=head); auto: the model's recipe, none with model.pooler=head (ModernBERT),
+    nsp otherwise."""
     eval_fraction: float = ranged(0.02, 0, 1, hi_open=True)
     """Fraction of the documents held out for evaluation (at least one when there are two)."""
 
