@@ -64,3 +64,29 @@ def test_help_narrows_to_one_group_and_names_a_wrong_one(
     code, _, err = _help(SCRIPTS["tpformer-pretrain"], ["--help", "paralel"], capsys, monkeypatch)
     assert code == 2
     assert "error: --help paralel: tpformer-pretrain has no config group paralel" in err
+
+
+def test_help_shows_the_values_the_run_would_take(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default preset's (bert_mini: hidden 256), not the schema's (768); a preset or key
+    given beside --help is applied too; a variant group shows whether it is set."""
+    pretrain = SCRIPTS["tpformer-pretrain"]
+    _, out, _ = _help(pretrain, ["--help", "model"], capsys, monkeypatch)
+    assert "  model.hidden_size = 256  (int >= 1)" in out
+    assert "  model.rotary = null  (a group or null)" in out
+    llama = ["model=llama_tiny", "model.rotary.theta=5e5", "--help", "model"]
+    _, out, _ = _help(pretrain, llama, capsys, monkeypatch)
+    assert "  model.rotary = set  (a group or null)" in out
+    assert "  model.rotary.theta = 500000.0  (float > 0)" in out
+    assert "  model.norm.kind = rmsnorm  (layernorm, rmsnorm)" in out
+
+
+def test_plan_help_lists_its_flags_and_every_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, _ = _help("tpformer.cli.plan", ["--help"], capsys, monkeypatch)
+    assert code == 0
+    assert "--json" in out and "--calibrate" in out
+    assert "  plan.dry_run = false  (bool)" in out
+    assert "  model.hidden_size = 256  (int >= 1)" in out

@@ -28,6 +28,7 @@ from tpformer.cli.plan_output import (
     result_json,
 )
 from tpformer.cli.shell import console_script
+from tpformer.config.help import help_requested, schema_help
 from tpformer.config.overrides import check_overrides
 from tpformer.config.rules.model import validate_model
 from tpformer.config.schema import PlanConfig
@@ -242,6 +243,10 @@ def main(argv: list[str] | None = None) -> None:
         help="with --json: every enumerated layout, with its numbers or why it does not fit",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (key=value)")
+    given = sys.argv[1:] if argv is None else argv
+    if help_requested(given)[0]:  # every key of the plan's config, as the run would take it
+        overrides = [a for a in given if "=" in a and not a.startswith("-")]
+        parser.epilog = schema_help("tpformer-plan", "", PlanConfig, "plan", None, overrides)
     args = parser.parse_args(argv)
     config = _compose(args.overrides)
     print(

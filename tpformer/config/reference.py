@@ -133,7 +133,7 @@ def _rows(group: str, cls: type) -> list[str]:
             rows += _rows(key, f.default_factory) if group else []  # type: ignore[arg-type]
             continue
         meaning = " ".join(docs.get(f.name, "").split()).replace("|", "\\|")
-        variant = _optional_record(hints[f.name])
+        variant = optional_record(hints[f.name])
         values = "a group or null" if variant else allowed_values(cls, f)
         rows.append(f"| `{key}` | {format_value(default_of(f))} | {values} | {meaning} |")
         if variant is not None and group:  # a variant group (model.rotary): its keys in line
@@ -141,7 +141,7 @@ def _rows(group: str, cls: type) -> list[str]:
     return rows
 
 
-def _optional_record(hint: typing.Any) -> type | None:
+def optional_record(hint: typing.Any) -> type | None:
     """The dataclass of an optional group (`RotaryConfig | None`: absent when off), else None."""
     members = (
         typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()

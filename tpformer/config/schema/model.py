@@ -124,8 +124,8 @@ class ModelConfig:
     pooler: Pooler = Pooler.tanh
     """bert: tanh (BERT: dense + tanh on the first token, feeding the NSP/SOP head and the
     classifier) or head (ModernBERT: no pair head, pretraining is MLM only with
-    data.sentence_pairs=none, which auto resolves to; the classifier reads dense + activation + norm of the pooled
-    sequence)."""
+    data.sentence_pairs=none, what its auto resolves to; the classifier reads dense +
+    activation + norm of the pooled sequence)."""
     classifier_pooling: ClassifierPooling = ClassifierPooling.cls
     """pooler=head: what the classifier pools, the first token (cls) or the mean over the
     tokens (mean)."""
