@@ -69,3 +69,43 @@ def test_bad_shapes_raise() -> None:
         vocab_parallel_cross_entropy(
             torch.zeros(3, 8), torch.zeros(3, dtype=torch.long), GroupHandle.single(), vocab_size=9
         )
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_loss_upcasts_a_chunk_of_rows_at_a_time(
+    smoothing: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 2 rows (CHUNK_ELEMENTS lowered to 64 over 32 columns) give F.cross_entropy's
+    loss and gradient (fp32, 1e-6); with bf16 logits nothing fp32 of the logits' size is kept
+    for backward (the logits themselves are, in bf16), the loss is the fp32 loss of the same
+    bf16 values (1e-6) and the gradient comes back in bf16, within its rounding (2^-8)."""
+    import tpformer.layers.loss as loss_module
+    from tpformer.parallel.handle import GroupHandle
+
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 64)
+    assert len(loss_module.row_chunks(N, 32)) == 4
+    logits = (torch.randn(N, 32, generator=seeded(0)) * 3).to(torch.bfloat16)
+    target = torch.randint(0, 29, (N,), generator=seeded(1))
+    target[2] = -100
+    for dtype in (torch.float32, torch.bfloat16):
+        ours = logits.to(dtype).clone().requires_grad_()
+        kept: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+        def pack(t: torch.Tensor, kept: list = kept) -> torch.Tensor:
+            kept.append((t.dtype, tuple(t.shape)))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = vocab_parallel_cross_entropy(
+                ours, target, GroupHandle.single(), vocab_size=29, label_smoothing=smoothing
+            )
+        assert (torch.float32, (N, 32)) not in kept or dtype == torch.float32, kept
+        loss.sum().backward()
+        reference = logits.float()[:, :29].clone().requires_grad_()
+        expected = F.cross_entropy(reference, target, reduction="none", label_smoothing=smoothing)
+        expected.sum().backward()
+        assert_rel_close(loss, expected, FP32_LAYER_REL, f"{dtype} loss")
+        grad = torch.cat([reference.grad, torch.zeros(N, 3)], dim=1)
+        assert ours.grad is not None and ours.grad.dtype == dtype
+        rel = FP32_LAYER_REL if dtype == torch.float32 else 2.0**-8
+        assert_rel_close(ours.grad.float(), grad, rel, f"{dtype} logit grad")

@@ -89,8 +89,7 @@ BAD_INPUT = [
     (["model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1"], "needs "),
     (
         ["cluster=dgx9000"],
-        "Could not find 'cluster/dgx9000' Available options in 'cluster': "
-        "a100_node auto cpu h100_node",
+        "cluster=dgx9000 is not one of its options; the options: a100_node, auto, cpu, h100_node",
     ),
     (["cluster.gpus_per_nod=8"], "gpus_per_nod"),
 ]

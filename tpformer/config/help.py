@@ -10,11 +10,10 @@ import shutil
 import sys
 import textwrap
 import typing
-from pathlib import Path
 from typing import Any
 
 from tpformer.config import CONF_DIR
-from tpformer.config.presets import PRESETS
+from tpformer.config.groups import group_options, selectable_groups
 from tpformer.config.reference import (
     allowed_values,
     default_of,
@@ -32,29 +31,6 @@ def _groups(schema: type) -> dict[str, type]:
         for f in dataclasses.fields(schema)
         if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
     }
-
-
-def selectable_groups(config_name: str) -> set[str]:
-    """The groups the command's config file lets `group=OPTION` choose (its defaults list)."""
-    from omegaconf import OmegaConf
-
-    defaults = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / f"{config_name}.yaml"))
-    entries = defaults.get("defaults", []) if isinstance(defaults, dict) else []
-    return {
-        key
-        for entry in entries
-        if isinstance(entry, dict)
-        for key in entry
-        if not str(key).startswith("override")
-    }
-
-
-def group_options(group: str) -> list[str]:
-    """The options `group=NAME` selects: the YAML files of conf/<group>/ (and model presets)."""
-    names = {p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")}
-    if group == "model":
-        names |= set(PRESETS)
-    return sorted(names)
 
 
 def composed(config_name: str, overrides: list[str]) -> Any:

@@ -14,16 +14,10 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from tpformer.config.reference import record_of
+
 SKIPPED_PREFIXES = ("hydra", "+hydra", "++hydra")
 """Hydra's own keys (hydra.run.dir, hydra/launcher=...) are Hydra's to check."""
-
-
-def _nested(hint: Any) -> type | None:
-    """The dataclass a field holds (through Optional), else None."""
-    candidates = [hint, *typing.get_args(hint)]
-    return next(
-        (c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None
-    )
 
 
 def unknown_key(key: str, schema: type) -> str | None:
@@ -49,7 +43,7 @@ def unknown_key(key: str, schema: type) -> str | None:
             )
             return f"{key} is not a config key; {valid}"
         path.append(part)
-        cls = _nested(hints[part])
+        cls = record_of(hints[part])
     return None
 
 
@@ -61,7 +55,7 @@ def _field_type(key: str, schema: type) -> Any:
         if cls is None or part not in {f.name for f in dataclasses.fields(cls)}:
             return None
         hint = typing.get_type_hints(cls)[part]
-        cls = _nested(hint)
+        cls = record_of(hint)
     return hint
 
 
@@ -83,7 +77,7 @@ def _list_item_class(hint: Any) -> type | None:
     """The dataclass of a list-of-dataclasses field (data.blend's BlendPart), else None."""
     if typing.get_origin(hint) is not list:
         return None
-    return _nested(typing.get_args(hint)[0]) if typing.get_args(hint) else None
+    return record_of(typing.get_args(hint)[0]) if typing.get_args(hint) else None
 
 
 def invalid_list_items(key: str, value: str, schema: type) -> str | None:
@@ -114,10 +108,10 @@ def invalid_group_value(key: str, value: str, schema: type, config_name: str) ->
     one of a selectable group's options (the closest named), or a plain value given to a
     group of keys without options (tpformer-finetune's model, trainer.profile). Hydra's own
     answers are many lines, and advise `+key`, which fails next."""
-    from tpformer.config.help import group_options, selectable_groups
+    from tpformer.config.groups import group_options, selectable_groups
 
     hint = _field_type(key, schema)
-    record = _nested(hint) if hint is not None else None
+    record = record_of(hint) if hint is not None else None
     if record is None or value == "null" or value.startswith(("{", "$")):
         return None
     if "." not in key and key in selectable_groups(config_name):
@@ -129,17 +123,6 @@ def invalid_group_value(key: str, value: str, schema: type, config_name: str) ->
         return f"{key}={value} is not one of its options; {guess}the options: {', '.join(options)}"
     keys = ", ".join(f"{key}.{f.name}" for f in dataclasses.fields(record))
     return f"{key}={value}: {key} is a group of keys, not a value; set them one by one: {keys}"
-
-
-def key_docstring(key: str, schema: type) -> str:
-    """The schema's docstring of a dotted key ("" if it has none)."""
-    from tpformer.config.reference import field_docstrings
-
-    cls: type | None = schema
-    parts = key.split(".")
-    for part in parts[:-1]:
-        cls = _nested(typing.get_type_hints(cls)[part]) if cls is not None else None
-    return " ".join(field_docstrings(cls).get(parts[-1], "").split()) if cls is not None else ""
 
 
 def quoted_override(key: str, value: str) -> str:

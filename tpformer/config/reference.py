@@ -186,3 +186,20 @@ def config_reference_markdown() -> str:
             "",
         ]
     return "\n".join(parts)
+
+
+def record_of(hint: typing.Any) -> type | None:
+    """The dataclass a field holds (through Optional), else None."""
+    candidates = [hint, *typing.get_args(hint)]
+    return next(
+        (c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None
+    )
+
+
+def key_docstring(key: str, schema: type) -> str:
+    """The schema's docstring of a dotted key ("" if it has none)."""
+    cls: type | None = schema
+    parts = key.split(".")
+    for part in parts[:-1]:
+        cls = record_of(typing.get_type_hints(cls)[part]) if cls is not None else None
+    return " ".join(field_docstrings(cls).get(parts[-1], "").split()) if cls is not None else ""

@@ -9,8 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from tpformer.config import CONF_DIR
-from tpformer.config.overrides import key_docstring
 from tpformer.config.presets import PRESETS
+from tpformer.config.reference import key_docstring
 from tpformer.config.schema import (
     Config,
     EvalLMConfig,

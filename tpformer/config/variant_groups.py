@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from pathlib import Path
 
-from tpformer.config import CONF_DIR
+from tpformer.config.groups import default_option
 from tpformer.config.presets import PRESETS
 from tpformer.config.schema import ModelConfig
 
@@ -31,15 +30,6 @@ def variant_groups() -> dict[str, type]:
     return groups
 
 
-def default_preset(config_name: str = "config") -> str:
-    """The model preset the command's config file chooses when `model=` is not given."""
-    from omegaconf import OmegaConf
-
-    loaded = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / f"{config_name}.yaml"))
-    entries = loaded.get("defaults", []) if isinstance(loaded, dict) else []
-    return next(str(e["model"]) for e in entries if isinstance(e, dict) and "model" in e)
-
-
 def check_variant_overrides(overrides: list[str], config_name: str = "config") -> None:
     """Raise ValueError for the first override that Hydra would fail on (or silently apply
     wrongly) in a variant group: a key inside a group the preset leaves absent and the command
@@ -48,7 +38,7 @@ def check_variant_overrides(overrides: list[str], config_name: str = "config") -
     preset_name = next(
         (o.partition("=")[2] for o in overrides if o.partition("=")[0] == "model"), None
     )
-    name = preset_name or default_preset(config_name)
+    name = preset_name or default_option(config_name, "model") or ""
     preset = PRESETS.get(name)
     if preset is None:
         return  # Hydra names the valid presets

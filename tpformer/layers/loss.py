@@ -1,8 +1,8 @@
-"""Cross-entropy over vocabulary-sharded logits, never gathered.
+"""Cross-entropy over vocabulary-sharded logits, never gathered, never upcast whole.
 
 Forward issues exactly three all-reduces of target-sized fp32 tensors (the row max, the target
 logit [stacked with the logit sum when label smoothing is on], the sum of exponentials);
-backward is local.
+backward is local, recomputing the softmax a chunk of rows at a time.
 """
 
 from __future__ import annotations
@@ -13,8 +13,23 @@ from torch import Tensor
 from tpformer.parallel.comm import ReduceOp, all_reduce
 from tpformer.parallel.handle import GroupHandle
 
+CHUNK_ELEMENTS = 1 << 24
+"""Logits upcast to fp32 at a time (64 MB): a chunk of rows, never the whole [N, V/tp] (a
+Llama-3 head at 8k tokens takes 63 chunks of a few kernels each)."""
+
+
+def row_chunks(rows: int, columns: int) -> list[slice]:
+    """Slices of `rows` with about CHUNK_ELEMENTS logits each (at least one row per chunk)."""
+    step = max(1, CHUNK_ELEMENTS // max(1, columns))
+    return [slice(i, min(rows, i + step)) for i in range(0, rows, step)]
+
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Keeps the logits in their own dtype (bf16 under mixed precision) and upcasts a chunk of
+    rows at a time (`row_chunks`), in forward for the sums and in backward for the softmax it
+    recomputes: no fp32 [N, V/tp] tensor lives (Megatron's and torchtitan's loss keep one; a
+    Llama-3-8B-shaped head at 8k tokens and TP=1 would hold 4 GB each)."""
+
     @staticmethod
     def forward(
         ctx,
@@ -25,39 +40,36 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         ignore_index: int,
         smoothing: float,
     ) -> tuple[Tensor, Tensor]:
-        logits = logits.float()  # [N, V/tp]
-        per_rank = logits.shape[-1]
+        per_rank = logits.shape[-1]  # [N, V/tp]
         start = tp.rank * per_rank
         valid = max(0, min(per_rank, vocab_size - start))  # columns that are real tokens
         real = logits[:, :valid]  # a view: padding columns get no probability
 
-        if valid:
-            row_max = real.max(dim=-1).values
+        if valid:  # the max is exact in the logits' dtype
+            row_max = real.max(dim=-1).values.float()
         else:  # every column of this rank pads the vocabulary
-            row_max = logits.new_full(logits.shape[:1], float("-inf"))
+            row_max = logits.new_full(logits.shape[:1], float("-inf"), dtype=torch.float32)
         all_reduce(row_max, tp, ReduceOp.MAX)  # 1
-
-        # logits - max written once into the buffer that becomes exp(.) and, in backward, the
-        # gradient (no clone of the padded logits, no second [N, V/tp] tensor)
-        probs = torch.empty_like(logits)
-        torch.sub(real, row_max.unsqueeze(-1), out=probs[:, :valid])
-        probs[:, valid:].zero_()
 
         ignored = target == ignore_index
         local_target = target - start
         outside = (local_target < 0) | (local_target >= valid) | ignored
         local_target = local_target.masked_fill(outside, 0)
-        target_logit = probs.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
-        target_logit = target_logit.masked_fill(outside, 0.0)
+        target_logit = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).float()
+        target_logit = (target_logit - row_max).masked_fill(outside, 0.0)
+        sum_exp = torch.zeros_like(row_max)
+        logit_sum = torch.zeros_like(row_max)
+        for rows in row_chunks(logits.shape[0], valid):
+            shifted = real[rows] - row_max[rows].unsqueeze(-1)  # fp32: one allocation
+            if smoothing > 0:
+                logit_sum[rows] = shifted.sum(dim=-1)
+            sum_exp[rows] = shifted.exp_().sum(dim=-1)
         if smoothing > 0:
-            stats = torch.stack([target_logit, probs[:, :valid].sum(dim=-1)])
+            stats = torch.stack([target_logit, logit_sum])
             all_reduce(stats, tp)  # 2
             target_logit, logit_sum = stats[0], stats[1]
         else:
             all_reduce(target_logit, tp)  # 2
-
-        probs[:, :valid].exp_()
-        sum_exp = probs.sum(dim=-1)
         all_reduce(sum_exp, tp)  # 3
         log_z = sum_exp.log()
         loss = log_z - target_logit
@@ -65,8 +77,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             loss = (1.0 - smoothing) * loss + smoothing * (log_z - logit_sum / vocab_size)
         loss = loss.masked_fill(ignored, 0.0)
 
-        probs.div_(sum_exp.unsqueeze(-1))
-        ctx.save_for_backward(probs, local_target, outside, ignored)
+        ctx.save_for_backward(logits, row_max, sum_exp, local_target, outside, ignored)
         ctx.smoothing, ctx.valid, ctx.vocab_size = smoothing, valid, vocab_size
         # the target's shifted logit is exactly 0 where it is the global row max: a hit, known
         # on every rank without another collective (ties count as hits)
@@ -76,16 +87,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_correct: Tensor | None = None):
-        probs, local_target, outside, ignored = ctx.saved_tensors
-        grad = probs  # softmax, reused in place
-        hit = (~outside).to(grad.dtype)
-        grad.scatter_add_(
-            -1, local_target.unsqueeze(-1), -(1.0 - ctx.smoothing) * hit.unsqueeze(-1)
-        )
-        if ctx.smoothing > 0:
-            grad[:, : ctx.valid] -= ctx.smoothing / ctx.vocab_size
-        scale = grad_loss.masked_fill(ignored, 0.0).unsqueeze(-1)
-        grad.mul_(scale)
+        logits, row_max, sum_exp, local_target, outside, ignored = ctx.saved_tensors
+        valid, smoothing = ctx.valid, ctx.smoothing
+        grad = torch.zeros_like(logits)  # the padding columns' stay 0
+        hit = (~outside).float().unsqueeze(-1) * -(1.0 - smoothing)
+        scale = grad_loss.float().masked_fill(ignored, 0.0).unsqueeze(-1)
+        for rows in row_chunks(logits.shape[0], valid) if valid else []:
+            probs = (logits[rows, :valid] - row_max[rows].unsqueeze(-1)).exp_()
+            probs.div_(sum_exp[rows].unsqueeze(-1))  # the softmax, recomputed
+            probs.scatter_add_(-1, local_target[rows].unsqueeze(-1), hit[rows])
+            if smoothing > 0:
+                probs -= smoothing / ctx.vocab_size
+            grad[rows, :valid] = probs.mul_(scale[rows])
         return grad, None, None, None, None, None
 
 

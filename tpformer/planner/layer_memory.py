@@ -27,16 +27,15 @@ def layer_activation_bytes(
     shape: LayerShape | None = None,
     masked: bool = True,
 ) -> float:
-    """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022, with
-    tensors of `itemsize` bytes, dropout masks of `mask_bytes` (1, bool; 4 for fp32 on CPU, see
-    layers.dropout.dropout_mask_bytes) and FFN width f). Kept tensors, in elements: LayerNorm
-    inputs 2sbh, QKV and MLP inputs 2sbh (replicated under TP, 1/t of the sequence under
-    sequence parallelism); q, k, v 3sbh, attention output sbh, GELU input and output 2sbf (1/t
-    under TP); softmax output and its dropout 2as^2b (1/t); masks 2sbh + as^2b (times
-    mask_bytes). 16-bit, 1-byte masks, f = 4h: sbh(10 + 24/t + 5as/(ht)), with SP
-    sbh/t (34 + 5as/h), SP + selective 34 sbh/t. selective drops the as^2 terms, and so does a
-    fused attention kernel (`fused_attention`: flash / memory-efficient SDPA keeps only q, k, v,
-    its output and a row statistic); full keeps only the layer's input.
+    """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022;
+    tensors of `itemsize` bytes, dropout masks of `mask_bytes`, FFN width f, `masked`: a padded
+    batch). Kept, in elements: LayerNorm inputs 2sbh, QKV and MLP inputs 2sbh (replicated under
+    TP, 1/t of the sequence under sequence parallelism); q, k, v 3sbh, attention output sbh,
+    GELU input and output 2sbf (1/t under TP); softmax output and its dropout 2as^2b (1/t);
+    masks 2sbh + as^2b (times mask_bytes). 16-bit, 1-byte masks, f = 4h: sbh(10 + 24/t +
+    5as/(ht)), with SP sbh/t (34 + 5as/h), SP + selective 34 sbh/t. selective drops the as^2
+    terms, and so does a fused attention kernel (`fused_attention`: flash / memory-efficient
+    SDPA keeps only q, k, v, its output and a row statistic); full keeps only the layer's input.
 
     `context` > 1 (context parallelism): every sbh term holds s / cp positions, and the core is
     ring attention, which keeps no probabilities: its output again (sbh / (cp t), the output
@@ -46,20 +45,18 @@ def layer_activation_bytes(
 
     `shape` (the Llama family's blocks, LayerShape.of(config)): a gated MLP keeps its two
     projections' output, the activation and the product (4 sbf / t instead of 2); rotary
-    queries and keys and grouped-query attention's expanded keys and values are new tensors
-    (expanded unless the fused 16-bit kernel runs without a mask, `masked`, and reads the
-    groups in place: layers/attention_core.takes_groups),
-    and the fused QKV output stays only while a view of it is kept (RMSNorm keeps what
-    LayerNorm keeps: layers/norm.py); rotary's cos and sin of the positions ([s, head_dim]
-    each, shared by the queries and keys) are kept too; no hidden dropout keeps no masks."""
+    queries and keys and expanded grouped keys and values (not `groups_in_place`) are new
+    tensors, and the fused QKV output stays only while a view of it is kept (RMSNorm keeps
+    what LayerNorm keeps: layers/norm.py); rotary's cos and sin ([s, head_dim] each, shared
+    by the queries and keys) are kept too; no hidden dropout keeps no masks."""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
     local = s / context
     sbh, attention = local * b * h, a * s * local * b
     if recompute == "full":
         return itemsize * sbh / q
     shape = shape or LayerShape()
-    in_place = fused_attention and itemsize == 2 and context == 1 and not masked
-    core = shape.attention_elements(sbh, groups_in_place=in_place)
+    flash = fused_attention and itemsize == 2 and context == 1 and not masked
+    core = shape.attention_elements(sbh, groups_in_place=flash or recompute == "selective")
     mlp = (4 if shape.gated else 2) * local * b * f
     masks = mask_bytes * 2 * sbh / q if shape.dropout else 0.0
     rotary = 2 * local * (h / a) * itemsize if shape.rotary else 0.0  # its cos and sin
@@ -106,8 +103,9 @@ class LayerShape:
         query, key and value the core reads, its output, and each projection output while
         one of them is a view of it: the fused QKV output (multi-head), or the query's and
         the key/value's (grouped-query, layers/grouped_qkv.py). Rotary queries and keys, and
-        keys and values expanded to a rank's query heads, are new tensors (`groups_in_place`:
-        the kernel reads grouped heads as they are)."""
+        keys and values expanded to a rank's query heads, are new tensors. `groups_in_place`:
+        the flash kernel reads grouped heads as they are (16-bit, no mask:
+        layers/attention_core.takes_groups), or the core that expands them is recomputed."""
         expanded = self.kv_fraction < 1 and not groups_in_place
         q_new, k_new, v_new = self.rotary, self.rotary or expanded, expanded
         new = (q_new + (1 if expanded else self.kv_fraction) * (k_new + v_new)) * sbh

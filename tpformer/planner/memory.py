@@ -255,16 +255,16 @@ def _end_parts(work: Workload, c: Candidate, mask_bytes: int) -> tuple[float, fl
     if m.arch == "bert":  # embedding: the norm's input, dropout mask. head: the encoder's
         # output (the pooler's view, or the final norm's input); on every TP and CP rank the
         # gathered labeled rows, the transform's and GELU's outputs, the norm's output, and
-        # the fp32 softmax of the logits (the loss keeps no logits)
+        # the logits in their own dtype (the loss recomputes its softmax: layers/loss.py)
         embedding = sbh * (i + dropout_mask) / q - first_norm
         rows = b * labeled_width(s, work.head_fraction)
         final = sbh * i / q if prenorm else 0.0  # the final norm's output, kept by the gather
-        head = sbh * i / q + final + rows * (4 * m.hidden_size * i + 4 * vocab)
+        head = sbh * i / q + final + rows * (4 * m.hidden_size + vocab) * i
     else:  # embedding: dropout mask. head: the final norm's input and output (the
-        # vocabulary projection's input, kept as the sequence chunk under SP), the fp32 softmax
+        # vocabulary projection's input, kept as the sequence chunk under SP), the logits
         embedding = sbh * mask_bytes / q if m.dropout > 0 else 0.0
         # every position this rank holds (the last one's target is ignored, not cut off)
-        head = 2 * sbh * i / q + local * b * vocab * 4
+        head = 2 * sbh * i / q + local * b * vocab * i
     return embedding, head
 
 
