@@ -4,6 +4,7 @@ option it chooses by default: read from conf/<command>.yaml's defaults list and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tpformer.config import CONF_DIR
@@ -34,9 +35,11 @@ def default_option(config_name: str, group: str) -> str | None:
     return next((str(e[group]) for e in _defaults(config_name) if group in e), None)
 
 
-def group_options(group: str) -> list[str]:
-    """The options `group=NAME` selects: the YAML files of conf/<group>/ (and model presets)."""
-    names = {p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")}
+def group_options(group: str, config_dirs: Sequence[str] = ()) -> list[str]:
+    """The options `group=NAME` selects: the YAML files of conf/<group>/ and of the user's
+    `--config-dir`s (`config_dirs`), and the model presets."""
+    folders = [Path(CONF_DIR), *(Path(d).expanduser() for d in config_dirs)]
+    names = {p.stem for folder in folders for p in (folder / group).glob("*.yaml")}
     if group == "model":
         names |= set(PRESETS)
     return sorted(names)

@@ -103,7 +103,21 @@ def invalid_list_items(key: str, value: str, schema: type) -> str | None:
     return None
 
 
-def invalid_group_value(key: str, value: str, schema: type, config_name: str) -> str | None:
+def config_dirs(argv: list[str]) -> list[str]:
+    """The folders `--config-dir DIR` (`-cd DIR`, `--config-dir=DIR`) adds to Hydra's search
+    path, whose YAML files are options of their groups too."""
+    dirs = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(argv[i + 1])
+        elif arg.startswith("--config-dir="):
+            dirs.append(arg.partition("=")[2])
+    return dirs
+
+
+def invalid_group_value(
+    key: str, value: str, schema: type, config_name: str, dirs: list[str] | None = None
+) -> str | None:
     """Why `key=value` cannot set the group `key` (one line), else None: a name that is not
     one of a selectable group's options (the closest named), or a plain value given to a
     group of keys without options (tpformer-finetune's model, trainer.profile). Hydra's own
@@ -115,7 +129,7 @@ def invalid_group_value(key: str, value: str, schema: type, config_name: str) ->
     if record is None or value == "null" or value.startswith(("{", "$")):
         return None
     if "." not in key and key in selectable_groups(config_name):
-        options = group_options(key)
+        options = group_options(key, dirs or [])
         if value in options or any(c in value for c in ",'\"()"):  # a sweep: Hydra's
             return None
         close = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
@@ -184,7 +198,11 @@ def check_overrides(overrides: list[str], schema: type, config_name: str = "conf
             problem = invalid_list_items(key, override.split("=", 1)[1], schema)
         if problem is None and "=" in override and not override.startswith("~"):
             value = override.split("=", 1)[1]
-            problem = invalid_group_value(key, value, schema, config_name)
+            searched = not any(o.lstrip("+").startswith("hydra.searchpath") for o in overrides)
+            if searched:  # a search path named by override adds options this cannot see
+                problem = invalid_group_value(
+                    key, value, schema, config_name, config_dirs(overrides)
+                )
         if problem is not None:
             raise ValueError(problem)
 

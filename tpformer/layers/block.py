@@ -42,7 +42,7 @@ class TransformerLayer(nn.Module):
         self.pre_norm = pre_norm = config.norm.position == "pre"
         h, sp = config.hidden_size, ctx.sequence_parallel
         sequence = ctx.tp if sp else None
-        local = config.local_attention if config.is_local(index) else None
+        local = config.window_of(index)
         rotary = None
         if config.rotary is not None:
             rotary = Rotary(

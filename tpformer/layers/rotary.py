@@ -22,7 +22,7 @@ class Rotary:
         self, config: RotaryConfig, head_dim: int, max_positions: int, *, local: bool = False
     ) -> None:
         self.config, self.head_dim = config, head_dim
-        self.theta = config.local_theta if local else config.theta
+        self.theta = config.base(local=local)
         self.original = config.original_max_positions or max_positions
 
     def inverse_frequencies(self, longest: int, device: torch.device) -> Tensor:

@@ -24,7 +24,7 @@ def layer_matrix_elements(config: ModelConfig) -> int:
     attention output, and the MLP's two matrices (three when gated)."""
     h, f = config.hidden_size, config.intermediate_size
     kv = 2 * config.kv_heads * (h // config.num_heads)
-    return h * (h + kv) + h * h + (3 if config.mlp.gated else 2) * h * f
+    return h * (h + kv) + h * h + config.mlp.matrices * h * f
 
 
 def kv_elements(config: ModelConfig) -> int:
@@ -171,7 +171,7 @@ def layer_params(config: ModelConfig, tp: int) -> int:
     kv = 2 * config.kv_heads * (h // config.num_heads)
     qkv_bias = config.bias or config.qkv_bias
     split_biases = (h + kv if qkv_bias else 0) + (
-        (2 if config.mlp.gated else 1) * f if config.bias else 0
+        (config.mlp.matrices - 1) * f if config.bias else 0
     )
     replicated = 2 * norm_params(config) + (2 * h if config.bias else 0)
     kv_params = kv_elements(config) + (kv if qkv_bias else 0)  # all heads
@@ -181,8 +181,7 @@ def layer_params(config: ModelConfig, tp: int) -> int:
 
 def norm_params(config: ModelConfig) -> int:
     """One norm's parameters: a weight, and a bias for a LayerNorm with biases."""
-    h = config.hidden_size
-    return 2 * h if config.norm.kind == "layernorm" and config.norm.bias else h
+    return config.norm.params(config.hidden_size)
 
 
 def word_embedding_params(config: ModelConfig, tp: int) -> int:

@@ -26,6 +26,11 @@ class MlpConfig:
     """The activation gates a second projection (SwiGLU with silu, GeGLU with gelu):
     act(x W_gate) * (x W_up), a column of each on the same TP rank."""
 
+    @property
+    def matrices(self) -> int:
+        """Weight matrices of the block: input (gate and up when gated) and output."""
+        return 3 if self.gated else 2
+
 
 @dataclass
 class NormConfig:
@@ -41,6 +46,10 @@ class NormConfig:
     """post: after each residual add (BERT); pre: before each branch (ModernBERT, and arch=gpt,
     which requires it): bert then normalizes the embeddings, skips the first layer's attention
     norm and adds a final norm after the last layer."""
+
+    def params(self, hidden: int) -> int:
+        """One norm's parameters: a weight, and a bias for a LayerNorm with one."""
+        return 2 * hidden if self.kind == Norm.layernorm and self.bias else hidden
 
 
 @dataclass
@@ -62,6 +71,10 @@ class RotaryConfig:
     """llama3: wavelengths below original_max_positions / this are kept."""
     local_theta: float = ranged(10000.0, 0, lo_open=True)
     """The base of the local_attention layers (ModernBERT: 10,000)."""
+
+    def base(self, *, local: bool) -> float:
+        """The base of a global layer, or of a local one."""
+        return self.local_theta if local else self.theta
 
 
 @dataclass
@@ -143,3 +156,7 @@ class ModelConfig:
         """Whether `layer` attends in a sliding window (local_attention's global_every)."""
         local = self.local_attention
         return local is not None and layer % local.global_every != 0
+
+    def window_of(self, layer: int) -> LocalAttentionConfig | None:
+        """`layer`'s sliding window, None for a layer that attends globally."""
+        return self.local_attention if self.is_local(layer) else None
