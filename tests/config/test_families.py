@@ -86,3 +86,24 @@ def test_qwen2_is_a_llama_flavor_exported_under_its_own_class() -> None:
     assert adapter.export_class(llama, "causal_lm") == "LlamaForCausalLM"
     assert adapter.export_class(replace(llama, qkv_bias=True), "base") == "Qwen2Model"
     assert adapter_for({"model_type": "mistral"}) is adapter_for({"model_type": "qwen2"}) is adapter
+
+
+@pytest.mark.parametrize(
+    ("preset", "keys", "message"),
+    [
+        ("bert_tiny", {"norm": NormConfig(position=NormPosition.pre)},
+         r"cannot export as BERT: model.norm.position=pre \(BERT: post\)"),
+        ("bert_tiny", {"num_kv_heads": 1}, r"model.num_kv_heads=1 \(BERT: 2\)"),
+        ("gpt2_small", {"tie_embeddings": False}, r"cannot export as GPT-2: model.tie_embeddings"),
+        ("llama_tiny", {"bias": True}, r"cannot export as LlamaForCausalLM: model.bias=True"),
+        ("modernbert_tiny", {"qkv_bias": True}, r"cannot export as ModernBERT: model.qkv_bias"),
+    ],
+)  # fmt: skip
+def test_an_export_refuses_by_name_what_the_hf_class_cannot_hold(
+    preset: str, keys: dict, message: str
+) -> None:
+    """Each family's config_to_hf: a key its Hugging Face class has no place for is named,
+    not dropped (a pre-norm BERT exported as BertForPreTraining would load as another model)."""
+    config = replace(PRESETS[preset], **keys)
+    with pytest.raises(ValueError, match=message):
+        adapter_of(config).config_to_hf(config, "X")

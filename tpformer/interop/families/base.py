@@ -44,6 +44,14 @@ class HFAdapter:
     tied: Callable[[ModelConfig, str], dict[str, str]] = no_tied
 
 
+def mismatches(wrong: dict[str, tuple[object, object]], family: str) -> list[str]:
+    """'key=have (family: want)' for each key whose config value is not the one the family's
+    Hugging Face class holds (what its config_to_hf refuses by name)."""
+    return [
+        f"{key}={have} ({family}: {want})" for key, (have, want) in wrong.items() if have != want
+    ]
+
+
 def export_class_of(exports: dict[str, str], family: str, task: str) -> str:
     """exports[task], or an error naming the tasks the family exports."""
     if task not in exports:

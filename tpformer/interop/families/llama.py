@@ -20,7 +20,7 @@ from tpformer.config.schema import (
     RopeScaling,
     RotaryConfig,
 )
-from tpformer.interop.families.base import HFAdapter, export_class_of
+from tpformer.interop.families.base import HFAdapter, export_class_of, mismatches
 from tpformer.interop.hf_rules import FusedQKV, GatedRows, Plain, Rule
 
 ROPE_TYPES = {"default": RopeScaling.none, "linear": RopeScaling.linear,
@@ -140,7 +140,7 @@ def llama_export_problems(config: ModelConfig) -> list[str]:
         "model.mlp.gated": (config.mlp.gated, True),
         "model.bias": (config.bias, False),
     }
-    return [f"{key}={have} (Llama: {want})" for key, (have, want) in wrong.items() if have != want]
+    return mismatches(wrong, "Llama")
 
 
 def llama_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any:

@@ -23,7 +23,7 @@ from tpformer.config.schema import (
     Pooler,
     RotaryConfig,
 )
-from tpformer.interop.families.base import HFAdapter, export_class_of
+from tpformer.interop.families.base import HFAdapter, export_class_of, mismatches
 from tpformer.interop.hf_rules import FusedQKV, GatedRows, Plain, Rule
 
 ACTIVATIONS = {"gelu": Activation.gelu, "gelu_new": Activation.gelu_tanh,
@@ -163,7 +163,7 @@ def modernbert_export_problems(config: ModelConfig) -> list[str]:
         "model.qkv_bias": (config.qkv_bias, False),
         "model.rotary.scaling": (config.rotary.scaling if config.rotary else "none", "none"),
     }
-    return [f"{k}={have} (ModernBERT: {want})" for k, (have, want) in wrong.items() if have != want]
+    return mismatches(wrong, "ModernBERT")
 
 
 def modernbert_hf_config(config: ModelConfig, architecture: str, **extra: Any) -> Any:
