@@ -91,6 +91,10 @@ def test_grouped_key_value_heads_are_read_in_place_where_the_kernel_takes_them(
                                                   lambda t: t):  # fmt: skip
         out = attention(x.requires_grad_(), mask)
     assert kept.count((2, 8, 16, 8)) == (4 if masked else 2), kept
+    assert (
+        attention.core.describe()
+        == "sdpa, grouped key/value heads in place when 16-bit and unmasked"
+    )
     q, k, v = attention._project(x)
     k, v = expanded_kv(q, k, v)
     reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not masked)

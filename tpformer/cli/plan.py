@@ -28,7 +28,7 @@ from tpformer.cli.plan_output import (
     result_json,
 )
 from tpformer.cli.shell import console_script
-from tpformer.config.help import help_requested, schema_help
+from tpformer.config.help import given_overrides, help_requested, schema_help
 from tpformer.config.overrides import check_overrides
 from tpformer.config.rules.model import validate_model
 from tpformer.config.schema import PlanConfig
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (key=value)")
     given = sys.argv[1:] if argv is None else argv
     if help_requested(given)[0]:  # every key of the plan's config, as the run would take it
-        overrides = [a for a in given if "=" in a and not a.startswith("-")]
+        overrides = given_overrides(given)
         parser.epilog = schema_help("tpformer-plan", "", PlanConfig, "plan", None, overrides)
     args = parser.parse_args(argv)
     config = _compose(args.overrides)

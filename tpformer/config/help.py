@@ -136,6 +136,11 @@ def schema_help(
     return "\n".join(out).rstrip() + "\n"
 
 
+def given_overrides(argv: list[str]) -> list[str]:
+    """The key=value overrides of a command line (not its flags), which --help composes."""
+    return [a for a in argv if "=" in a and not a.startswith("-")]
+
+
 def help_requested(argv: list[str]) -> tuple[bool, str | None]:
     """(whether argv asks for --help / -h, the group named after it if any)."""
     for i, arg in enumerate(argv):
@@ -151,6 +156,6 @@ def print_help_and_exit(
     """If argv asks for help, print it and exit 0."""
     wanted, group = help_requested(argv)
     if wanted:
-        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+        overrides = given_overrides(argv)
         print(schema_help(command, description, schema, config_name, group, overrides), end="")
         sys.exit(0)

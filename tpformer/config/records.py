@@ -9,15 +9,9 @@ import enum
 import typing
 from typing import Any, TypeVar
 
+from tpformer.config.reference import record_of
+
 Record = TypeVar("Record")
-
-
-def _record_class(hint: Any) -> type | None:
-    """The dataclass a field holds (through Optional), else None."""
-    for candidate in (hint, *typing.get_args(hint)):
-        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
-            return candidate
-    return None
 
 
 def record_from_dict(cls: type[Record], data: dict[str, Any], where: str = "") -> Record:
@@ -30,7 +24,7 @@ def record_from_dict(cls: type[Record], data: dict[str, Any], where: str = "") -
         raise ValueError(f"{where}{unknown[0]} is not a key of {cls.__name__} ({sorted(names)})")
     values: dict[str, Any] = {}
     for name, value in data.items():
-        hint, nested = hints[name], _record_class(hints[name])
+        hint, nested = hints[name], record_of(hints[name])
         if nested is not None and isinstance(value, dict):
             value = record_from_dict(nested, value, f"{where}{name}.")
         elif isinstance(hint, type) and issubclass(hint, enum.Enum):

@@ -143,11 +143,7 @@ def _rows(group: str, cls: type) -> list[str]:
 
 def optional_record(hint: typing.Any) -> type | None:
     """The dataclass of an optional group (`RotaryConfig | None`: absent when off), else None."""
-    members = (
-        typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()
-    )
-    records = [m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)]
-    return records[0] if records and type(None) in members else None
+    return record_of(hint) if type(None) in typing.get_args(hint) else None
 
 
 def config_reference_markdown() -> str:

@@ -12,6 +12,7 @@ import typing
 
 from tpformer.config.groups import default_option
 from tpformer.config.presets import PRESETS
+from tpformer.config.reference import optional_record
 from tpformer.config.schema import ModelConfig
 
 ON = "on"
@@ -21,13 +22,8 @@ ON = "on"
 def variant_groups() -> dict[str, type]:
     """ModelConfig's optional records: field name -> its dataclass."""
     hints = typing.get_type_hints(ModelConfig)
-    groups = {}
-    for f in dataclasses.fields(ModelConfig):
-        members = typing.get_args(hints[f.name])
-        records = [m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)]
-        if records and type(None) in members:
-            groups[f.name] = records[0]
-    return groups
+    records = {f.name: optional_record(hints[f.name]) for f in dataclasses.fields(ModelConfig)}
+    return {name: record for name, record in records.items() if record is not None}
 
 
 def check_variant_overrides(overrides: list[str], config_name: str = "config") -> None:

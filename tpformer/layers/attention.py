@@ -80,6 +80,7 @@ class ParallelSelfAttention(nn.Module):
             head_dim=self.head_dim,
             head_offset=self.head_offset,
             window=window,
+            grouped=self.local_kv_heads < self.local_heads,
         )
 
     def forward(

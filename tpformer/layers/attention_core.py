@@ -41,7 +41,14 @@ class AttentionCore(nn.Module):
     kernel: ClassVar[str]
     dropout: ParallelDropout
 
-    def __init__(self, dropout: ParallelDropout, head_dim: int, head_offset: int, reach: int):
+    def __init__(
+        self,
+        dropout: ParallelDropout,
+        head_dim: int,
+        head_offset: int,
+        reach: int,
+        grouped: bool = False,
+    ):
         super().__init__()
         self.__dict__["dropout"] = dropout  # used, not owned: not a submodule
         self.scale = 1.0 / math.sqrt(head_dim)
@@ -49,6 +56,8 @@ class AttentionCore(nn.Module):
         """This rank's first head among all heads (the exact masks' rows)."""
         self.reach = reach
         """Sliding-window attention: keys at most this many positions away (0: all)."""
+        self.grouped = grouped
+        """Fewer key/value heads than query heads (grouped-query attention)."""
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         """q [b, heads, s, d]; k, v [b, kv_heads, s, d] (kv_heads divides heads: grouped-query
@@ -96,7 +105,10 @@ class FusedCore(AttentionCore):
 
     def describe(self) -> str:
         drop = ", the kernel's dropout (rng=fast)" if self.dropout.p else ""
-        return f"{super().describe()}{drop}"
+        groups = (
+            ", grouped key/value heads in place when 16-bit and unmasked" if self.grouped else ""
+        )
+        return f"{super().describe()}{drop}{groups}"
 
     def device_stream_site(self) -> int | None:
         return self.dropout.site if self.dropout.p > 0 else None
@@ -176,15 +188,22 @@ class RingCore(AttentionCore):
 
 
 def choose_core(
-    ctx: ParallelContext, dropout: ParallelDropout, *, head_dim: int, head_offset: int, window: int
+    ctx: ParallelContext,
+    dropout: ParallelDropout,
+    *,
+    head_dim: int,
+    head_offset: int,
+    window: int,
+    grouped: bool = False,
 ) -> AttentionCore:
     """The layer's core: the ring under context parallelism (local windows are refused there),
-    the explicit core where exact dropout must draw the TP=1 masks, otherwise SDPA."""
+    the explicit core where exact dropout must draw the TP=1 masks, otherwise SDPA (which reads
+    `grouped` key/value heads in place where its kernel can: fused_sdpa)."""
     if ctx.cp.size > 1:
         return RingCore(dropout, head_dim, head_offset, ctx)
     exact = dropout.p > 0 and not dropout.rng.fast
     core = ExactCore if exact else FusedCore
-    return core(dropout, head_dim, head_offset, reach=window // 2)
+    return core(dropout, head_dim, head_offset, reach=window // 2, grouped=grouped)
 
 
 def expanded_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
