@@ -2,9 +2,11 @@
 heads' attention-dropout stream), or exact against fast -- the losses differ by the dropout
 noise, and only by it: over SEEDS seeds (each a new initialization and new masks, the same
 data), the mean difference of a run's mean loss between the two sides is zero within 3
-standard errors of the seeds' differences. A wrong mask in backward or a biased keep rate
-shifts every seed's training the same way and fails this; a fixed band around one seed would
-not. The exact-within-key guarantees are in test_fast_invariance.py.
+standard errors of the seeds' differences. A biased keep rate shifts every seed's training the
+same way and fails this; a fixed band around one seed would not. This test lacks the power to
+see a wrong mask in backward (given a mask shifted by one element, the mean moved 0.49 standard
+errors, 2026-11-28): tests/layers/test_dropout_masks.py checks that directly, per site, with
+its negative control. The exact-within-key guarantees are in test_fast_invariance.py.
 """
 
 from __future__ import annotations
