@@ -16,8 +16,9 @@ AdamW, eager and torch.compile'd, with no, selective and full recomputation; Hug
 
 Headline: tokens/s. MFU credits both sides with the same FLOPs, the work the task needs
 (`tpformer.models.costs.step_flops`: the MLM head on the labeled rows), over the device's dense
-bf16 peak (`tpformer.device_peaks`, by SKU; --peak-tflops to override). Each row is printed and
-appended to --out (JSON lines) as it finishes, so a run cut off by its time slot keeps every
+bf16 peak (`tpformer.device_peaks`, by SKU; --peak-tflops to override). Each row (a contender,
+a precision's gap, a layout of the leg) is printed and appended to --out (JSON lines) as it
+finishes, so a run cut off by its time slot keeps every
 finished row. Memory in GiB (2^30 bytes). Exit 1 when the precision check exceeds its thresholds
 or a layout of the multi-GPU leg differs from the one-device run.
 """
@@ -187,6 +188,9 @@ def precision_check(args: argparse.Namespace) -> bool:
         ok &= passed
         verdict = "" if limit is None else f" (limit {limit:.0e}: {'pass' if passed else 'FAIL'})"
         print(f"  {precision}: largest relative loss gap to fp32 {gap:.2e}{verdict}")
+        row = {"precision": precision, "steps": args.loss_steps, "gap": gap, "limit": limit}
+        with open(args.out, "a") as out:
+            out.write(json.dumps({**row, "passed": passed}) + "\n")
     return ok
 
 

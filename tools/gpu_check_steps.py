@@ -164,6 +164,7 @@ def measure_contender(spec: Any) -> dict[str, Any]:
         "step_s": seconds,
         "tokens_per_s": spec.batch * spec.seq / seconds,
         "flops_per_step": flops,
+        "labeled_tokens": labeled,
         "tflops": tflops,
         "mfu": tflops / peak if peak else math.nan,
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30
