@@ -2,7 +2,8 @@
 under TP=2 with sequence parallelism, with and without recomputation -- checked directly: at
 each ParallelDropout call the gradient reaching its input is the gradient of its output times
 the mask the forward drew (which the output shows wherever the input is not exactly 0: zero
-where dropped, the input times 1/(1-p) where kept), and a recomputed forward draws that same mask again.
+where dropped, the input times 1/(1-p) where kept), and a recomputed forward draws that same
+mask again.
 
 The negative control gives backward a mask shifted by one element (the mistake a statistical
 test of the loss curve cannot see: tests/train/test_fast_statistics.py moved 0.49 standard
@@ -13,8 +14,9 @@ holds its recomputation bitwise)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 import pytest
 import torch
@@ -47,7 +49,7 @@ class _Recorder:
             if isinstance(module, ParallelDropout):
                 module.register_forward_hook(self._hook(name))
 
-    def _hook(self, name: str):  # noqa: ANN202 - a forward hook
+    def _hook(self, name: str) -> Callable[..., None]:
         def hook(module: ParallelDropout, inputs: tuple, output: torch.Tensor) -> None:
             x = inputs[0]
             if not module.training or not x.requires_grad or output is x:
@@ -118,26 +120,18 @@ def test_each_site_applies_its_forward_mask_under_tp2_sequence_parallel() -> Non
             assert len(sites) == _sites("fast") and wrong == [], (rank, recompute, wrong)
 
 
-@contextmanager
-def _shifted_backward_mask() -> Iterator[None]:
-    """Backward given the forward's mask moved by one element (a wrong offset, say)."""
-    original = dropout_module._ApplyMask.backward
-
-    def shifted(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202 - autograd's signature
-        (mask,) = ctx.saved_tensors
-        return dropout_module._masked(grad, mask.roll(1, dims=-1), ctx.scale), None, None
-
-    dropout_module._ApplyMask.backward = staticmethod(shifted)  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        dropout_module._ApplyMask.backward = original  # type: ignore[method-assign]
+def _shifted(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    """_ApplyMask's backward given the forward's mask moved by one element (a wrong offset)."""
+    (mask,) = ctx.saved_tensors
+    return dropout_module._masked(grad, mask.roll(1, dims=-1), ctx.scale), None, None
 
 
 @pytest.mark.parametrize("rng", ["exact", "fast"])
-def test_the_check_names_every_site_when_backward_shifts_the_mask(rng: str) -> None:
-    with _shifted_backward_mask():
-        sites, wrong = _check(ParallelContext.single(device="cpu", rng=rng), "none")
+def test_the_check_names_every_site_when_backward_shifts_the_mask(
+    rng: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dropout_module._ApplyMask, "backward", staticmethod(_shifted))
+    sites, wrong = _check(ParallelContext.single(device="cpu", rng=rng), "none")
     assert len(sites) == _sites(rng)
     assert len(wrong) == len(sites) and all("backward mask differs" in w for w in wrong), wrong
 
