@@ -70,6 +70,8 @@ CASES: list[tuple[str, list[str], str]] = [
     (PRETRAIN, ["trainer.resume={tmp}/none"], "trainer.resume={tmp}/none is not a directory"),
     (PRETRAIN, ["trainer.resume={tmp}"], "trainer.resume={tmp} has neither meta.json nor config.json"),
     (PRETRAIN, ["trainer.resume={damaged}"], "meta.json is unreadable"),
+    (PRETRAIN, ["trainer.resume={truncated}", "launcher.nproc_per_node=2"], "trainer.resume={truncated}: {truncated}/__0_0.distcp has 100 bytes but"),
+    (FINETUNE, ["task=sst2", "init={truncated}", "launcher.nproc_per_node=2"], "init={truncated}: {truncated}/__0_0.distcp has 100 bytes but"),
     (FINETUNE, ["task=sst2", "init={tmp}/none"], "init={tmp}/none is not a directory"),
     (FINETUNE, ["task=sst2", "init={bert}", "data.train_file={tmp}/none.tsv"], "data.train_file={tmp}/none.tsv: no such file"),
     (GENERATE, ["init={tmp}/none", "prompt=a"], "init={tmp}/none is not a directory"),
@@ -94,7 +96,8 @@ CASES: list[tuple[str, list[str], str]] = [
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real directories of each kind: a Hugging Face BERT and GPT-2 (save_pretrained), a GPT-2
-    without tokenizer files, a tpformer checkpoint (from-hf), one with a damaged meta.json."""
+    without tokenizer files, a tpformer checkpoint (from-hf), one with a damaged meta.json, one
+    with a truncated shard."""
     import transformers
 
     from tpformer.convert import from_hf
@@ -115,6 +118,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     damaged = root / "damaged"
     shutil.copytree(checkpoint, damaged)
     (damaged / "meta.json").write_text("{not json")
+    truncated = root / "truncated"
+    shutil.copytree(checkpoint, truncated)
+    shard = truncated / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
     text = root / "text.txt"
     text.write_text("To be, or not to be, that is the question.\n")
     return {
@@ -123,6 +130,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "untokenized": untokenized,
         "checkpoint": checkpoint,
         "damaged": damaged,
+        "truncated": truncated,
         "text": text,
     }
 

@@ -52,11 +52,18 @@ def saved_model_config(meta: dict, directory: Path) -> ModelConfig:
         ) from None
 
 
-def read_model_source(value: str | Path, key: str) -> ModelSource:
-    """The model `key=value` names; FileNotFoundError or ValueError naming key and value."""
+def read_model_source(value: str | Path, key: str, *, whole: bool = True) -> ModelSource:
+    """The model `key=value` names; FileNotFoundError or ValueError naming key and value.
+    whole: a tpformer checkpoint's files must all be there at their written sizes (checked
+    before any rank starts; trainer.resume=auto, which skips a damaged checkpoint for an older
+    one, reads the newest's config without it)."""
     path = Path(value).expanduser()
     if (path / store.META).is_file():
-        return ModelSource(path, CHECKPOINT, saved_model_config(store.read_meta(path), path))
+        try:
+            meta = store.verify(path, digests=False) if whole else store.read_meta(path)
+        except store.CheckpointError as err:
+            raise store.CheckpointError(f"{key}={value}: {err}") from None
+        return ModelSource(path, CHECKPOINT, saved_model_config(meta, path))
     if (path / "config.json").is_file():
         try:
             return ModelSource(path, HUGGING_FACE, model_config_from_hf(read_hf_config(path)))

@@ -62,7 +62,8 @@ def adopt_checkpoint_model(config: Config, overrides: Sequence[str], run_dir: Pa
     directory = resumed_checkpoint(config, run_dir)
     if directory is None:
         return []
-    saved = read_model_source(directory, "trainer.resume").config
+    auto = config.trainer.resume == "auto"
+    saved = read_model_source(directory, "trainer.resume", whole=not auto).config
     preset, keys = given_model_keys(overrides)
     run = config.model
     differ = [

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpformer.checkpoint import store
+from tpformer.parallel.env import FAILURE_DIR_VAR
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +33,14 @@ def launch_local(
     module: str, overrides: list[str], *, nproc_per_node: int, max_restarts: int, run_dir: Path
 ) -> int:
     """Start `python -m module overrides...` on nproc_per_node local ranks (standalone rendezvous,
-    gloo on CPU, NCCL on GPUs). Returns the exit code: 0; 1 if any rank failed; after SIGTERM or
-    SIGINT (preemption), 0 only if the ranks saved a checkpoint of where they stopped (or
-    finished), else 143 with what was lost."""
+    gloo on CPU, NCCL on GPUs). Returns the exit code: 0; 1 if any rank failed (said in one line,
+    cli/failures.py); after SIGTERM or SIGINT (preemption), 0 only if the ranks saved a
+    checkpoint of where they stopped (or finished), else 143 with what was lost."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
+
+    from tpformer.cli.failures import collected_failures, failure_line
 
     devices, kind = available_devices()
     if nproc_per_node > devices:
@@ -50,14 +60,45 @@ def launch_local(
     ]
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     started = time.time()
-    try:
-        torchrun(args)
-    except ChildFailedError as err:
-        log.error("a rank failed: %s", err.get_first_failure()[1].message)
-        return 1
-    except SignalException as err:  # torch's launcher forwarded it and gave the ranks 30 s
-        return _after_preemption(err.sigval.name, run_dir, started)
+    with collected_failures() as folder, _quiet_launcher(restarts=max_restarts > 0):
+        os.environ[FAILURE_DIR_VAR] = str(folder)
+        try:
+            torchrun(args)
+        except ChildFailedError as err:
+            failed = {rank: _ending(failure) for rank, failure in err.failures.items()}
+            print(f"error: {failure_line(folder, failed)}", file=sys.stderr, flush=True)
+            return 1
+        except SignalException as err:  # torch's launcher forwarded it and gave the ranks 30 s
+            return _after_preemption(err.sigval.name, run_dir, started)
+        finally:
+            os.environ.pop(FAILURE_DIR_VAR, None)
     return 0
+
+
+def _ending(failure: ProcessFailure) -> str:
+    if failure.exitcode < 0:
+        return f"was killed by {failure.signal_name()}"
+    return f"exited with code {failure.exitcode}"
+
+
+@contextmanager
+def _quiet_launcher(*, restarts: bool) -> Iterator[None]:
+    """Without restarts, torch's launcher's own log lines about a failure (the signals it sends,
+    the exit codes, a pointer to its traceback docs) say less than the one line printed after
+    it; with restarts they are the only word of a restarted attempt, and stay."""
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.Logger.manager.loggerDict)
+        if name.startswith("torch.distributed.elastic") and not restarts
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _after_preemption(signal_name: str, run_dir: Path, started: float) -> int:

@@ -18,6 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tpformer.cli.failures import record_failure
 from tpformer.cli.launch import launch_local
 from tpformer.config.renamed import check_renamed
 from tpformer.config.rules.choices import check_choices
@@ -260,7 +261,7 @@ def run_entry_point(
             log.info("%s", line)
         job(config, ctx, shared)
     except JOB_ERRORS as err:  # bad data or checkpoints, failed writes: one line, no traceback
-        log.error("%s", err)  # every rank logs errors to its console, rank 0 also to train.log
+        record_failure(env, ctx.rank, " ".join(str(err).split()) or type(err).__name__)
         sys.exit(1)
     except RuntimeError as err:
         if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():

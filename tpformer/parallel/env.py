@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+FAILURE_DIR_VAR = "TPFORMER_FAILURE_DIR"
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class LaunchEnv:
     """TORCHELASTIC_RESTART_COUNT: which attempt of a job restarted by torchrun this is."""
     missing: tuple[str, ...]
     """torchrun variables torch.distributed's env:// rendezvous needs that are not set."""
+    failure_dir: str | None = None
+    """TPFORMER_FAILURE_DIR: where tpformer's local launcher collects the ranks' one-line
+    errors to print once (cli/failures.py); None under a launcher of the user's own."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
@@ -39,4 +43,5 @@ class LaunchEnv:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
             missing=tuple(v for v in TORCHRUN_VARS if v not in env),
+            failure_dir=env.get(FAILURE_DIR_VAR),
         )
