@@ -27,6 +27,7 @@ from tpformer.engine.state import parameter_template
 from tpformer.interop.hf import load_hf_model, save_hf_checkpoint, task_of
 from tpformer.interop.hf_files import read_hf_config
 from tpformer.interop.hf_tokenizer import export_tokenizer
+from tpformer.interop.hub import resolve_model_dir
 from tpformer.models import BertForSequenceClassification, GPTForCausalLM, TPModel, build_model
 from tpformer.parallel.context import ParallelContext
 
@@ -63,8 +64,16 @@ def to_hf(checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def from_hf(hf_dir: Path, out_root: Path) -> Path:
-    """A step-0 tpformer checkpoint under out_root/checkpoints with the HF weights."""
+def from_hf(hf_dir: Path | str, out_root: Path) -> Path:
+    """A step-0 tpformer checkpoint under out_root/checkpoints with the HF weights; hf_dir is a
+    directory or a Hugging Face Hub id (interop/hub.py)."""
+    source = str(hf_dir)
+    hf_dir = resolve_model_dir(hf_dir, "from-hf")
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(
+            f"from-hf {source}: {hf_dir} has no config.json; give a directory written by "
+            "save_pretrained or a Hugging Face Hub id (name or org/name, @revision)"
+        )
     ctx = ParallelContext.single(device="cpu")
     model = load_hf_model(hf_dir, ctx, task=None)
     parallel = ParallelConfig()
@@ -80,7 +89,7 @@ def from_hf(hf_dir: Path, out_root: Path) -> Path:
             run_config={},
             **extra,
         ),
-        "source": str(hf_dir),
+        "source": source,
     }
     tokenizer = [
         hf_dir / f

@@ -73,6 +73,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (PRETRAIN, ["trainer.resume={truncated}", "launcher.nproc_per_node=2"], "trainer.resume={truncated}: {truncated}/__0_0.distcp has 100 bytes but"),
     (FINETUNE, ["task=sst2", "init={truncated}", "launcher.nproc_per_node=2"], "init={truncated}: {truncated}/__0_0.distcp has 100 bytes but"),
     (FINETUNE, ["task=sst2", "init={tmp}/none"], "init={tmp}/none is not a directory"),
+    (FINETUNE, ["task=sst2", "init=nobody/no-such-bert@v1"], "init=nobody/no-such-bert@v1 is not a local directory, and the Hugging Face Hub model nobody/no-such-bert@v1 is not in the cache"),
     (FINETUNE, ["task=sst2", "init={bert}", "data.train_file={tmp}/none.tsv"], "data.train_file={tmp}/none.tsv: no such file"),
     (GENERATE, ["init={tmp}/none", "prompt=a"], "init={tmp}/none is not a directory"),
     (GENERATE, ["init={gpt2}", "prompts={tmp}/none.txt"], "prompts={tmp}/none.txt: no such file"),
@@ -155,7 +156,13 @@ def test_every_bad_input_exits_2_with_one_line_and_no_run_directory(
         text=True,
         timeout=300,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100"},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "COLUMNS": "100",
+            "HF_HUB_OFFLINE": "1",  # a Hub id resolves from this empty cache only
+            "HF_HUB_CACHE": str(tmp_path / "hub"),
+        },
     )
     assert result.returncode == 0, result.stderr[-3000:]
     failures = []

@@ -14,6 +14,7 @@ from tpformer.config.renamed import upgraded_model_keys
 from tpformer.config.schema import Arch, ModelConfig
 from tpformer.interop.families import model_config_from_hf
 from tpformer.interop.hf_files import read_hf_config
+from tpformer.interop.hub import resolve_model_dir
 
 CHECKPOINT = "checkpoint"
 HUGGING_FACE = "hugging face"
@@ -52,12 +53,15 @@ def saved_model_config(meta: dict, directory: Path) -> ModelConfig:
         ) from None
 
 
-def read_model_source(value: str | Path, key: str, *, whole: bool = True) -> ModelSource:
+def read_model_source(
+    value: str | Path, key: str, *, whole: bool = True, hub: bool = True
+) -> ModelSource:
     """The model `key=value` names; FileNotFoundError or ValueError naming key and value.
     whole: a tpformer checkpoint's files must all be there at their written sizes (checked
     before any rank starts; trainer.resume=auto, which skips a damaged checkpoint for an older
-    one, reads the newest's config without it)."""
-    path = Path(value).expanduser()
+    one, reads the newest's config without it). hub: a value that is no local directory may
+    name a Hugging Face Hub model (interop/hub.py; not for a resumed run's checkpoint)."""
+    path = resolve_model_dir(value, key) if hub else Path(value).expanduser()
     if (path / store.META).is_file():
         try:
             meta = store.verify(path, digests=False) if whole else store.read_meta(path)
@@ -70,9 +74,10 @@ def read_model_source(value: str | Path, key: str, *, whole: bool = True) -> Mod
         except (ValueError, KeyError) as err:
             raise ValueError(f"{key}={value}: {err}") from None
     what = "is not a directory" if not path.is_dir() else "has neither meta.json nor config.json"
+    also = ", or a Hugging Face Hub id (name or org/name, @revision)" if hub else ""
     raise FileNotFoundError(
         f"{key}={value} {what}: give a tpformer checkpoint (<run dir>/checkpoints/stepNNNNNNNN) "
-        "or a Hugging Face directory written by save_pretrained"
+        f"or a Hugging Face directory written by save_pretrained{also}"
     )
 
 

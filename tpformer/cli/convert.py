@@ -2,6 +2,7 @@
 
 tpformer-convert to-hf   runs/bert/checkpoints/step00000300  hf/bert-mini
 tpformer-convert from-hf hf/bert-mini  runs/from-hf
+tpformer-convert from-hf openai-community/gpt2@main runs/gpt2   # a Hugging Face Hub id
 tpformer-pretrain trainer.resume=runs/from-hf/checkpoints/step00000000 ...   # continue it
 """
 
@@ -26,14 +27,17 @@ def main(argv: list[str] | None = None) -> None:
         help="to-hf: checkpoint -> save_pretrained directory; from-hf: the reverse",
     )
     parser.add_argument(
-        "source", type=Path, help="a checkpoint directory (stepN) or an HF directory"
+        "source",
+        help="to-hf: a checkpoint directory (stepN); from-hf: a save_pretrained directory or a "
+        "Hugging Face Hub id (name or org/name, @revision; through its cache, HF_HUB_OFFLINE)",
     )
     parser.add_argument("target", type=Path, help="the directory to write")
     args = parser.parse_args(argv)
     from tpformer.convert import from_hf, to_hf  # torch and transformers: after argument parsing
 
     convert = to_hf if args.direction == "to-hf" else from_hf
-    print(f"wrote {convert(args.source, args.target)}")
+    source = args.source if args.direction == "from-hf" else Path(args.source)
+    print(f"wrote {convert(source, args.target)}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def resumed_checkpoint(config: Config, run_dir: Path) -> Path | None:
         return None
     if choice == "auto":
         return store.newest_checkpoint(run_dir / store.CHECKPOINTS)
-    return read_model_source(choice, "trainer.resume").path
+    return read_model_source(choice, "trainer.resume", hub=False).path
 
 
 def adopt_checkpoint_model(config: Config, overrides: Sequence[str], run_dir: Path) -> list[str]:
@@ -63,7 +63,7 @@ def adopt_checkpoint_model(config: Config, overrides: Sequence[str], run_dir: Pa
     if directory is None:
         return []
     auto = config.trainer.resume == "auto"
-    saved = read_model_source(directory, "trainer.resume", whole=not auto).config
+    saved = read_model_source(directory, "trainer.resume", whole=not auto, hub=False).config
     preset, keys = given_model_keys(overrides)
     run = config.model
     differ = [

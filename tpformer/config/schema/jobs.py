@@ -91,7 +91,8 @@ class FinetuneConfig:
     task: GlueTaskName = MISSING
     """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli."""
     init: str = MISSING
-    """A tpformer checkpoint directory (checkpoints/stepN) or a Hugging Face BERT directory."""
+    """A tpformer checkpoint directory (checkpoints/stepN), a Hugging Face BERT directory, or a
+    Hugging Face Hub id (bert-base-uncased, org/name@revision; resolved through its cache)."""
     model: FinetuneModelConfig = field(default_factory=FinetuneModelConfig)
     data: GlueDataConfig = field(default_factory=GlueDataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -106,8 +107,9 @@ class GenerateConfig:
     """tpformer-generate: completions from a GPT checkpoint or a Hugging Face GPT-2 directory."""
 
     init: str = MISSING
-    """A tpformer GPT checkpoint directory (checkpoints/stepN) or a Hugging Face GPT-2 directory
-    (save_pretrained)."""
+    """A tpformer GPT checkpoint directory (checkpoints/stepN), a Hugging Face GPT-2 directory
+    (save_pretrained), or a Hugging Face Hub id (gpt2, org/name@revision; resolved through its
+    cache)."""
     prompt: str = ""
     """One prompt on the command line (its completion streams to the console)."""
     prompts: str = ""
@@ -144,7 +146,8 @@ class EvalLMConfig:
     """tpformer-eval-lm: token-level loss and perplexity of a causal LM on a text file."""
 
     init: str = MISSING
-    """A tpformer GPT checkpoint directory or a Hugging Face GPT-2 directory."""
+    """A tpformer GPT checkpoint directory, a Hugging Face GPT-2 directory, or a Hugging Face Hub
+    id (gpt2, org/name@revision)."""
     data_file: str = MISSING
     """A text file (one document) or JSONL with "text" (joined by blank lines) or "input_ids"
     (concatenated) per line."""
