@@ -30,18 +30,29 @@ from tpformer.planner.candidate import candidate_of
 from tpformer.planner.cluster import accelerator_cluster
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tpformer.parallel.context import ParallelContext
+    from tpformer.train.callbacks import Callback
 
 log = logging.getLogger("tpformer")
 register_configs()
 
 
-def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> None:
+def finetune(
+    config: FinetuneConfig,
+    ctx: ParallelContext,
+    run_dir: Path,
+    callbacks: Sequence[Callback] = (),
+) -> dict:
+    """The job on this rank (the console script's and the Python API's): results.json's
+    contents."""
     # the training stack loads in the ranks: the launcher and a refused input never need it
     from tpformer.train.finetuning import finetuning_trainer, write_results
 
     start = time.perf_counter()
     trainer = finetuning_trainer(config, ctx, run_dir)
+    trainer.callbacks.extend(callbacks)
     trainer.train()
     results = write_results(trainer, config, time.perf_counter() - start)
     best = results.get("best", {})
@@ -52,6 +63,7 @@ def finetune(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Non
         results["wall_time_s"],
         run_dir / "results.json",
     )
+    return results
 
 
 def dry_runs(config: FinetuneConfig, layout: Layout) -> None:

@@ -20,17 +20,25 @@ from tpformer.config.schema import Config
 from tpformer.config.store import CONF_DIR, register_configs
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tpformer.parallel.context import ParallelContext
+    from tpformer.train.callbacks import Callback
 
 log = logging.getLogger("tpformer")
 register_configs()
 
 
-def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
+def pretrain(
+    config: Config, ctx: ParallelContext, run_dir: Path, callbacks: Sequence[Callback] = ()
+) -> list[dict]:
+    """The job on this rank (the console script's and the Python API's): the logged records."""
     # the training stack loads in the ranks: the launcher and a refused input never need it
     from tpformer.train.pretraining import pretraining_trainer
 
-    records = pretraining_trainer(config, ctx, run_dir).train()
+    trainer = pretraining_trainer(config, ctx, run_dir)
+    trainer.callbacks.extend(callbacks)
+    records = trainer.train()
     if records:
         log.info(
             "done: step %d, loss %.4f (first logged %.4f); metrics in %s",
@@ -39,6 +47,7 @@ def pretrain(config: Config, ctx: ParallelContext, run_dir: Path) -> None:
             records[0]["loss"],
             run_dir / "metrics.jsonl",
         )
+    return records
 
 
 @console_script

@@ -178,7 +178,7 @@ def _checked_config(
     dry = dry_world(config)
     if dry:  # the layout of the job the dry run stands for; nothing is launched
         world, local, relaunch = dry, dry, False
-    layout, notes = _checked_layout(config, world, local, check)
+    layout, notes = checked_layout(config, world, local, check)
     return config, layout, read + notes, relaunch
 
 
@@ -217,7 +217,7 @@ def dry_world(config: Any) -> int:
 def run_entry_point(
     cfg: DictConfig,
     module: str,
-    job: Callable[[Any, ParallelContext, Path], None],
+    job: Callable[[Any, ParallelContext, Path], object],
     check: Callable[..., None] = validate,
     prepare: Prepare | None = None,
     dry: Callable[[Any, Layout], None] | None = None,
@@ -253,10 +253,10 @@ def run_entry_point(
         if code:
             sys.exit(code)
         return
-    ctx = _context(config, layout, env, run_dir)
+    ctx = rank_context(config, layout, env, run_dir)
     shared = run_dir
     try:
-        shared = _shared_run_dir(cfg, run_dir, ctx)
+        shared = shared_run_dir(cfg, hydra_cfg.overrides.task, run_dir, ctx)
         for line in notes:
             log.info("%s", line)
         job(config, ctx, shared)
@@ -284,7 +284,7 @@ def _run_dry(
         _forget_run_dir(run_dir)
 
 
-def _context(config: Any, layout: Layout, env: LaunchEnv, run_dir: Path) -> ParallelContext:
+def rank_context(config: Any, layout: Layout, env: LaunchEnv, run_dir: Path) -> ParallelContext:
     """This rank's context: the process groups of `layout` under a launcher, else one process."""
     if not env.under_launcher:
         return ParallelContext.single(seed=config.parallel.seed, rng=config.parallel.rng)
@@ -343,7 +343,7 @@ def die_with_parent() -> None:
         pass
 
 
-def _checked_layout(
+def checked_layout(
     config: Any, world_size: int, local_world_size: int, check: Callable[..., None]
 ) -> tuple[Layout, list[str]]:
     """The layout for this world size and how it was chosen, with the config validated at it
@@ -353,9 +353,11 @@ def _checked_layout(
     return layout, notes
 
 
-def _shared_run_dir(cfg: DictConfig, run_dir: Path, ctx: ParallelContext) -> Path:
+def shared_run_dir(
+    cfg: DictConfig, overrides: Sequence[str], run_dir: Path, ctx: ParallelContext
+) -> Path:
     """Rank 0's run directory for every rank (their ${now} may differ), with logging set up and
-    the composed config saved once into it."""
+    the composed config (and the overrides that made it) saved once into it."""
     shared = Path(broadcast_object(str(run_dir), monitor=ctx.monitor))  # type: ignore[arg-type]
     if shared != run_dir and run_dir.exists() and not any(run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)  # this rank's ${now} differed: drop it
@@ -365,8 +367,7 @@ def _shared_run_dir(cfg: DictConfig, run_dir: Path, ctx: ParallelContext) -> Pat
         hydra_dir = shared / ".hydra"
         hydra_dir.mkdir(exist_ok=True)
         OmegaConf.save(cfg, hydra_dir / "config.yaml")
-        overrides = list(HydraConfig.get().overrides.task)
-        OmegaConf.save(OmegaConf.create(overrides), hydra_dir / "overrides.yaml")
+        OmegaConf.save(OmegaConf.create(list(overrides)), hydra_dir / "overrides.yaml")
         log.info("run directory: %s", shared.resolve())
     return shared
 

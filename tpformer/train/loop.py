@@ -33,6 +33,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.control import agree_any
 from tpformer.parallel.regions import region
 from tpformer.progress import Progress, progress
+from tpformer.train.callbacks import Callback, Run
 from tpformer.train.checkpointing import STOP_RECORD, Checkpointer
 from tpformer.train.metrics import MetricsWriter
 from tpformer.train.profiling import StepProfiler
@@ -65,6 +66,9 @@ class Trainer:
             config=config if isinstance(config, dict) else None,
         )
         self.checkpoints = Checkpointer(task, loop, ctx, run_dir)
+        self.callbacks: list[Callback] = []
+        """The user's hooks (train/callbacks.py; the Python API passes them)."""
+        self.run = Run(self.model, ctx, run_dir, task.max_steps)
         self._sigterm = False
         self.seconds: dict[str, float] = {"best_outputs": 0.0, "metrics_close": 0.0}
         """Wall time of what the run writes besides training, evaluating and checkpoints: the
@@ -78,6 +82,13 @@ class Trainer:
     def save(self, step: int) -> Path:
         """A checkpoint of `step` into the run's checkpoints/ (tools time it)."""
         return self.checkpoints.save(step)
+
+    def _save(self, step: int) -> Path:
+        """The run's checkpoint of `step`, announced to the callbacks."""
+        path = self.checkpoints.save(step)
+        for callback in self.callbacks:
+            callback.on_save(self.run, step, path)
+        return path
 
     # ------------------------------------------------------------------ one step
 
@@ -115,6 +126,8 @@ class Trainer:
         record = {"step": step, **self._epoch(step), **metrics}
         self.evaluations.append(record)
         self.metrics.log({**record, "eval": True})
+        for callback in self.callbacks:
+            callback.on_evaluate(self.run, step, metrics)
         log.info("eval at step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         nan = [k for k, v in metrics.items() if math.isnan(v)]
         if nan:
@@ -177,11 +190,16 @@ class Trainer:
         profiler = StepProfiler(
             self.loop.profile, self.run_dir, self.ctx.rank, self.ctx.device, first
         )
+        self.run.step = first
+        for callback in self.callbacks:
+            callback.on_train_begin(self.run)
         step, reason, saved = first - 1, "done", None
         try:
             steps = iter(loader)
             for step in range(first, task.max_steps):
                 lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
+                for callback in self.callbacks:
+                    lr = callback.lr(self.run, step, lr)
                 self.engine.set_lr(lr)
                 with region("data wait"):
                     prepared = next(steps)
@@ -192,12 +210,20 @@ class Trainer:
                 preempted, timed_out = self._agree_to_stop(started)
                 if last or timed_out:  # the last evaluation sees every micro-batch's update
                     self.runner.drain()
+                logged = None
                 if steps_log.due(step, last=last or timed_out):
-                    records.append(steps_log.flush(step + 1, bar))
+                    logged = steps_log.flush(step + 1, bar)
+                    records.append(logged)
                 bar.update(1)
+                self.run.step = step + 1
+                for callback in self.callbacks:
+                    callback.on_step_end(self.run, step + 1, logged)
                 if not preempted and (self._due_for_eval(step + 1) or last or timed_out):
                     self.evaluate(step + 1)  # on SIGTERM the save comes first (30 s grace)
-                reason, saved = self._stop_or_save(step + 1, preempted, timed_out, last, saved)
+                asked = self._callback_asked_to_stop()
+                reason, saved = self._stop_or_save(
+                    step + 1, (preempted, timed_out, asked), last, saved
+                )
                 profiler.step()
                 if reason != "done":
                     break
@@ -205,6 +231,8 @@ class Trainer:
             loader.close()
             profiler.close()
         self._finish(bar, reason, step + 1, saved)
+        for callback in self.callbacks:
+            callback.on_train_end(self.run, records)
         return records
 
     def _progress(self, first: int) -> Progress:
@@ -243,19 +271,26 @@ class Trainer:
             writer.wait()
         return preempted, timed_out
 
+    def _callback_asked_to_stop(self) -> bool:
+        """Whether a callback called run.stop() in this step (its end or its evaluation), agreed
+        by every rank: a second host agreement per step, made only when there are callbacks."""
+        return bool(self.callbacks) and agree_any(self.ctx, self.run.stop_requested)[0]
+
     def _stop_or_save(
-        self, step: int, preempted: bool, timed_out: bool, last: bool, saved: Path | None
+        self, step: int, stops: tuple[bool, bool, bool], last: bool, saved: Path | None
     ) -> tuple[str, Path | None]:
         """After `step`: save where due; the reason to stop now ("done": go on) and the latest
-        checkpoint."""
+        checkpoint. `stops`: (preempted, timed out, a callback asked)."""
         loop = self.loop
-        if preempted or (loop.exit_at_step and step == loop.exit_at_step):
-            saved = self.checkpoints.save(step)
-            why = "SIGTERM" if preempted else "trainer.exit_at_step"
+        preempted, timed_out, asked = stops
+        exit_at = bool(loop.exit_at_step) and step == loop.exit_at_step
+        if preempted or exit_at or asked:
+            saved = self._save(step)
+            why = "SIGTERM" if preempted else "trainer.exit_at_step" if exit_at else "a callback"
             log.info("%s: saved step %d and stopping", why, step)
-            return ("sigterm" if preempted else "exit_at_step"), saved
+            return ("sigterm" if preempted else "exit_at_step" if exit_at else "callback"), saved
         if loop.save_every and (step % loop.save_every == 0 or last or timed_out):
-            saved = self.checkpoints.save(step)
+            saved = self._save(step)
         if timed_out:
             log.info("trainer.max_time_minutes=%s reached at step %d", loop.max_time_minutes, step)
             return "time_limit", saved
