@@ -19,6 +19,8 @@ import pytest
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 from tests.train.test_trainer import REPO
 
+pytestmark = pytest.mark.slow  # console scripts in processes of their own
+
 REPO_ID = "tiny-org/tiny-gpt2"
 
 
@@ -71,7 +73,6 @@ def _completion(hub: dict[str, Path], tmp_path: Path, init: str, name: str) -> l
     return list(json.loads((tmp_path / name / "completions.jsonl").read_text())["output_ids"])
 
 
-@pytest.mark.slow  # five console-script runs
 def test_a_hub_id_and_its_revisions_generate_as_their_snapshots(
     hub: dict[str, Path], tmp_path: Path
 ) -> None:

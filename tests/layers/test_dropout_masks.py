@@ -112,6 +112,7 @@ def test_each_site_applies_its_forward_mask_in_backward(rng: str) -> None:
         assert wrong == [], (recompute, wrong)
 
 
+@pytest.mark.slow  # 2 ranks
 def test_each_site_applies_its_forward_mask_under_tp2_sequence_parallel() -> None:
     for rank, results in enumerate(
         run_distributed(_every_mode, 2, tensor=2, sequence_parallel=True, rng="fast")

@@ -42,6 +42,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return run, done.stdout
 
 
+@pytest.mark.slow  # the example's run, a console-script-sized subprocess
 def test_the_example_trains_evaluates_and_exports(one_process: tuple[Path, str]) -> None:
     import transformers
 
@@ -106,6 +107,7 @@ tpformer.pretrain(config, sys.argv[1], callbacks=[StopAt(), Saves()])
 """
 
 
+@pytest.mark.slow  # a subprocess run
 def test_a_callback_stops_the_run_with_a_checkpoint_of_its_step(tmp_path: Path) -> None:
     done = _python("-c", STOPPING, str(tmp_path / "run"), cwd=tmp_path)
     assert "SAVED [(20, 'step00000020')] LAST 20 AT 20" in done.stdout, done.stdout

@@ -197,9 +197,7 @@ class Trainer:
         try:
             steps = iter(loader)
             for step in range(first, task.max_steps):
-                lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
-                for callback in self.callbacks:
-                    lr = callback.lr(self.run, step, lr)
+                lr = self._lr(step)
                 self.engine.set_lr(lr)
                 with region("data wait"):
                     prepared = next(steps)
@@ -215,9 +213,7 @@ class Trainer:
                     logged = steps_log.flush(step + 1, bar)
                     records.append(logged)
                 bar.update(1)
-                self.run.step = step + 1
-                for callback in self.callbacks:
-                    callback.on_step_end(self.run, step + 1, logged)
+                self._step_ended(step + 1, logged)
                 if not preempted and (self._due_for_eval(step + 1) or last or timed_out):
                     self.evaluate(step + 1)  # on SIGTERM the save comes first (30 s grace)
                 asked = self._callback_asked_to_stop()
@@ -234,6 +230,19 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_train_end(self.run, records)
         return records
+
+    def _lr(self, step: int) -> float:
+        """The step's learning rate: the schedule's, as the callbacks adjust it."""
+        task = self.task
+        lr = lr_at(step, peak=task.peak_lr, optim=self.optim, max_steps=task.max_steps)
+        for callback in self.callbacks:
+            lr = callback.lr(self.run, step, lr)
+        return lr
+
+    def _step_ended(self, step: int, logged: dict | None) -> None:
+        self.run.step = step
+        for callback in self.callbacks:
+            callback.on_step_end(self.run, step, logged)
 
     def _progress(self, first: int) -> Progress:
         return progress(
