@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.bad_input_cases import results
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 from tests.train.test_trainer import REPO
 
@@ -52,7 +53,34 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"cache": cache, "main": main, "v2": other, "root": root}
 
 
-def _run(hub: dict[str, Path], cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+GENERATE = "tpformer.cli.generate:main"
+CONVERT = "tpformer.cli.convert:main"
+OFFLINE_MISSES = {
+    "generate_miss": (GENERATE, ["init=nobody/no-such-model", "prompt=a"]),
+    "convert_miss": (CONVERT, ["from-hf", "nobody/no-such-model", "missing"]),
+}
+
+
+@pytest.fixture(scope="module")
+def ran(hub: dict[str, Path]) -> dict[str, tuple]:
+    """Every command of this file in one process (tests/cli/bad_input_cases.py's runner), with
+    HF_HUB_OFFLINE=1 and the laid-out cache: name -> (exit code, stdout, stderr, left)."""
+    work = hub["root"] / "work"
+    work.mkdir()
+
+    def generate(init: str, name: str) -> tuple[str, list[str], str]:
+        argv = [f"init={init}", "prompt='To be, or'", "max_new_tokens=6",
+                f"hydra.run.dir={work / name}"]  # fmt: skip
+        return GENERATE, argv, str(work)
+
+    cases = {
+        "by_id": generate(REPO_ID, "by_id"),
+        "by_dir": generate(str(hub["main"]), "by_dir"),
+        "v2": generate(f"{REPO_ID}@v2", "v2"),
+        "v2_dir": generate(str(hub["v2"]), "v2_dir"),
+        "convert": (CONVERT, ["from-hf", f"{REPO_ID}@main", str(work / "out")], str(work)),
+        **{name: (script, argv, str(work)) for name, (script, argv) in OFFLINE_MISSES.items()},
+    }
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -60,53 +88,49 @@ def _run(hub: dict[str, Path], cwd: Path, *argv: str) -> subprocess.CompletedPro
         "HF_HUB_OFFLINE": "1",
         "HF_HUB_CACHE": str(hub["cache"]),
     }
-    return subprocess.run(
-        [sys.executable, "-m", *argv], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-
-
-def _completion(hub: dict[str, Path], tmp_path: Path, init: str, name: str) -> list[int]:
-    done = _run(hub, tmp_path, "tpformer.cli.generate", f"init={init}", "prompt='To be, or'",
-                "max_new_tokens=6", f"hydra.run.dir={tmp_path / name}")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.cli.bad_input_cases"],
+        input=json.dumps(list(cases.values())),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    return list(json.loads((tmp_path / name / "completions.jsonl").read_text())["output_ids"])
+    return {"work": work, **dict(zip(cases, results(done.stdout), strict=True))}
 
 
-def test_a_hub_id_and_its_revisions_generate_as_their_snapshots(
-    hub: dict[str, Path], tmp_path: Path
-) -> None:
-    by_id = _completion(hub, tmp_path, REPO_ID, "by_id")
-    assert by_id == _completion(hub, tmp_path, str(hub["main"]), "by_dir")
-    v2 = _completion(hub, tmp_path, f"{REPO_ID}@v2", "v2")
-    assert v2 == _completion(hub, tmp_path, str(hub["v2"]), "v2_dir")
+def _completion(ran: dict, name: str) -> list[int]:
+    code, _, stderr, _ = ran[name]
+    assert code in (0, None), stderr[-3000:]
+    return list(json.loads((ran["work"] / name / "completions.jsonl").read_text())["output_ids"])
+
+
+def test_a_hub_id_and_its_revisions_generate_as_their_snapshots(ran: dict) -> None:
+    by_id = _completion(ran, "by_id")
+    assert by_id == _completion(ran, "by_dir")
+    v2 = _completion(ran, "v2")
+    assert v2 == _completion(ran, "v2_dir")
     assert v2 != by_id  # the revision chose other weights
 
 
-def test_convert_from_hf_takes_a_hub_id(hub: dict[str, Path], tmp_path: Path) -> None:
-    done = _run(hub, tmp_path, "tpformer.cli.convert", "from-hf", f"{REPO_ID}@main", "out")
-    assert done.returncode == 0, done.stderr[-3000:]
-    meta = json.loads((tmp_path / "out" / "checkpoints" / "step00000000" / "meta.json").read_text())
-    assert meta["source"] == f"{REPO_ID}@main"
-    assert (tmp_path / "out" / "checkpoints" / "step00000000" / "tokenizer").is_dir()
+def test_convert_from_hf_takes_a_hub_id(ran: dict) -> None:
+    code, _, stderr, _ = ran["convert"]
+    assert code in (0, None), stderr[-3000:]
+    step = ran["work"] / "out" / "checkpoints" / "step00000000"
+    assert json.loads((step / "meta.json").read_text())["source"] == f"{REPO_ID}@main"
+    assert (step / "tokenizer").is_dir()
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["tpformer.cli.generate", "init=nobody/no-such-model", "prompt=a"],
-        ["tpformer.cli.convert", "from-hf", "nobody/no-such-model", "out"],
-    ],
-)
-def test_an_id_not_cached_while_offline_is_one_line(
-    hub: dict[str, Path], tmp_path: Path, argv: list[str]
-) -> None:
-    done = _run(hub, tmp_path, *argv)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1, done.stderr
+@pytest.mark.parametrize("name", list(OFFLINE_MISSES))
+def test_an_id_not_cached_while_offline_is_one_line(ran: dict, name: str) -> None:
+    code, _, stderr, left = ran[name]
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1, stderr
     assert (
         "nobody/no-such-model is not a local directory, and the Hugging Face Hub model"
         in (lines[0])
     )
     assert "is not in the cache" in lines[0] and "HF_HUB_OFFLINE is set" in lines[0], lines
-    assert not (tmp_path / "outputs").exists() and not (tmp_path / "out").exists()
+    assert not left and not (ran["work"] / "missing").exists()

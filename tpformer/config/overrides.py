@@ -125,7 +125,8 @@ def invalid_group_value(
     from tpformer.config.groups import group_options, selectable_groups
 
     hint = _field_type(key, schema)
-    record = record_of(hint) if hint is not None else None
+    listed = typing.get_origin(hint) is list  # a list of records (data.blend) takes a list
+    record = record_of(hint) if hint is not None and not listed else None
     if record is None or value == "null" or value.startswith(("{", "$")):
         return None
     if "." not in key and key in selectable_groups(config_name):
