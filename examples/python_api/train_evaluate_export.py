@@ -7,7 +7,7 @@
 Extra arguments are Hydra overrides, as on the command line. The run: a tiny BERT on synthetic
 data with an evaluation every 10 steps; one callback writes the logged losses to loss.csv (rank
 0), another stops the run when the evaluation loss has not improved for `patience` evaluations
-and a third halves the schedule's learning rate after step 40. Then the latest checkpoint is
+and a third halves the schedule's learning rate after step 30. Then the latest checkpoint is
 exported to a Hugging Face directory (rank 0) and its path printed."""
 
 from __future__ import annotations
@@ -66,17 +66,17 @@ def main(run_dir: str, *overrides: str) -> Path | None:
         "pretrain",
         "model=bert_tiny",
         "data=synthetic",
-        "trainer.max_steps=60",
+        "trainer.max_steps=40",
         "trainer.micro_batch_size=8",
         "data.seq_length=32",
         "trainer.log_every=5",
         "trainer.eval_every=10",
-        "trainer.save_every=30",
+        "trainer.save_every=20",
         "trainer.progress=false",
         "trainer.plot=false",
         *overrides,
     )
-    callbacks = [LossCsv(), StopOnPlateau(patience=2, min_delta=1e-3), HalveLrAfter(40)]
+    callbacks = [LossCsv(), StopOnPlateau(patience=2, min_delta=1e-3), HalveLrAfter(30)]
     records = tpformer.pretrain(config, run_dir, callbacks=callbacks)
     latest = Path(run_dir) / "checkpoints"
     step_dir = latest / (latest / "latest").read_text().strip()
