@@ -126,8 +126,8 @@ def _after_preemption(signal_name: str, run_dir: Path, started: float) -> int:
     )
     log.error(
         "launcher received %s; the ranks stopped without saving (during startup, "
-        "evaluation or a step longer than the 30 s grace): the work since the last save is "
-        "lost (%s)",
+        "evaluation, or steps longer than the 30 s grace: the ranks agree to stop one step "
+        "after the signal): the work since the last save is lost (%s)",
         signal_name,
         kept,
     )

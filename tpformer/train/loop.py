@@ -30,7 +30,7 @@ from tpformer.config.schema import LoopConfig, OptimConfig
 from tpformer.data.steps import StepInput, StepLoader, StepSource, prepare_step
 from tpformer.parallel.comm import all_reduce
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.control import agree_any
+from tpformer.parallel.control import StopAgreement, agree_any
 from tpformer.parallel.regions import region
 from tpformer.progress import Progress, progress
 from tpformer.train.callbacks import Callback, Run
@@ -70,6 +70,7 @@ class Trainer:
         """The user's hooks (train/callbacks.py; the Python API passes them)."""
         self.run = Run(self.model, ctx, run_dir, task.max_steps)
         self._sigterm = False
+        self._stops = StopAgreement(ctx)
         self.seconds: dict[str, float] = {"best_outputs": 0.0, "metrics_close": 0.0}
         """Wall time of what the run writes besides training, evaluating and checkpoints: the
         best evaluation's outputs (fine-tuning's test predictions), closing the metrics (the
@@ -226,6 +227,7 @@ class Trainer:
         finally:  # stop the workers (one that outlives us blocks exit) and the profiler
             loader.close()
             profiler.close()
+            self._stops.settle()
         self._finish(bar, reason, step + 1, saved)
         for callback in self.callbacks:
             callback.on_train_end(self.run, records)
@@ -268,13 +270,14 @@ class Trainer:
         )
 
     def _agree_to_stop(self, started: float) -> tuple[bool, bool]:
-        """(preempted, timed out), agreed by every rank on the host; a failed background save
-        is raised on every rank at once."""
+        """(preempted, timed out), agreed by every rank on the host one step late
+        (parallel/control.py: no host waits for the slowest at every step); a failed background
+        save is raised on every rank at once."""
         limit = self.loop.max_time_minutes
         over_time = limit > 0 and time.perf_counter() - started > 60 * limit
         writer = self.checkpoints.writer
-        preempted, timed_out, save_failed = agree_any(
-            self.ctx, self._sigterm, over_time, writer.failed()
+        preempted, timed_out, save_failed = self._stops.exchange(
+            self._sigterm, over_time, writer.failed()
         )
         if save_failed:  # every rank holds the same error
             writer.wait()
