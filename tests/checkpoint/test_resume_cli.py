@@ -7,16 +7,13 @@ commands run in one process (tests/cli/bad_input_cases.py's runner; the first la
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli.bad_input_cases import results
+from tests.cli.bad_input_cases import run_cases
 from tests.tolerances import FP32_MODEL_REL
-from tests.train.test_trainer import QUIET, REPO
+from tests.train.test_trainer import QUIET
 
 PRETRAIN = "tpformer.cli.pretrain:main"
 RUN = ["model=modernbert_tiny", "data=synthetic", "trainer.max_steps=4", "trainer.log_every=1",
@@ -39,17 +36,7 @@ def test_a_modernbert_stopped_at_tp2_resumes_in_one_process_on_the_same_curve(
         [*RUN, "trainer.resume=auto", f"hydra.run.dir={stopped}"],
         [*RUN, f"hydra.run.dir={whole}"],
     ]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.cli.bad_input_cases"],
-        input=json.dumps([(PRETRAIN, argv, str(tmp_path)) for argv in cases]),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    outcomes = results(done.stdout)
+    outcomes = run_cases([(PRETRAIN, argv, str(tmp_path)) for argv in cases])
     for code, _, stderr, _ in outcomes:
         assert code in (0, None), stderr[-3000:]
     assert "resharded {'world_size': (2, 1), 'tensor': (2, 1)}" in outcomes[1][2]

@@ -39,6 +39,25 @@ def results(stdout: str) -> list:
     return list(json.loads(stdout.rpartition("\nRESULTS ")[2]))
 
 
+def run_cases(cases: list, env: dict[str, str] | None = None, timeout: float = 600) -> list:
+    """Run the (script, argv, cwd) cases in one fresh process of this runner, with `env` over
+    the environment (PYTHONPATH the repository, one thread); each case's result."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.cli.bad_input_cases"],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return results(done.stdout)
+
+
 if __name__ == "__main__":
     cases = json.loads(sys.stdin.read())
     results = [run_case(*case) for case in cases]

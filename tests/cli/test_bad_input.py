@@ -6,16 +6,12 @@ naming the value, before any process starts and before a run directory is kept."
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli.bad_input_cases import results
+from tests.cli.bad_input_cases import run_cases
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,24 +145,14 @@ def test_every_bad_input_exits_2_with_one_line_and_no_run_directory(
         return text
 
     cases = [(script, [filled(a) for a in argv], str(names["tmp"])) for script, argv, _ in CASES]
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.cli.bad_input_cases"],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "COLUMNS": "100",
-            "HF_HUB_OFFLINE": "1",  # a Hub id resolves from this empty cache only
-            "HF_HUB_CACHE": str(tmp_path / "hub"),
-        },
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    env = {
+        "COLUMNS": "100",
+        "HF_HUB_OFFLINE": "1",  # a Hub id resolves from this empty cache only
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+    }
+    outcomes = run_cases(cases, env, timeout=300)
     failures = []
-    for (script, argv, message), (code, _, stderr, left) in zip(CASES, results(result.stdout)):
+    for (script, argv, message), (code, _, stderr, left) in zip(CASES, outcomes):
         lines = stderr.splitlines()
         ok = (
             code == 2

@@ -8,16 +8,13 @@ One process runs the three commands (tests/cli/bad_input_cases.py's runner)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.cli.bad_input_cases import results
+from tests.cli.bad_input_cases import run_cases
 from tests.data.common import corpus_tokenizer, write_corpus
 from tests.train.test_trainer import QUIET, REPO
 from tpformer.data.corpus import read_text, split_sentences
@@ -93,17 +90,8 @@ def test_the_documented_megatron_commands_train(tmp_path: Path) -> None:
     for name, command in DOCUMENTED.items():
         argv = [*_renamed(command, names), *SIZES, f"hydra.run.dir={tmp_path / name}"]
         cases.append((PRETRAIN, argv, str(tmp_path)))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.cli.bad_input_cases"],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    for (name, _), (code, _, stderr, _) in zip(DOCUMENTED.items(), results(done.stdout)):
+    outcomes = run_cases(cases)
+    for (name, _), (code, _, stderr, _) in zip(DOCUMENTED.items(), outcomes, strict=True):
         assert code in (0, None), (name, stderr[-3000:])
         assert "done: step 2" in stderr, (name, stderr[-3000:])
         metrics = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
