@@ -227,7 +227,7 @@ class Trainer:
         finally:  # stop the workers (one that outlives us blocks exit) and the profiler
             loader.close()
             profiler.close()
-            self._stops.settle()
+        self._stops.settle()  # the last step's flags (after a failure nothing waits for them)
         self._finish(bar, reason, step + 1, saved)
         for callback in self.callbacks:
             callback.on_train_end(self.run, records)
