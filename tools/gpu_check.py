@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.gpu_check_steps import measure_contender, precision_gaps
+from tools.gpu_check_steps import BATCH_KINDS, measure_contender, precision_gaps
 
 VARIANTS = [  # (label, torch.compile, recompute), the quick look's first
     ("tpformer compiled", True, "none"),
@@ -65,6 +65,8 @@ class Contender:
     model: str
     seq: int
     batch: int
+    kind: str
+    """The batch kind (gpu_check_steps.BATCH_KINDS): padded or unpadded."""
     label: str
     compiled: bool
     recompute: str
@@ -79,24 +81,24 @@ class Contender:
 def contenders(args: argparse.Namespace) -> list[Contender]:
     """Every contender, the quick look first (the first shape's compiled tpformer and HF)."""
     out = []
-    for name in args.models:
-        for seq in args.seqs:
-            batch = max(1, args.tokens // seq)
-            common = {"model": name, "seq": seq, "batch": batch, "steps": args.steps,
-                      "warmup": args.warmup, "device": args.device, "tiny": args.tiny,
-                      "peak_tflops": args.peak_tflops}  # fmt: skip
-            shape = [
-                Contender(label=label, compiled=c, recompute=r, hf=False, **common)
-                for label, c, r in VARIANTS
-                if args.compile or not c
-            ]
-            hf = [
-                Contender(label=label, compiled=c, recompute="none", hf=True, **common)
-                for label, c in [(HF_LABEL, False), (HF_COMPILED_LABEL, True)]
-                if args.compile or not c
-            ]
-            chosen = [shape[0], hf[0], *shape[1:], *hf[1:]]
-            out += [c for c in chosen if not args.only or c.label in args.only]
+    shapes = [(n, s, k) for n in args.models for s in args.seqs for k in args.batch_kinds]
+    for name, seq, kind in shapes:
+        batch = max(1, args.tokens // seq)
+        common = {"model": name, "seq": seq, "batch": batch, "kind": kind,
+                  "steps": args.steps, "warmup": args.warmup, "device": args.device,
+                  "tiny": args.tiny, "peak_tflops": args.peak_tflops}  # fmt: skip
+        shape = [
+            Contender(label=label, compiled=c, recompute=r, hf=False, **common)
+            for label, c, r in VARIANTS
+            if args.compile or not c
+        ]
+        hf = [
+            Contender(label=label, compiled=c, recompute="none", hf=True, **common)
+            for label, c in [(HF_LABEL, False), (HF_COMPILED_LABEL, True)]
+            if args.compile or not c
+        ]
+        chosen = [shape[0], hf[0], *shape[1:], *hf[1:]]
+        out += [c for c in chosen if not args.only or c.label in args.only]
     return out
 
 
@@ -121,7 +123,7 @@ def print_row(row: dict, hf: dict | None) -> None:
     peak = "-" if math.isnan(row["peak_gib"]) else f"{row['peak_gib']:.2f}"
     ratio = f"{row['tokens_per_s'] / hf['tokens_per_s']:.2f}" if hf else "-"
     print(
-        f"{row['model']:<11}{row['seq']:>5}{row['batch']:>6}  {row['label']:<36}"
+        f"{row['model']:<11}{row['seq']:>5}{row['batch']:>6} {row['kind']:<9}{row['label']:<36}"
         f"{row['tokens_per_s']:>11.0f}{row['step_s'] * 1e3:>9.1f}{row['tflops']:>9.2f}"
         f"{mfu:>7}{peak:>9}{ratio:>7}",
         flush=True,
@@ -130,7 +132,7 @@ def print_row(row: dict, hf: dict | None) -> None:
 
 def throughput(args: argparse.Namespace, started: float) -> list[dict]:
     print(
-        f"\n{'model':<11}{'seq':>5}{'batch':>6}  {'contender':<36}{'tokens/s':>11}"
+        f"\n{'model':<11}{'seq':>5}{'batch':>6} {'kind':<9}{'contender':<36}{'tokens/s':>11}"
         f"{'step ms':>9}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>9}{'vs HF':>7}"
     )
     rows: list[dict] = []
@@ -138,7 +140,8 @@ def throughput(args: argparse.Namespace, started: float) -> list[dict]:
     for contender in contenders(args):
         left = args.budget_s - (time.perf_counter() - started)
         if left < estimate:
-            print(f"  {contender.model} {contender.seq} {contender.label}: skipped (budget)")
+            c = contender
+            print(f"  {c.model} {c.seq} {c.kind} {c.label}: skipped (budget)")
             continue
         start = time.perf_counter()
         row = run_child("contender", asdict(contender), timeout_s=left)
@@ -151,7 +154,8 @@ def throughput(args: argparse.Namespace, started: float) -> list[dict]:
         same = [
             r
             for r in rows
-            if (r["model"], r["seq"], r["label"]) == (row["model"], row["seq"], HF_LABEL)
+            if (r["model"], r["seq"], r["kind"], r["label"])
+            == (row["model"], row["seq"], row["kind"], HF_LABEL)
         ]
         print_row(row, same[0] if same and not row["hf"] else None)
     print_ratios(rows)
@@ -169,10 +173,11 @@ def print_ratios(rows: list[dict]) -> None:
         ratios = [
             f"{row['tokens_per_s'] / ref['tokens_per_s']:.2f}x {ref['label']}"
             for ref in references
-            if (ref["model"], ref["seq"]) == (row["model"], row["seq"])
+            if (ref["model"], ref["seq"], ref["kind"]) == (row["model"], row["seq"], row["kind"])
         ]
         if ratios:
-            print(f"  {row['model']} {row['seq']} {row['label']}: {', '.join(ratios)}")
+            shape = f"{row['model']} {row['seq']} {row['kind']}"
+            print(f"  {shape} {row['label']}: {', '.join(ratios)}")
 
 
 def precision_check(args: argparse.Namespace) -> bool:
@@ -200,6 +205,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="bert_tiny, seq 32, a few steps")
     parser.add_argument("--models", nargs="+", default=None)
     parser.add_argument("--seqs", nargs="+", type=int, default=None)
+    parser.add_argument(
+        "--batch-kinds",
+        nargs="+",
+        choices=BATCH_KINDS,
+        default=None,
+        help="padded (an attention mask) and/or unpadded (none): each kernel path is timed",
+    )
     parser.add_argument("--tokens", type=int, default=None, help="tokens per step")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per contender")
     parser.add_argument("--warmup", type=int, default=None)
@@ -217,6 +229,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     tiny = args.tiny
     args.models = args.models or (["bert_tiny"] if tiny else ["bert_base", "bert_large"])
     args.seqs = args.seqs or ([32] if tiny else [128, 512])
+    args.batch_kinds = args.batch_kinds or (["padded"] if tiny else list(BATCH_KINDS))
     args.tokens = args.tokens or (128 if tiny else TOKENS_PER_STEP)
     args.steps = args.steps or (2 if tiny else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 5)

@@ -34,11 +34,20 @@ def model_config(name: str, seq: int, tiny: bool, dropout: float | None = None) 
     return config
 
 
+BATCH_KINDS = ("padded", "unpadded")
+"""padded: the last quarter of each sample's second segment padded away for one sample in four
+(pad fraction 1/16), an attention mask on both sides; unpadded: every token real, no mask
+passed (tpformer's loader drops an all-ones mask on the host, data/steps.py; Hugging Face is
+given none), so each side may take its unmasked kernel."""
+
+
 def synthetic_batches(
-    config: ModelConfig, batch: int, seq: int, n: int, device: torch.device
+    config: ModelConfig, batch: int, seq: int, n: int, device: torch.device, kind: str = "padded"
 ) -> list[Batch]:
-    """n MLM+NSP batches on the device: 15% of the tokens labeled, the last quarter of each
-    sample's second segment padded away for one sample in four."""
+    """n MLM+NSP batches of `kind` (BATCH_KINDS) on the device, 15% of the real tokens
+    labeled."""
+    if kind not in BATCH_KINDS:
+        raise ValueError(f"batch kind {kind!r}: one of {', '.join(BATCH_KINDS)}")
     g = torch.Generator(device="cpu").manual_seed(0)
     out = []
     for _ in range(n):
@@ -46,18 +55,20 @@ def synthetic_batches(
         types = torch.zeros(batch, seq, dtype=torch.long)
         types[:, seq // 2 :] = 1
         mask = torch.ones(batch, seq, dtype=torch.long)
-        mask[::4, seq - seq // 4 :] = 0
+        if kind == "padded":
+            mask[::4, seq - seq // 4 :] = 0
         labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, -100)
         labels[mask == 0] = -100
         nsp = torch.randint(0, 2, (batch,), generator=g)
         parts = {
             "input_ids": ids,
             "token_type_ids": types,
-            "attention_mask": mask,
             "mlm_labels": labels,
             "nsp_labels": nsp,
             "mlm_positions": labeled_positions(labels),  # made on the host, as the loader does
         }
+        if kind == "padded":
+            parts["attention_mask"] = mask
         out.append({k: v.to(device, non_blocking=True) for k, v in parts.items()})
     return out
 
@@ -114,7 +125,7 @@ def hf_step(
             loss = forward(
                 input_ids=batch["input_ids"],
                 token_type_ids=batch["token_type_ids"],
-                attention_mask=batch["attention_mask"],
+                attention_mask=batch.get("attention_mask"),
                 labels=batch["mlm_labels"],
                 next_sentence_label=batch["nsp_labels"],
             ).loss
@@ -135,7 +146,7 @@ def measure_contender(spec: Any) -> dict[str, Any]:
     """Time one contender (a gpu_check.Contender) in this process: its row as a dict."""
     device = torch.device(spec.device)
     config = model_config(spec.model, spec.seq, spec.tiny)
-    batches = synthetic_batches(config, spec.batch, spec.seq, spec.steps, device)
+    batches = synthetic_batches(config, spec.batch, spec.seq, spec.steps, device, spec.kind)
     if spec.hf:
         step = hf_step(config, device, torch.bfloat16, compiled=spec.compiled)
     else:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.train.test_trainer import REPO
 from tools.gpu_check import (
@@ -112,12 +113,16 @@ def _hand_counted_flops(row: dict) -> float:
 
 
 def test_every_variant_is_a_contender_the_quick_look_first() -> None:
-    """Each shape: tpformer compiled and Hugging Face first, then the other variants, then
-    Hugging Face compiled; --no-compile drops the compiled ones, --only picks by label."""
+    """Each shape and batch kind (padded, then unpadded): tpformer compiled and Hugging Face
+    first, then the other variants, then Hugging Face compiled; --no-compile drops the compiled
+    ones, --only picks by label, --tiny times padded batches only."""
     every = [VARIANTS[0][0], HF_LABEL, *[label for label, _, _ in VARIANTS[1:]], HF_COMPILED_LABEL]
     rows = contenders(parse(["--device", "cpu", "--models", "bert_base", "--seqs", "128", "512"]))
-    assert [(c.seq, c.label) for c in rows] == [
-        (seq, label) for seq in (128, 512) for label in every
+    assert [(c.seq, c.kind, c.label) for c in rows] == [
+        (seq, kind, label)
+        for seq in (128, 512)
+        for kind in ("padded", "unpadded")
+        for label in every
     ]
     assert [(c.compiled, c.recompute, c.hf) for c in rows[:6]] == [
         (True, "none", False), (False, "none", True), (False, "none", False),
@@ -126,4 +131,18 @@ def test_every_variant_is_a_contender_the_quick_look_first() -> None:
     eager = contenders(parse(["--device", "cpu", "--tiny", "--no-compile"]))
     assert [(c.label, c.compiled) for c in eager] == [(VARIANTS[1][0], False), (HF_LABEL, False)]
     only = contenders(parse(["--device", "cpu", "--tiny", "--only", HF_COMPILED_LABEL]))
-    assert [c.label for c in only] == [HF_COMPILED_LABEL]
+    assert [(c.label, c.kind) for c in only] == [(HF_COMPILED_LABEL, "padded")]
+
+
+def test_an_unpadded_batch_passes_no_mask_and_a_padded_one_masks_a_sixteenth() -> None:
+    from tools.gpu_check_steps import model_config, synthetic_batches
+
+    config = model_config("bert_tiny", 32, tiny=True)
+    padded, unpadded = (
+        synthetic_batches(config, 8, 32, 1, torch.device("cpu"), kind)[0]
+        for kind in ("padded", "unpadded")
+    )
+    assert "attention_mask" not in unpadded
+    assert float(1 - padded["attention_mask"].float().mean()) == 1 / 16
+    assert torch.equal(padded["input_ids"], unpadded["input_ids"])  # the same tokens
+    assert (padded["mlm_labels"][padded["attention_mask"] == 0] == -100).all()
