@@ -33,20 +33,14 @@ JOBS = {"pretrain": ("config", Config), "finetune": ("finetune", FinetuneConfig)
 
 def compose_config(job: str, *overrides: str) -> Any:
     """The typed config of `tpformer-<job> overrides...` (job: pretrain or finetune)."""
-    from hydra import compose, initialize_config_dir
-
-    from tpformer.config.overrides import check_overrides
     from tpformer.config.renamed import check_renamed
-    from tpformer.config.store import CONF_DIR, register_configs, to_config
+    from tpformer.config.store import compose_typed
 
     if job not in JOBS:
         raise ValueError(f"job={job!r}: one of {', '.join(JOBS)}")
     name, schema = JOBS[job]
     check_renamed(list(overrides))
-    check_overrides(list(overrides), schema, name)
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return to_config(compose(name, overrides=list(overrides)))
+    return compose_typed(name, schema, overrides)
 
 
 def pretrain(
@@ -84,11 +78,17 @@ def _run(
 
     from omegaconf import OmegaConf
 
-    from tpformer.cli.shell import checked_layout, rank_context, shared_run_dir
+    from tpformer.cli.shell import checked_layout, dry_world, rank_context, shared_run_dir
     from tpformer.config.rules.choices import check_choices
     from tpformer.parallel.env import LaunchEnv
 
     env = LaunchEnv.read()
+    if dry_world(config):
+        raise ValueError(
+            f"dry_run.world={config.dry_run.world}: the dry run is the console scripts' "
+            "(tpformer-finetune dry_run.world=N, tpformer-plan plan.dry_run=true); from "
+            "Python, train"
+        )
     if config.launcher.nproc_per_node > 1 and not env.under_launcher:
         raise ValueError(
             f"launcher.nproc_per_node={config.launcher.nproc_per_node}: from Python, start the "

@@ -127,9 +127,13 @@ def test_compose_config_refuses_a_typo_and_an_unknown_job() -> None:
     assert config.task.value == "rte" and config.parallel.tensor == 2
 
 
-def test_nproc_per_node_from_python_points_to_torchrun(tmp_path: Path) -> None:
+def test_what_only_the_console_scripts_do_is_refused(tmp_path: Path) -> None:
     import tpformer
 
     config = tpformer.compose_config("pretrain", "launcher.nproc_per_node=2")
     with pytest.raises(ValueError, match="start the ranks with torchrun --nproc-per-node N"):
         tpformer.pretrain(config, tmp_path / "run")
+    config = tpformer.compose_config("finetune", "task=rte", "init=x", "dry_run.world=8")
+    with pytest.raises(ValueError, match=r"dry_run\.world=8: the dry run is the console"):
+        tpformer.finetune(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

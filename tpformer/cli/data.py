@@ -19,21 +19,15 @@ import logging
 from datetime import timedelta
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
 from tpformer.cli.shell import console_script
-from tpformer.config.overrides import check_overrides
 from tpformer.config.rules.data import validate_data
 from tpformer.config.schema import Config
-from tpformer.config.store import CONF_DIR, register_configs, to_config
+from tpformer.config.store import compose_typed
 from tpformer.data.preprocess import Ranks
 
 
 def _config(overrides: list[str]) -> Config:
-    register_configs()
-    check_overrides(overrides, Config)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        config: Config = to_config(compose("config", overrides=overrides))
+    config: Config = compose_typed("config", Config, overrides)
     validate_data(config.data)
     if config.data.source == "synthetic":
         raise ValueError(

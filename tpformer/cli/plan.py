@@ -18,8 +18,6 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from hydra import compose, initialize_config_dir
-
 from tpformer.cli.plan_output import (
     dry_run_lines,
     entry_json,
@@ -29,10 +27,9 @@ from tpformer.cli.plan_output import (
 )
 from tpformer.cli.shell import console_script
 from tpformer.config.help import given_overrides, help_requested, schema_help
-from tpformer.config.overrides import check_overrides
 from tpformer.config.rules.model import validate_model
 from tpformer.config.schema import PlanConfig
-from tpformer.config.store import CONF_DIR, register_configs, to_config
+from tpformer.config.store import compose_typed
 from tpformer.config.validate import validate
 from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.auto import at_layout, auto_global_batch
@@ -65,11 +62,8 @@ LAYOUT_KEYS = (
 
 
 def _compose(overrides: list[str]) -> PlanConfig:
-    register_configs()
-    check_overrides(overrides, PlanConfig, "plan")
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose("plan", overrides=overrides)
-    return to_config(cfg)
+    config: PlanConfig = compose_typed("plan", PlanConfig, overrides)
+    return config
 
 
 def _user_overrides(overrides: list[str]) -> list[str]:

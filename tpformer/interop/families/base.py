@@ -44,6 +44,19 @@ class HFAdapter:
     tied: Callable[[ModelConfig, str], dict[str, str]] = no_tied
 
 
+def classic_keys(config: ModelConfig) -> dict[str, tuple[object, object]]:
+    """(value, what the class holds) of the keys BERT's and GPT-2's Hugging Face classes fix
+    alike: LayerNorm with biases, an ungated MLP, biased projections, one key/value head per
+    query head."""
+    return {
+        "model.norm.kind": (config.norm.kind, "layernorm"),
+        "model.norm.bias": (config.norm.bias, True),
+        "model.mlp.gated": (config.mlp.gated, False),
+        "model.bias": (config.bias, True),
+        "model.num_kv_heads": (config.kv_heads, config.num_heads),
+    }
+
+
 def mismatches(wrong: dict[str, tuple[object, object]], family: str) -> list[str]:
     """'key=have (family: want)' for each key whose config value is not the one the family's
     Hugging Face class holds (what its config_to_hf refuses by name)."""

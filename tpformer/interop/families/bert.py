@@ -7,7 +7,12 @@ from typing import Any
 
 from tpformer.config.families.bert import BERT
 from tpformer.config.schema import Activation, Arch, MlpConfig, ModelConfig, NormConfig
-from tpformer.interop.families.base import HFAdapter, export_class_of, mismatches
+from tpformer.interop.families.base import (
+    HFAdapter,
+    classic_keys,
+    export_class_of,
+    mismatches,
+)
 from tpformer.interop.hf_rules import FusedQKV, Plain, Rule, linear_rules, norm_rules
 
 
@@ -76,13 +81,9 @@ def bert_config(hf: dict) -> ModelConfig:
 def bert_export_problems(config: ModelConfig) -> list[str]:
     """The keys of an encoder config with learned positions that BERT's classes cannot hold."""
     wrong = {
-        "model.norm.kind": (config.norm.kind, "layernorm"),
+        **classic_keys(config),
         "model.norm.position": (config.norm.position, "post"),
-        "model.norm.bias": (config.norm.bias, True),
         "model.mlp.activation": (config.mlp.activation, "gelu"),
-        "model.mlp.gated": (config.mlp.gated, False),
-        "model.bias": (config.bias, True),
-        "model.num_kv_heads": (config.kv_heads, config.num_heads),
         "model.pooler": (config.pooler, "tanh"),
     }
     return mismatches(wrong, "BERT")

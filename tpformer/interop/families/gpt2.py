@@ -14,7 +14,12 @@ from tpformer.config.schema import (
     NormConfig,
     NormPosition,
 )
-from tpformer.interop.families.base import HFAdapter, export_class_of, mismatches
+from tpformer.interop.families.base import (
+    HFAdapter,
+    classic_keys,
+    export_class_of,
+    mismatches,
+)
 from tpformer.interop.hf_rules import FusedQKV, Plain, Rule, linear_rules, norm_rules
 
 
@@ -60,12 +65,8 @@ def gpt2_config(hf: dict) -> ModelConfig:
 def gpt2_export_problems(config: ModelConfig) -> list[str]:
     """The keys of a decoder config with learned positions that GPT-2's classes cannot hold."""
     wrong = {
-        "model.norm.kind": (config.norm.kind, "layernorm"),
-        "model.norm.bias": (config.norm.bias, True),
+        **classic_keys(config),
         "model.mlp.activation": (config.mlp.activation, "gelu_tanh"),
-        "model.mlp.gated": (config.mlp.gated, False),
-        "model.bias": (config.bias, True),
-        "model.num_kv_heads": (config.kv_heads, config.num_heads),
         "model.tie_embeddings": (config.tie_embeddings, True),
     }
     return mismatches(wrong, "GPT-2")
