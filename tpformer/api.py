@@ -33,8 +33,8 @@ JOBS = {"pretrain": ("config", Config), "finetune": ("finetune", FinetuneConfig)
 
 def compose_config(job: str, *overrides: str) -> Any:
     """The typed config of `tpformer-<job> overrides...` (job: pretrain or finetune)."""
+    from tpformer.config.overrides import compose_typed
     from tpformer.config.renamed import check_renamed
-    from tpformer.config.store import compose_typed
 
     if job not in JOBS:
         raise ValueError(f"job={job!r}: one of {', '.join(JOBS)}")

@@ -20,9 +20,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from tpformer.cli.shell import console_script
+from tpformer.config.overrides import compose_typed
 from tpformer.config.rules.data import validate_data
 from tpformer.config.schema import Config
-from tpformer.config.store import compose_typed
 from tpformer.data.preprocess import Ranks
 
 

@@ -27,9 +27,9 @@ from tpformer.cli.plan_output import (
 )
 from tpformer.cli.shell import console_script
 from tpformer.config.help import given_overrides, help_requested, schema_help
+from tpformer.config.overrides import compose_typed
 from tpformer.config.rules.model import validate_model
 from tpformer.config.schema import PlanConfig
-from tpformer.config.store import compose_typed
 from tpformer.config.validate import validate
 from tpformer.parallel.layout import resolve_layout
 from tpformer.planner.auto import at_layout, auto_global_batch

@@ -11,7 +11,7 @@ import enum
 import functools
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tpformer.config.reference import record_of
@@ -226,3 +226,17 @@ def checked_overrides(
         return wrapped
 
     return decorate
+
+
+def compose_typed(config_name: str, schema: type, overrides: Sequence[str]) -> Any:
+    """The typed config a command composes from `overrides` (its Hydra file `config_name`),
+    the overrides checked against `schema` first (a typo is one line)."""
+    from hydra import compose, initialize_config_dir
+
+    from tpformer.config import CONF_DIR
+    from tpformer.config.store import register_configs, to_config
+
+    register_configs()
+    check_overrides(list(overrides), schema, config_name)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return to_config(compose(config_name, overrides=list(overrides)))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -36,19 +35,6 @@ def register_configs() -> None:
         cs.store(group="model", name=name, node=preset)
     for group, record in variant_groups().items():  # +model/rotary=on: config/variant_groups.py
         cs.store(group=f"model/{group}", name=ON, node=record)
-
-
-def compose_typed(config_name: str, schema: type, overrides: Sequence[str]) -> Any:
-    """The typed config a command composes from `overrides` (its Hydra file `config_name`),
-    the overrides checked against `schema` first (a typo is one line, config/overrides.py)."""
-    from hydra import compose, initialize_config_dir
-
-    from tpformer.config.overrides import check_overrides
-
-    register_configs()
-    check_overrides(list(overrides), schema, config_name)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return to_config(compose(config_name, overrides=list(overrides)))
 
 
 def to_config(cfg: DictConfig) -> Any:
