@@ -14,7 +14,7 @@ from pathlib import Path
 from tpformer.checkpoint import store
 from tpformer.checkpoint.source import ModelSource, read_model_source, require_arch
 from tpformer.config.families import family_of
-from tpformer.config.rules.model import validate_model
+from tpformer.config.rules.model import validate_fp8, validate_model
 from tpformer.config.schema import (
     Arch,
     Config,
@@ -143,7 +143,7 @@ def prepare_finetune(config: FinetuneConfig, overrides: Sequence[str], run_dir: 
         split_file(d.glue_dir, config.task, "train")
     source = read_model_source(config.init, "init")
     require_arch(source, Arch.bert, "init", "fine-tuning")
-    require_split(source, config.parallel.tensor)
+    require_split(source, config.parallel.tensor, fp8=config.parallel.precision == "fp8")
     given = config.model.given()  # its range was checked with every other key's
     lines = [f"model from the {source.kind} {source.path}: {describe(source.config)}"]
     return lines + [
@@ -169,13 +169,16 @@ def prepare_eval_lm(config: EvalLMConfig, overrides: Sequence[str], run_dir: Pat
     return []
 
 
-def require_split(source: ModelSource, tensor: int | str) -> None:
-    """The init model splits over parallel.tensor (its heads, key/value heads and FFN width),
-    checked before any rank starts: one line naming the degree, the model and the valid
-    degrees, instead of every rank failing as it builds the model."""
+def require_split(source: ModelSource, tensor: int | str, *, fp8: bool = False) -> None:
+    """The init model splits over parallel.tensor (its heads, key/value heads and FFN width;
+    with `fp8`, widths fp8 matmuls take), checked before any rank starts: one line naming the
+    degree, the model and the valid degrees, instead of every rank failing as it builds the
+    model."""
     if isinstance(tensor, int):
         try:
             validate_model(source.config, tensor)
+            if fp8:
+                validate_fp8(source.config, tensor)
         except ValueError as err:
             raise ValueError(f"{err} (the model of init={source.path})") from None
 

@@ -8,7 +8,12 @@ from __future__ import annotations
 from tpformer.config.derive import apply_global_batch, apply_pair_recipe
 from tpformer.config.rules.choices import check_choices
 from tpformer.config.rules.data import validate_data
-from tpformer.config.rules.model import validate_model, validate_model_layout, validate_pair_head
+from tpformer.config.rules.model import (
+    validate_fp8,
+    validate_model,
+    validate_model_layout,
+    validate_pair_head,
+)
 from tpformer.config.rules.parallel import (
     validate_context_parallel,
     validate_engine,
@@ -30,6 +35,8 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     validate_loggers(config.trainer.loggers)
     validate_model(config.model, layout.tp)
     validate_engine(config.parallel, config.optim, device_type)
+    if config.parallel.precision == "fp8":
+        validate_fp8(config.model, layout.tp)
     validate_recompute_granularity(config.parallel, config.model.num_layers)
     check_choices(config)
     apply_global_batch(config.trainer, layout.dp)

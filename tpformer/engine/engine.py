@@ -38,7 +38,7 @@ from tpformer.engine.grads import (
 from tpformer.engine.memory import MemoryBytes, optimizer_state_bytes
 from tpformer.engine.optimizer import build_masters, build_optimizer
 from tpformer.engine.params import PartitionedParams, ReplicatedParams, host_device
-from tpformer.engine.precision import LossScaler, compute_dtype
+from tpformer.engine.precision import LossScaler, compute_dtype, use_fp8_linears
 from tpformer.engine.state import load_logical_state, logical_state
 from tpformer.engine.units import bucket_elements, split_units
 from tpformer.parallel.context import ParallelContext
@@ -113,6 +113,8 @@ class ZeroEngine:
         self._ready = [0] * len(self.buckets)
         if ctx.device.type == "cpu":  # see RowSparseLookup
             use_sparse_lookups(model)
+        if precision == "fp8":
+            use_fp8_linears(model, ctx)
         self._segments: dict[int, tuple[int, Segment]] = {}
         self._hook_gradients()
 

@@ -1,16 +1,50 @@
-"""Compute dtypes and the dynamic loss scaler of fp16 training."""
+"""Compute dtypes, the blocks' fp8 matmuls and the dynamic loss scaler of fp16 training."""
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from tpformer.engine.units import model_blocks
+from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.fp8_scaling import Fp8Scaling
+
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.bfloat16,
+}
+"""fp8: bf16 parameters and activations, the blocks' linear matmuls in fp8 (use_fp8_linears)."""
 
 
 def compute_dtype(precision: str) -> torch.dtype:
-    """The parameter/activation dtype of `precision` (fp32, bf16 or fp16)."""
+    """The parameter/activation dtype of `precision` (fp32, bf16, fp16 or fp8)."""
     return DTYPES[precision]
+
+
+def use_fp8_linears(model: nn.Module, ctx: ParallelContext) -> int:
+    """Give every linear layer inside the model's blocks (a module with an `fp8` attribute:
+    layers/linear.py) its fp8 scaling, amaxes reduced over TP and CP (the groups that shard
+    its operands); embeddings, norms, heads and everything outside the blocks stay in the
+    compute dtype, as in Megatron and torchtitan. Returns how many layers were set."""
+    device = ctx.device
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise ValueError(
+            f"parallel.precision=fp8 needs GPUs with fp8 matmuls (compute capability 8.9 or "
+            f"newer: L4, L40, H100, H200, B200); {name} has "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}: use "
+            "parallel.precision=bf16"
+        )
+    scaling = Fp8Scaling(groups=(ctx.tp, ctx.cp))
+    count = 0
+    for block in model_blocks(model):
+        for module in block.modules():
+            if hasattr(type(module), "fp8"):
+                setattr(module, "fp8", scaling)  # noqa: B010 (any module's attribute)
+                count += 1
+    return count
 
 
 class LossScaler:

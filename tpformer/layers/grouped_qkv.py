@@ -14,10 +14,9 @@ the key/value heads.) Under SP both weights read one sequence gather of the inpu
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tpformer.layers.linear import ColumnParallelLinear, sequence_gathered_linears
+from tpformer.layers.linear import ColumnParallelLinear, linear, sequence_gathered_linears
 from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel
@@ -78,10 +77,11 @@ class GroupedQKV(nn.Module):
         kv_bias = None if self.kv.bias is None else self.kv.bias[first:stop]
         if self.sequence_parallel:  # one gather for both
             pairs = [(self.q.weight, self.q.bias), (kv_weight, kv_bias)]
-            q, kv = sequence_gathered_linears(x, pairs, self.tp)
+            q, kv = sequence_gathered_linears(x, pairs, self.tp, self.q.fp8)
         else:
             x = copy_to_tp(x, self.tp)
-            q, kv = F.linear(x, self.q.weight, self.q.bias), F.linear(x, kv_weight, kv_bias)
+            fp8 = self.q.fp8  # the key/value weight's matmul follows the query's
+            q, kv = linear(x, self.q.weight, self.q.bias, fp8), linear(x, kv_weight, kv_bias, fp8)
         b, s, d = q.shape[0], q.shape[1], self.head_dim
         q = q.view(b, s, self.local_heads, d)
         kv = kv.view(b, s, self.local_kv_heads, 2, d)

@@ -7,6 +7,9 @@ the all-reduces; the bytes are the same, the activations between hold 1/tp of th
 The column layer keeps only its input chunk for backward and gathers it again there
 (Korthikanti et al. 2022, 4.2.2), overlapped with the input-gradient matmul.
 
+parallel.precision=fp8 (layers/fp8.py): the engine gives the linears of the blocks an
+`Fp8Scaling`, and their matmuls (with the shared gather of the SP path) run in fp8.
+
 NOTE: parameters start at zero; a model initializes them with `initialize_parameters` (layout
 independent) or `load_full_state_dict`.
 """
@@ -20,6 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
+from tpformer.layers.fp8 import (
+    BACKWARD_DTYPE,
+    FORWARD_DTYPE,
+    fp8_grads,
+    fp8_linear,
+    rows_padded,
+    scaled_mm,
+    to_fp8,
+)
 from tpformer.parallel.comm import (
     SequenceGather,
     SequenceReduceScatter,
@@ -29,6 +41,7 @@ from tpformer.parallel.comm import (
     reduce_scatter_sequence,
     scatter_to_tp,
 )
+from tpformer.parallel.fp8_scaling import Fp8Scaling
 from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel, mark_sharded
 from tpformer.parallel.layout import divide
@@ -38,20 +51,36 @@ class _SequenceGatheredLinear(torch.autograd.Function):
     """y_i = all_gather_seq(x) @ W_i.T + b_i for each weight, saving x's sequence chunk rather
     than the gathered input: backward re-gathers it for the weight gradients (while the input
     gradient is computed) and reduce-scatters the input gradient (while the weight gradients
-    are). Several weights (grouped-query attention's query and key/value) share one gather."""
+    are). Several weights (grouped-query attention's query and key/value) share one gather.
+    With an Fp8Scaling the matmuls run in fp8: the gathered input's scale is kept, and backward
+    casts the re-gathered input and the weights again with the forward's scales."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, tp: GroupHandle, *params: Tensor | None) -> tuple[Tensor, ...]:
-        weights, biases = params[0::2], params[1::2]
-        ctx.save_for_backward(x, *weights)
-        ctx.tp, ctx.has_bias = tp, [b is not None for b in biases]
+    def forward(
+        ctx, x: Tensor, tp: GroupHandle, fp8: Fp8Scaling | None, *params: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        weights = [w for w in params[0::2] if w is not None]
+        biases = params[1::2]
+        ctx.tp, ctx.fp8, ctx.has_bias = tp, fp8, [b is not None for b in biases]
         whole = SequenceGather(x, tp).result()
-        return tuple(
-            F.linear(whole, w, b) for w, b in zip(weights, biases, strict=True) if w is not None
-        )
+        if fp8 is None:
+            ctx.save_for_backward(x, *weights)
+            return tuple(F.linear(whole, w, b) for w, b in zip(weights, biases, strict=True))
+        whole_2d = whole.reshape(-1, x.shape[-1])
+        scales = fp8.scales(FORWARD_DTYPE, whole_2d, *weights)
+        ctx.save_for_backward(x, scales, *weights)
+        xq = to_fp8(rows_padded(whole_2d), scales[0], FORWARD_DTYPE)
+        outs = []
+        for w, b, w_scale in zip(weights, biases, scales[1:], strict=True):
+            wq = to_fp8(w, w_scale, FORWARD_DTYPE)
+            y = scaled_mm(xq, scales[0], wq, w_scale, x.dtype)[: whole_2d.shape[0]]
+            outs.append((y if b is None else y + b).view(*whole.shape[:-1], w.shape[0]))
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
+        if ctx.fp8 is not None:
+            return _SequenceGatheredLinear._fp8_backward(ctx, *grads)
         x, *weights = ctx.saved_tensors
         gather = SequenceGather(x, ctx.tp)
         grad_input = grads[0].matmul(weights[0])
@@ -63,17 +92,47 @@ class _SequenceGatheredLinear(torch.autograd.Function):
         for grad, has_bias in zip(grads, ctx.has_bias, strict=True):
             grad_2d = grad.reshape(-1, grad.shape[-1])
             params += [grad_2d.t().matmul(whole), grad_2d.sum(0) if has_bias else None]
-        return scatter.result(), None, *params
+        return scatter.result(), None, None, *params
+
+    @staticmethod
+    def _fp8_backward(ctx, *grads: Tensor):
+        x, scales, *weights = ctx.saved_tensors
+        gather = SequenceGather(x, ctx.tp)
+        grads_2d = [g.reshape(-1, g.shape[-1]) for g in grads]
+        g_scales = ctx.fp8.scales(BACKWARD_DTYPE, *grads_2d)
+        whole = gather.result().reshape(-1, x.shape[-1])
+        xq = to_fp8(rows_padded(whole), scales[0], FORWARD_DTYPE)
+        grad_input: Tensor | None = None
+        params: list[Tensor | None] = []
+        for grad, g_scale, w, w_scale, has_bias in zip(
+            grads_2d, g_scales, weights, scales[1:], ctx.has_bias, strict=True
+        ):
+            wq = to_fp8(w, w_scale, FORWARD_DTYPE)
+            grad_x, grad_w = fp8_grads(grad, xq, scales[0], wq, w_scale, g_scale, w.dtype)
+            grad_input = grad_x if grad_input is None else grad_input + grad_x
+            params += [grad_w, grad.sum(0) if has_bias else None]
+        assert grad_input is not None
+        whole_shape = (*x.shape[:1], -1, x.shape[-1])
+        scatter = SequenceReduceScatter(grad_input.view(whole_shape), ctx.tp)
+        return scatter.result(), None, None, *params
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, fp8: Fp8Scaling | None) -> Tensor:
+    """F.linear, in fp8 when the layer has an Fp8Scaling."""
+    return F.linear(x, weight, bias) if fp8 is None else fp8_linear(x, weight, bias, fp8)
 
 
 def sequence_gathered_linears(
-    x: Tensor, pairs: list[tuple[Tensor, Tensor | None]], tp: GroupHandle
+    x: Tensor,
+    pairs: list[tuple[Tensor, Tensor | None]],
+    tp: GroupHandle,
+    fp8: Fp8Scaling | None = None,
 ) -> tuple[Tensor, ...]:
     """F.linear of the whole sequence from this rank's chunk x [b, s/tp, in] with each
     (weight, bias) of `pairs`, after one gather -> one [b, s, out_i] each."""
     if tp.size == 1:
-        return tuple(F.linear(x, w, b) for w, b in pairs)
-    return _SequenceGatheredLinear.apply(x, tp, *(t for pair in pairs for t in pair))
+        return tuple(linear(x, w, b, fp8) for w, b in pairs)
+    return _SequenceGatheredLinear.apply(x, tp, fp8, *(t for pair in pairs for t in pair))
 
 
 def sequence_gathered_linear(
@@ -90,6 +149,9 @@ class ColumnParallelLinear(TPModule):
     Backward all-reduces the input gradient (copy_to_tp), forward issues no collective.
     sequence_parallel: input [b, s/tp, in], all-gathered along the sequence first.
     """
+
+    fp8: Fp8Scaling | None = None
+    """Set by the engine on the blocks' linears under parallel.precision=fp8."""
 
     def __init__(
         self,
@@ -119,9 +181,10 @@ class ColumnParallelLinear(TPModule):
 
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in]
         if self.sequence_parallel:
-            y = sequence_gathered_linear(x, self.weight, self.bias, self.tp)  # [b, s, out/tp]
+            pair: list[tuple[Tensor, Tensor | None]] = [(self.weight, self.bias)]
+            (y,) = sequence_gathered_linears(x, pair, self.tp, self.fp8)  # [b, s, out/tp]
         else:
-            y = F.linear(copy_to_tp(x, self.tp), self.weight, self.bias)  # [..., out/tp]
+            y = linear(copy_to_tp(x, self.tp), self.weight, self.bias, self.fp8)  # [..., out/tp]
         return gather_from_tp(y, self.tp) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -136,6 +199,9 @@ class RowParallelLinear(TPModule):
     sequence_parallel: output [b, s/tp, out] by a reduce-scatter along the sequence; the bias
     then sees this rank's chunk only, so its gradient is summed over TP by the engine.
     """
+
+    fp8: Fp8Scaling | None = None
+    """Set by the engine on the blocks' linears under parallel.precision=fp8."""
 
     def __init__(
         self,
@@ -165,7 +231,7 @@ class RowParallelLinear(TPModule):
     def forward(self, x: Tensor) -> Tensor:  # x: [..., in/tp] (or [..., in] if not parallel)
         if not self.input_is_parallel:
             x = scatter_to_tp(x, self.tp)
-        y = F.linear(x, self.weight)  # partial sums: one reduction over TP
+        y = linear(x, self.weight, None, self.fp8)  # partial sums: one reduction over TP
         y = (
             reduce_scatter_sequence(y, self.tp)
             if self.sequence_parallel

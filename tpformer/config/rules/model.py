@@ -32,6 +32,31 @@ def validate_model(model: ModelConfig, tp: int) -> None:
     validate_model_family(model, tp)
 
 
+FP8_MULTIPLE = 16
+"""Every dimension of an fp8 matmul's operands is a multiple of 16 on GPUs (layers/fp8.py)."""
+
+
+def validate_fp8(model: ModelConfig, tp: int) -> None:
+    """parallel.precision=fp8: the widths of the blocks' linear layers on each of `tp` ranks
+    (hidden size, its TP share, the FFN's share, a rank's key/value rows) are multiples of 16,
+    as the GPUs' fp8 matmuls need (token counts are padded to one)."""
+    head_dim = model.hidden_size // model.num_heads
+    kv_rows = 2 * head_dim * max(model.kv_heads // tp, 1)
+    widths = {
+        "model.hidden_size": model.hidden_size,
+        f"model.hidden_size / parallel.tensor={tp}": model.hidden_size // tp,
+        f"model.intermediate_size / parallel.tensor={tp}": model.intermediate_size // tp,
+        "a rank's key/value rows (2 x head size x its key/value heads)": kv_rows,
+    }
+    for what, width in widths.items():
+        if width % FP8_MULTIPLE:
+            raise ValueError(
+                f"parallel.precision=fp8 needs every linear width a multiple of {FP8_MULTIPLE} "
+                f"(the GPUs' fp8 matmuls): {what} is {width}; use parallel.precision=bf16, "
+                "another model size or another parallel.tensor"
+            )
+
+
 def validate_model_family(model: ModelConfig, tp: int) -> None:
     """The family keys: grouped-query heads that split over `tp` or are replicated over it
     (layers/grouped_qkv.py), rotary positions with an even head size, then the rules of the

@@ -58,6 +58,7 @@ class Precision(Choice):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+    fp8 = "fp8"
 
 
 class Recompute(Choice):

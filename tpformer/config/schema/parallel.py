@@ -40,7 +40,9 @@ class ParallelConfig:
     cpu_offload: CpuOffload = field(default=CpuOffload("none"))
     """none, optimizer (state, master weights and step on CPU) or optimizer+params (ZeRO-3)."""
     precision: Precision = Precision.fp32
-    """fp32, bf16 (bf16 compute, fp32 master weights) or fp16 (+ dynamic loss scaling)."""
+    """fp32, bf16 (bf16 compute, fp32 master weights), fp16 (+ dynamic loss scaling) or fp8 (bf16,
+    with the blocks' linear matmuls in fp8: e4m3 activations and weights, e5m2 gradients,
+    tensor-wise scales of the whole tensor; docs/parallel/precision.md)."""
     recompute: Recompute = Recompute.none
     """Activation recomputation (activation checkpointing): none; selective (recompute the
     attention core); full (recompute whole layers)."""
