@@ -44,6 +44,7 @@ def _interrupted(ctx: ParallelContext, config: Config, straight_dir: str, run_di
         (2, {"tensor": 2}),
         (2, {"zero_stage": 3}),
         (2, {"zero_stage": 1}),
+        (2, {"tensor": 2, "sequence_parallel": True, "precision": "fp8"}),  # scales of the step
     ],
 )
 def test_stop_and_resume_is_bitwise_equal(tmp_path: Path, world: int, parallel: dict) -> None:
@@ -65,6 +66,7 @@ def test_stop_and_resume_is_bitwise_equal(tmp_path: Path, world: int, parallel: 
             str(tmp_path / "a"),
             str(tmp_path / "b"),
             tensor=parallel.get("tensor", 1),
+            sequence_parallel=parallel.get("sequence_parallel", False),
         )
     for straight, first, resumed in results:
         assert max(first) == EXIT and min(resumed) == EXIT + 1

@@ -277,7 +277,7 @@ def test_typos_and_wrong_types_fail_in_hydra(override: str, error: type) -> None
 
 CHOICES = {
     "parallel.zero_stage": "0, 1, 2, 3",
-    "parallel.precision": "fp32, bf16, fp16",
+    "parallel.precision": "fp32, bf16, fp16, fp8",
     "parallel.cpu_offload": "none, optimizer, optimizer+params",
     "parallel.recompute": "none, selective, full",
     "parallel.grad_compression": "none, bf16, powersgd",
@@ -419,8 +419,8 @@ def test_invalid_values_are_rejected_with_the_value(
 CONFIG_ERRORS = [
     (
         "tpformer.cli.pretrain",
-        "parallel.precision=fp8",
-        "error: parallel.precision=fp8 is not one of fp32, bf16, fp16",
+        "parallel.precision=fp4",
+        "error: parallel.precision=fp4 is not one of fp32, bf16, fp16, fp8",
     ),
     (
         "tpformer.cli.pretrain",

@@ -76,11 +76,14 @@ def fp8_grads(
 
 
 class _Fp8Linear(torch.autograd.Function):
-    """y = x @ W.T + b with all three matmuls in fp8; keeps the fp8 input and weight (1 byte an
-    element) for backward instead of the compute-dtype ones."""
+    """y = x @ W.T + b with all three matmuls in fp8; keeps the fp8 input (1 byte an element)
+    instead of the compute-dtype one, and the weight itself (a parameter, held anyway), cast
+    again in backward with the forward's scale (as torchao's float8 linear does)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, scaling: Fp8Scaling) -> Tensor:
+    def forward(
+        ctx, x: Tensor, weight: Tensor, bias: Tensor | None, scaling: Fp8Scaling
+    ) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         scales = scaling.scales(FORWARD_DTYPE, x2, weight)
         xq = to_fp8(rows_padded(x2), scales[0], FORWARD_DTYPE)
@@ -88,21 +91,17 @@ class _Fp8Linear(torch.autograd.Function):
         y = scaled_mm(xq, scales[0], wq, scales[1], x.dtype)[: x2.shape[0]]
         if bias is not None:
             y = y + bias
-        ctx.save_for_backward(xq, wq, scales)
-        ctx.scaling, ctx.has_bias, ctx.x_shape, ctx.w_dtype = (
-            scaling,
-            bias is not None,
-            x.shape,
-            weight.dtype,
-        )
+        ctx.save_for_backward(xq, weight, scales)
+        ctx.scaling, ctx.has_bias, ctx.x_shape = scaling, bias is not None, x.shape
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        xq, wq, scales = ctx.saved_tensors
+        xq, weight, scales = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.shape[-1])
         g_scale = ctx.scaling.scales(BACKWARD_DTYPE, g2)[0]
-        grad_x, grad_w = fp8_grads(g2, xq, scales[0], wq, scales[1], g_scale, ctx.w_dtype)
+        wq = to_fp8(weight, scales[1], FORWARD_DTYPE)
+        grad_x, grad_w = fp8_grads(g2, xq, scales[0], wq, scales[1], g_scale, weight.dtype)
         grad_b = g2.sum(0) if ctx.has_bias else None
         return grad_x.view(ctx.x_shape), grad_w, grad_b, None
 
