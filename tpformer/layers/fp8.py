@@ -75,37 +75,71 @@ def fp8_grads(
     return grad_x, grad_w
 
 
-class _Fp8Linear(torch.autograd.Function):
-    """y = x @ W.T + b with all three matmuls in fp8; keeps the fp8 input (1 byte an element)
-    instead of the compute-dtype one, and the weight itself (a parameter, held anyway), cast
-    again in backward with the forward's scale (as torchao's float8 linear does)."""
+class _Fp8Linears(torch.autograd.Function):
+    """y_i = x @ W_i.T + b_i for each weight, all three matmuls of each in fp8, the weights
+    sharing one cast of x (grouped-query attention's query and key/value). Keeps that fp8
+    input (1 byte an element) instead of the compute-dtype one, and the weights themselves
+    (parameters, held anyway), cast again in backward with the forward's scales (as torchao's
+    float8 linear does)."""
 
     @staticmethod
-    def forward(
-        ctx, x: Tensor, weight: Tensor, bias: Tensor | None, scaling: Fp8Scaling
-    ) -> Tensor:
+    def forward(ctx, x: Tensor, scaling: Fp8Scaling, *params: Tensor | None) -> tuple[Tensor, ...]:
+        weights = [w for w in params[0::2] if w is not None]
+        biases = params[1::2]
         x2 = x.reshape(-1, x.shape[-1])
-        scales = scaling.scales(FORWARD_DTYPE, x2, weight)
+        scales = scaling.scales(FORWARD_DTYPE, x2, *weights)
         xq = to_fp8(rows_padded(x2), scales[0], FORWARD_DTYPE)
-        wq = to_fp8(weight, scales[1], FORWARD_DTYPE)
-        y = scaled_mm(xq, scales[0], wq, scales[1], x.dtype)[: x2.shape[0]]
-        if bias is not None:
-            y = y + bias
-        ctx.save_for_backward(xq, weight, scales)
-        ctx.scaling, ctx.has_bias, ctx.x_shape = scaling, bias is not None, x.shape
-        return y.view(*x.shape[:-1], weight.shape[0])
+        outs = []
+        for w, b, w_scale in zip(weights, biases, scales[1:], strict=True):
+            y = scaled_mm(xq, scales[0], to_fp8(w, w_scale, FORWARD_DTYPE), w_scale, x.dtype)
+            y = y[: x2.shape[0]]
+            outs.append((y if b is None else y + b).view(*x.shape[:-1], w.shape[0]))
+        ctx.save_for_backward(xq, scales, *weights)
+        ctx.scaling, ctx.x_shape = scaling, x.shape
+        ctx.has_bias = [b is not None for b in biases]
+        return tuple(outs)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
-        xq, weight, scales = ctx.saved_tensors
-        g2 = grad.reshape(-1, grad.shape[-1])
-        g_scale = ctx.scaling.scales(BACKWARD_DTYPE, g2)[0]
-        wq = to_fp8(weight, scales[1], FORWARD_DTYPE)
-        grad_x, grad_w = fp8_grads(g2, xq, scales[0], wq, scales[1], g_scale, weight.dtype)
-        grad_b = g2.sum(0) if ctx.has_bias else None
-        return grad_x.view(ctx.x_shape), grad_w, grad_b, None
+    def backward(ctx, *grads: Tensor):
+        xq, scales, *weights = ctx.saved_tensors
+        grad_input, params = linears_backward(grads, xq, scales, weights, ctx.has_bias, ctx.scaling)
+        return grad_input.view(ctx.x_shape), None, *params
+
+
+def linears_backward(
+    grads: tuple[Tensor, ...],
+    xq: Tensor,
+    scales: Tensor,
+    weights: list[Tensor],
+    has_bias: list[bool],
+    scaling: Fp8Scaling,
+) -> tuple[Tensor, list[Tensor | None]]:
+    """The input gradient [m, in] (summed over the weights) and each weight's and bias's
+    gradient of linears that shared the fp8 input xq, from their output gradients; `scales`
+    the forward's (the input's, then each weight's)."""
+    grads_2d = [g.reshape(-1, g.shape[-1]) for g in grads]
+    g_scales = scaling.scales(BACKWARD_DTYPE, *grads_2d)
+    grad_input: Tensor | None = None
+    params: list[Tensor | None] = []
+    for grad, g_scale, w, w_scale, bias in zip(
+        grads_2d, g_scales, weights, scales[1:], has_bias, strict=True
+    ):
+        wq = to_fp8(w, w_scale, FORWARD_DTYPE)
+        grad_x, grad_w = fp8_grads(grad, xq, scales[0], wq, w_scale, g_scale, w.dtype)
+        grad_input = grad_x if grad_input is None else grad_input + grad_x
+        params += [grad_w, grad.sum(0) if bias else None]
+    assert grad_input is not None
+    return grad_input, params
+
+
+def fp8_linears(
+    x: Tensor, pairs: list[tuple[Tensor, Tensor | None]], scaling: Fp8Scaling
+) -> tuple[Tensor, ...]:
+    """F.linear(x, weight, bias) for each (weight, bias) of `pairs`, forward and backward
+    matmuls in fp8, one cast of x shared."""
+    return _Fp8Linears.apply(x, scaling, *(t for pair in pairs for t in pair))
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, scaling: Fp8Scaling) -> Tensor:
     """F.linear(x, weight, bias) with its forward and backward matmuls in fp8."""
-    return _Fp8Linear.apply(x, weight, bias, scaling)
+    return fp8_linears(x, [(weight, bias)], scaling)[0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from tpformer.layers.linear import ColumnParallelLinear, linear, sequence_gathered_linears
+from tpformer.layers.linear import ColumnParallelLinear, linears, sequence_gathered_linears
 from tpformer.parallel.comm import copy_to_tp
 from tpformer.parallel.handle import GroupHandle
 from tpformer.parallel.init import mark_sequence_parallel
@@ -79,9 +79,8 @@ class GroupedQKV(nn.Module):
             pairs = [(self.q.weight, self.q.bias), (kv_weight, kv_bias)]
             q, kv = sequence_gathered_linears(x, pairs, self.tp, self.q.fp8)
         else:
-            x = copy_to_tp(x, self.tp)
-            fp8 = self.q.fp8  # the key/value weight's matmul follows the query's
-            q, kv = linear(x, self.q.weight, self.q.bias, fp8), linear(x, kv_weight, kv_bias, fp8)
+            x = copy_to_tp(x, self.tp)  # the key/value matmul is in fp8 when the query's is
+            q, kv = linears(x, [(self.q.weight, self.q.bias), (kv_weight, kv_bias)], self.q.fp8)
         b, s, d = q.shape[0], q.shape[1], self.head_dim
         q = q.view(b, s, self.local_heads, d)
         kv = kv.view(b, s, self.local_kv_heads, 2, d)

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
 from tpformer.layers.fp8 import (
-    BACKWARD_DTYPE,
     FORWARD_DTYPE,
-    fp8_grads,
     fp8_linear,
+    fp8_linears,
+    linears_backward,
     rows_padded,
     scaled_mm,
     to_fp8,
@@ -98,28 +98,25 @@ class _SequenceGatheredLinear(torch.autograd.Function):
     def _fp8_backward(ctx, *grads: Tensor):
         x, scales, *weights = ctx.saved_tensors
         gather = SequenceGather(x, ctx.tp)
-        grads_2d = [g.reshape(-1, g.shape[-1]) for g in grads]
-        g_scales = ctx.fp8.scales(BACKWARD_DTYPE, *grads_2d)
         whole = gather.result().reshape(-1, x.shape[-1])
         xq = to_fp8(rows_padded(whole), scales[0], FORWARD_DTYPE)
-        grad_input: Tensor | None = None
-        params: list[Tensor | None] = []
-        for grad, g_scale, w, w_scale, has_bias in zip(
-            grads_2d, g_scales, weights, scales[1:], ctx.has_bias, strict=True
-        ):
-            wq = to_fp8(w, w_scale, FORWARD_DTYPE)
-            grad_x, grad_w = fp8_grads(grad, xq, scales[0], wq, w_scale, g_scale, w.dtype)
-            grad_input = grad_x if grad_input is None else grad_input + grad_x
-            params += [grad_w, grad.sum(0) if has_bias else None]
-        assert grad_input is not None
-        whole_shape = (*x.shape[:1], -1, x.shape[-1])
-        scatter = SequenceReduceScatter(grad_input.view(whole_shape), ctx.tp)
+        grad_input, params = linears_backward(grads, xq, scales, weights, ctx.has_bias, ctx.fp8)
+        scatter = SequenceReduceScatter(grad_input.view(x.shape[0], -1, x.shape[-1]), ctx.tp)
         return scatter.result(), None, None, *params
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, fp8: Fp8Scaling | None) -> Tensor:
     """F.linear, in fp8 when the layer has an Fp8Scaling."""
     return F.linear(x, weight, bias) if fp8 is None else fp8_linear(x, weight, bias, fp8)
+
+
+def linears(
+    x: Tensor, pairs: list[tuple[Tensor, Tensor | None]], fp8: Fp8Scaling | None
+) -> tuple[Tensor, ...]:
+    """F.linear of x with each (weight, bias) of `pairs`; in fp8 (one cast of x) with a scaling."""
+    if fp8 is None:
+        return tuple(F.linear(x, w, b) for w, b in pairs)
+    return fp8_linears(x, pairs, fp8)
 
 
 def sequence_gathered_linears(
@@ -131,7 +128,7 @@ def sequence_gathered_linears(
     """F.linear of the whole sequence from this rank's chunk x [b, s/tp, in] with each
     (weight, bias) of `pairs`, after one gather -> one [b, s, out_i] each."""
     if tp.size == 1:
-        return tuple(linear(x, w, b, fp8) for w, b in pairs)
+        return linears(x, pairs, fp8)
     return _SequenceGatheredLinear.apply(x, tp, fp8, *(t for pair in pairs for t in pair))
 
 

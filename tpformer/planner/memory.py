@@ -225,6 +225,7 @@ def activation_parts(
         attention_dropout=exact_dropout,
         shape=LayerShape.of(m, c.tp),
         masked=work.padded,
+        fp8=work.precision == "fp8",
     )
     return (layer, *_end_parts(work, c, mask_bytes))
 

@@ -122,6 +122,7 @@ def _touched_bytes(
         attention_dropout=recompute == "none" and exact_attention_dropout(work, cl),
         shape=LayerShape.of(work.model, c.tp),
         masked=work.padded,
+        fp8=work.precision == "fp8",
     )
 
 
