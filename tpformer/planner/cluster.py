@@ -107,6 +107,9 @@ class Cluster:
     """bytes of host RAM per node for offloaded state (0: not checked)."""
     host_step_bandwidth: float = 0.0
     """bytes/s of host memory one device's offloaded optimizer step gets (0: host_bandwidth)."""
+    fp8_speedup: float = 1.0
+    """The fp8 peak over the 16-bit one under parallel.precision=fp8 (1: none known), by which
+    the blocks' linear matmuls are faster."""
 
     @property
     def world_size(self) -> int:
@@ -309,6 +312,11 @@ def resolve_cluster(
     _check(config)
     bits16 = precision != "fp32"
     peak = (config.peak_tflops_16bit if bits16 else config.peak_tflops_fp32) * 1e12
+    fp8_speedup = (
+        config.peak_tflops_fp8 / config.peak_tflops_16bit
+        if precision == "fp8" and config.peak_tflops_fp8 > 0
+        else 1.0
+    )
     curve = calibration.get("matmul", {}).get("16bit" if bits16 else "fp32")
     device_type = "cpu" if config.name == "cpu" else "cuda"
     # a GPU (sm_count > 0) keeps the tile model; calibration measures its plateau instead
@@ -323,6 +331,7 @@ def resolve_cluster(
         nodes=config.nodes,
         device_memory=config.device_memory_gb * GB,
         peak_flops=peak,
+        fp8_speedup=fp8_speedup,
         matmul_curve=matmul_curve,
         memory_bandwidth=config.memory_gbps * GB,
         elementwise_passes=config.elementwise_passes,

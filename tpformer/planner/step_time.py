@@ -67,11 +67,29 @@ def gemms_time(cl: Cluster, gemms: list, itemsize: int) -> tuple[float, float]:
     return sum(f for f, _ in times), sum(b for _, b in times)
 
 
+def fp8_cast_bytes(work: Workload, c: Candidate) -> float:
+    """Bytes one layer's fp8 casts move per micro-batch on one rank (an estimate, not yet
+    measured on a GPU): each linear's input and output gradient read in the compute dtype and
+    written as fp8, their transposed copies for the weight gradient, and each weight cast in
+    forward and again in backward."""
+    m, s, b, t = work.model, work.seq / c.cp, c.micro_batch, c.tp
+    h, f, i = m.hidden_size, m.intermediate_size, work.itemsize
+    shape = LayerShape.of(m, t)
+    f_in = (2 if shape.gated else 1) * f
+    activations = s * b * (h + h / t + h + f / t)  # the four linears' inputs
+    grads = s * b * (3 * h / t + h + f_in / t + h)  # their output gradients
+    weights = (4 * h * h + (f_in + f) * h) / t
+    return (i + 1) * (activations + grads) + 2 * (activations + grads) + 2 * (i + 1) * weights
+
+
 def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     """Forward + backward (+ recomputation) of one layer on one rank, per micro-batch."""
     gemms = layer_gemms(work, c)
     fused = fused_attention(work, cl) and c.cp == 1  # the ring's block core is explicit
     forward, backward = gemms_time(cl, gemms[:4], work.itemsize)
+    if work.precision == "fp8":  # the blocks' linears (layers/fp8.py)
+        forward, backward = forward / cl.fp8_speedup, backward / cl.fp8_speedup
+        forward += fp8_cast_bytes(work, c) / cl.memory_bandwidth
     # a fused attention kernel keeps the scores on chip: its GEMMs are not bound by memory
     core_forward, core_backward = gemms_time(cl, gemms[4:], 0 if fused else work.itemsize)
     if c.cp > 1:  # ring attention's backward recomputes each block's scores (QK^T)
@@ -122,8 +140,7 @@ def _touched_bytes(
         attention_dropout=recompute == "none" and exact_attention_dropout(work, cl),
         shape=LayerShape.of(work.model, c.tp),
         masked=work.padded,
-        fp8=work.precision == "fp8",
-    )
+    )  # fp8's 1-byte casts save memory, not elementwise work (their own: fp8_cast_bytes)
 
 
 def _dropout_noise(work: Workload, c: Candidate, cl: Cluster, fused: bool) -> tuple[float, float]:

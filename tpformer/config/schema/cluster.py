@@ -24,6 +24,9 @@ class ClusterConfig:
     """Dense fp32 peak of one device (0: the preset of this device kind)."""
     peak_tflops_16bit: float = ranged(0.0, 0)
     """Dense bf16/fp16 peak of one device."""
+    peak_tflops_fp8: float = ranged(0.0, 0)
+    """Dense fp8 peak of one device (0: none known; parallel.precision=fp8 prices the blocks'
+    linear matmuls at the 16-bit peak)."""
     matmul_efficiency: float = ranged(0.0, 0, 1)
     """Fraction of peak large matmuls reach (GPU presets: the measured maximum achievable
     matmul FLOPS; calibration measures it, on CPU per matrix size)."""
