@@ -11,7 +11,8 @@ of its own (nothing of an earlier contender's model, optimizer state or compiled
 survives into the next, and its peak memory is its own), in the order of the quick look first:
 bert_base seq 128 tpformer compiled and Hugging Face, then the other variants and shapes.
 tpformer runs at TP=1 with parallel.rng=fast, bf16 compute with fp32 master weights and fused
-AdamW, eager and torch.compile'd, with no, selective and full recomputation; Hugging Face
+AdamW, eager and torch.compile'd, with no, selective and full recomputation, and compiled with
+parallel.precision=fp8 where fp8 matmuls run (its MFU over the same bf16 peak); Hugging Face
 `BertForPreTraining` runs with attn_implementation="sdpa", bf16 autocast and fused AdamW.
 
 Headline: tokens/s. MFU credits both sides with the same FLOPs, the work the task needs
@@ -40,22 +41,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools.gpu_check_steps import BATCH_KINDS, measure_contender, precision_gaps
 
-VARIANTS = [  # (label, torch.compile, recompute), the quick look's first
-    ("tpformer compiled", True, "none"),
-    ("tpformer eager", False, "none"),
-    ("tpformer compiled + selective", True, "selective"),
-    ("tpformer compiled + full", True, "full"),
+VARIANTS = [  # (label, torch.compile, recompute, parallel.precision), the quick look's first
+    ("tpformer compiled", True, "none", "bf16"),
+    ("tpformer eager", False, "none", "bf16"),
+    ("tpformer fp8 compiled", True, "none", "fp8"),
+    ("tpformer compiled + selective", True, "selective", "bf16"),
+    ("tpformer compiled + full", True, "full", "bf16"),
 ]
+"""fp8 (the blocks' linears through torch._scaled_mm) runs where fp8 matmuls do: GPUs of compute
+capability 8.9 or newer, and the CPU."""
 HF_LABEL = "HF BertForPreTraining sdpa"
 HF_COMPILED_LABEL = "HF BertForPreTraining sdpa compiled"
 """Hugging Face under `torch.compile(model)`, as Trainer's `torch_compile=True` runs it."""
 TOKENS_PER_STEP = 32768
 """Tokens per step on a GPU: micro-batch 256 at seq 128, 64 at seq 512."""
-PRECISION_LIMITS = {"bf16": 2e-2, "fp16": 5e-3}
+PRECISION_LIMITS = {"bf16": 2e-2, "fp16": 5e-3, "fp8": 5e-2}
 """Largest relative loss gap to fp32 over the precision check's steps (dropout 0, the same
 batches): set by hand from the bf16/fp16 rounding of bert_small's losses before a GPU ran it.
 Measured on an H100 (2026-11-27, 50 steps): bf16 2.1e-3, fp16 6.2e-4; the CPU's bf16 gap over
-the tiny check is about 2e-4."""
+the tiny check is about 2e-4. fp8's limit is set by hand, 2.5x bf16's, before any GPU ran it
+(its 200-step gap to bf16 on a CPU: tests/engine/test_fp8.py)."""
 FIRST_GUESS_S = {"cuda": 90.0, "cpu": 20.0}
 """Wall time assumed for a contender before one was measured (process start, compile, steps)."""
 
@@ -70,12 +75,19 @@ class Contender:
     label: str
     compiled: bool
     recompute: str
+    precision: str
     hf: bool
     steps: int
     warmup: int
     device: str
     tiny: bool
     peak_tflops: float
+
+
+def fp8_matmuls(device: str) -> bool:
+    """Whether `device` runs torch._scaled_mm: the CPU, or a GPU of compute capability 8.9+."""
+    dev = torch.device(device)
+    return dev.type == "cpu" or torch.cuda.get_device_capability(dev) >= (8, 9)
 
 
 def contenders(args: argparse.Namespace) -> list[Contender]:
@@ -88,12 +100,14 @@ def contenders(args: argparse.Namespace) -> list[Contender]:
                   "steps": args.steps, "warmup": args.warmup, "device": args.device,
                   "tiny": args.tiny, "peak_tflops": args.peak_tflops}  # fmt: skip
         shape = [
-            Contender(label=label, compiled=c, recompute=r, hf=False, **common)
-            for label, c, r in VARIANTS
-            if args.compile or not c
+            Contender(label=label, compiled=c, recompute=r, precision=p, hf=False, **common)
+            for label, c, r, p in VARIANTS
+            if (args.compile or not c) and (p != "fp8" or args.fp8)
         ]
         hf = [
-            Contender(label=label, compiled=c, recompute="none", hf=True, **common)
+            Contender(
+                label=label, compiled=c, recompute="none", precision="bf16", hf=True, **common
+            )
             for label, c in [(HF_LABEL, False), (HF_COMPILED_LABEL, True)]
             if args.compile or not c
         ]
@@ -181,7 +195,7 @@ def print_ratios(rows: list[dict]) -> None:
 
 
 def precision_check(args: argparse.Namespace) -> bool:
-    spec = {"device": args.device, "tiny": args.tiny, "steps": args.loss_steps}
+    spec = {"device": args.device, "tiny": args.tiny, "steps": args.loss_steps, "fp8": args.fp8}
     result = run_child("precision", spec, timeout_s=600)
     if result is None:
         return False
@@ -217,6 +231,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--loss-steps", type=int, default=None)
     parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument(
+        "--no-fp8", dest="fp8", action="store_false", help="no fp8 contender or precision row"
+    )
     parser.add_argument("--only", nargs="+", default=None, help="contender labels to run")
     parser.add_argument("--peak-tflops", type=float, default=0.0)
     parser.add_argument("--budget-s", type=float, default=3600.0, help="wall time to fit in")
@@ -226,6 +243,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--contender", help=argparse.SUPPRESS)
     parser.add_argument("--precision", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.fp8 = args.fp8 and fp8_matmuls(args.device)
     tiny = args.tiny
     args.models = args.models or (["bert_tiny"] if tiny else ["bert_base", "bert_large"])
     args.seqs = args.seqs or ([32] if tiny else [128, 512])

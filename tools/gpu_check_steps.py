@@ -151,7 +151,7 @@ def measure_contender(spec: Any) -> dict[str, Any]:
         step = hf_step(config, device, torch.bfloat16, compiled=spec.compiled)
     else:
         step = tpformer_step(
-            config, device, "bf16", compiled=spec.compiled, recompute=spec.recompute
+            config, device, spec.precision, compiled=spec.compiled, recompute=spec.recompute
         )
     for i in range(spec.warmup):
         step(i, batches[i % len(batches)])
@@ -184,14 +184,16 @@ def measure_contender(spec: Any) -> dict[str, Any]:
     }
 
 
-def precision_gaps(device: str, tiny: bool, steps: int) -> dict[str, float]:
+def precision_gaps(device: str, tiny: bool, steps: int, fp8: bool) -> dict[str, float]:
     """{precision: largest relative loss gap to fp32} over `steps` steps of tpformer on the
-    same batches with dropout 0 (no mask difference between kernels); fp16 on a GPU only."""
+    same batches with dropout 0 (no mask difference between kernels); fp16 on a GPU only, fp8
+    where it runs (`fp8`)."""
     dev = torch.device(device)
     seq = 32 if tiny else 128
     config = model_config("bert_tiny" if tiny else "bert_small", seq, tiny, dropout=0.0)
     batches = synthetic_batches(config, 8 if tiny else 32, seq, steps, dev)
     precisions = ["fp32", "bf16"] + (["fp16"] if dev.type == "cuda" else [])
+    precisions += ["fp8"] if fp8 else []
     curves = {}
     for precision in precisions:
         step = tpformer_step(config, dev, precision, compiled=False, recompute="none", lr=1e-3)

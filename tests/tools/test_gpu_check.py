@@ -45,7 +45,8 @@ runpy.run_path("tools/gpu_check.py", run_name="__main__")
 @pytest.mark.slow  # contenders in their own processes, the leg's torchrun launches
 def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
-    kinds = [VARIANTS[0][0], HF_LABEL, VARIANTS[1][0], HF_COMPILED_LABEL]
+    kinds = [VARIANTS[0][0], HF_LABEL, VARIANTS[1][0], VARIANTS[2][0], HF_COMPILED_LABEL]
+    assert VARIANTS[2][3] == "fp8"
     argv = ["--device", "cpu", "--tiny", "--world", "2", "--leg-rngs", "exact", "--out", str(out),
             "--only", *kinds]  # fmt: skip
     child_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -78,11 +79,15 @@ def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     legs = [r for r in rows if "leg" in r]
     assert [r["leg"] for r in legs] == ["TP=2", "TP=2 + SP", "CP=2", "PP=2 1F1B", "DP=2 ZeRO-3"]
     assert all(r["passed"] and r["max_rel_gap"] <= 1e-5 for r in legs), legs
-    (precision,) = [r for r in rows if "precision" in r]  # fp16 runs on a GPU only
-    assert precision["precision"] == "bf16" and precision["limit"] == PRECISION_LIMITS["bf16"]
-    # bf16 rounds (a gap of 0 would mean fp32 ran twice); the CPU's is about 2e-4
-    assert 0 < precision["gap"] <= precision["limit"] and precision["passed"], precision
-    assert f"largest relative loss gap to fp32 {precision['gap']:.2e}" in result.stdout
+    assert [r["precision"] for r in contenders] == ["bf16", "bf16", "bf16", "fp8", "bf16"]
+    precisions = [r for r in rows if "gap" in r]  # fp16 runs on a GPU only
+    assert [r["precision"] for r in precisions] == ["bf16", "fp8"]
+    for precision in precisions:
+        assert precision["limit"] == PRECISION_LIMITS[precision["precision"]]
+        # each rounds (a gap of 0 would mean fp32 ran twice); the CPU's bf16 is about 2e-4
+        assert 0 < precision["gap"] <= precision["limit"] and precision["passed"], precision
+        assert f"largest relative loss gap to fp32 {precision['gap']:.2e}" in result.stdout
+    print({r["precision"]: r["gap"] for r in precisions})
     compiled = f"{VARIANTS[0][0]}: "
     ratios = next(line for line in result.stdout.splitlines() if compiled in line)
     assert f"x {HF_LABEL}," in ratios and ratios.endswith(f"x {HF_COMPILED_LABEL}")
@@ -114,9 +119,10 @@ def _hand_counted_flops(row: dict) -> float:
 
 def test_every_variant_is_a_contender_the_quick_look_first() -> None:
     """Each shape and batch kind (padded, then unpadded): tpformer compiled and Hugging Face
-    first, then the other variants, then Hugging Face compiled; --no-compile drops the compiled
-    ones, --only picks by label, --tiny times padded batches only."""
-    every = [VARIANTS[0][0], HF_LABEL, *[label for label, _, _ in VARIANTS[1:]], HF_COMPILED_LABEL]
+    first, then the other variants (fp8 compiled among them), then Hugging Face compiled;
+    --no-compile drops the compiled ones, --no-fp8 the fp8 one, --only picks by label, --tiny
+    times padded batches only."""
+    every = [VARIANTS[0][0], HF_LABEL, *[v[0] for v in VARIANTS[1:]], HF_COMPILED_LABEL]
     rows = contenders(parse(["--device", "cpu", "--models", "bert_base", "--seqs", "128", "512"]))
     assert [(c.seq, c.kind, c.label) for c in rows] == [
         (seq, kind, label)
@@ -124,10 +130,14 @@ def test_every_variant_is_a_contender_the_quick_look_first() -> None:
         for kind in ("padded", "unpadded")
         for label in every
     ]
-    assert [(c.compiled, c.recompute, c.hf) for c in rows[:6]] == [
-        (True, "none", False), (False, "none", True), (False, "none", False),
-        (True, "selective", False), (True, "full", False), (True, "none", True),
+    assert [(c.compiled, c.recompute, c.precision, c.hf) for c in rows[:7]] == [
+        (True, "none", "bf16", False), (False, "none", "bf16", True),
+        (False, "none", "bf16", False), (True, "none", "fp8", False),
+        (True, "selective", "bf16", False), (True, "full", "bf16", False),
+        (True, "none", "bf16", True),
     ]  # fmt: skip
+    no_fp8 = contenders(parse(["--device", "cpu", "--tiny", "--no-fp8"]))
+    assert [c.label for c in no_fp8] == [v for v in every if "fp8" not in v]
     eager = contenders(parse(["--device", "cpu", "--tiny", "--no-compile"]))
     assert [(c.label, c.compiled) for c in eager] == [(VARIANTS[1][0], False), (HF_LABEL, False)]
     only = contenders(parse(["--device", "cpu", "--tiny", "--only", HF_COMPILED_LABEL]))
