@@ -169,6 +169,7 @@ PUBLIC_KEYS = {
         "overhead_gb",
         "peak_tflops_16bit",
         "peak_tflops_fp32",
+        "peak_tflops_fp8",
         "sm_count",
     ],
 }
