@@ -47,7 +47,8 @@ def device_peak(name: str, sms: int = 0) -> DevicePeak | None:
 
 
 def peak_tflops(name: str, sms: int, precision: str) -> float:
-    """Dense peak TFLOP/s for a run at `precision` (fp32, or a 16-bit one), 0 if unknown."""
+    """Dense peak TFLOP/s for a run at `precision` (fp32, or a 16-bit one; fp8 runs are
+    credited against the bf16 peak, as torchtitan reports them), 0 if unknown."""
     peak = device_peak(name, sms)
     if peak is None:
         return 0.0

@@ -167,8 +167,8 @@ def generate_job(config: GenerateConfig, ctx: ParallelContext, run_dir: Path) ->
 
     start = time.perf_counter()
     model, tokenizer_dir, eos = load_causal_lm(Path(config.init), ctx)
-    if config.parallel.precision != "fp32":
-        model.to(torch.bfloat16 if config.parallel.precision == "bf16" else torch.float16)
+    if config.parallel.precision != "fp32":  # fp8 generates in bf16 (fp8 is a training mode)
+        model.to(torch.float16 if config.parallel.precision == "fp16" else torch.bfloat16)
     model.eval()
     codec = load_codec(tokenizer_dir)
     if config.stop and codec is None:
