@@ -28,15 +28,6 @@ def use_fp8_linears(model: nn.Module, ctx: ParallelContext) -> int:
     layers/linear.py) its fp8 scaling, amaxes reduced over TP and CP (the groups that shard
     its operands); embeddings, norms, heads and everything outside the blocks stay in the
     compute dtype, as in Megatron and torchtitan. Returns how many layers were set."""
-    device = ctx.device
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        name = torch.cuda.get_device_name(device)
-        raise ValueError(
-            f"parallel.precision=fp8 needs GPUs with fp8 matmuls (compute capability 8.9 or "
-            f"newer: L4, L40, H100, H200, B200); {name} has "
-            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}: use "
-            "parallel.precision=bf16"
-        )
     scaling = Fp8Scaling(groups=(ctx.tp, ctx.cp))
     count = 0
     for block in model_blocks(model):
