@@ -48,6 +48,7 @@ CASES: list[tuple[str, list[str], str]] = [
     # invalid values and layouts
     (PRETRAIN, ["parallel.zero_stage=5"], "parallel.zero_stage=5 is not one of 0, 1, 2, 3"),
     (PRETRAIN, ["parallel.tensor=3"], "parallel.tensor=3 does not divide world_size=1"),
+    (PRETRAIN, ["parallel.precision=fp8", "model.intermediate_size=1000"], "parallel.precision=fp8 needs every linear width a multiple of 16 (the GPUs' fp8 matmuls): model.intermediate_size / parallel.tensor=1 is 1000"),
     (FINETUNE, ["task=sst3", "init={bert}"], "task=sst3 is not one of cola, sst2"),
     (FINETUNE, ["task=sst2", "init={bert}", "model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1)"),
     (GENERATE, ["init={gpt2}", "prompt=a", "top_p=1.5"], "top_p=1.5 must be in (0, 1]"),

@@ -292,6 +292,13 @@ def _read_calibration(path: Path) -> dict:
         ) from err
 
 
+def _fp8_speedup(config: ClusterConfig, precision: str) -> float:
+    """The fp8 peak over the 16-bit one for an fp8 run on a cluster with a known fp8 peak."""
+    if precision == "fp8" and config.peak_tflops_fp8 > 0:
+        return config.peak_tflops_fp8 / config.peak_tflops_16bit
+    return 1.0
+
+
 def resolve_cluster(
     config: ClusterConfig,
     precision: str,
@@ -312,11 +319,6 @@ def resolve_cluster(
     _check(config)
     bits16 = precision != "fp32"
     peak = (config.peak_tflops_16bit if bits16 else config.peak_tflops_fp32) * 1e12
-    fp8_speedup = (
-        config.peak_tflops_fp8 / config.peak_tflops_16bit
-        if precision == "fp8" and config.peak_tflops_fp8 > 0
-        else 1.0
-    )
     curve = calibration.get("matmul", {}).get("16bit" if bits16 else "fp32")
     device_type = "cpu" if config.name == "cpu" else "cuda"
     # a GPU (sm_count > 0) keeps the tile model; calibration measures its plateau instead
@@ -331,7 +333,7 @@ def resolve_cluster(
         nodes=config.nodes,
         device_memory=config.device_memory_gb * GB,
         peak_flops=peak,
-        fp8_speedup=fp8_speedup,
+        fp8_speedup=_fp8_speedup(config, precision),
         matmul_curve=matmul_curve,
         memory_bandwidth=config.memory_gbps * GB,
         elementwise_passes=config.elementwise_passes,

@@ -26,7 +26,6 @@ def layer_activation_bytes(
     attention_dropout: bool = False,
     shape: LayerShape | None = None,
     masked: bool = True,
-    fp8: bool = False,
 ) -> float:
     """Bytes one transformer layer keeps for backward on one rank (Korthikanti et al. 2022;
     tensors of `itemsize` bytes, dropout masks of `mask_bytes`, FFN width f, `masked`: a padded
@@ -49,10 +48,7 @@ def layer_activation_bytes(
     queries and keys and expanded grouped keys and values (not `groups_in_place`) are new
     tensors, and the fused QKV output stays only while a view of it is kept (RMSNorm keeps
     what LayerNorm keeps: layers/norm.py); rotary's cos and sin ([s, head_dim] each, shared
-    by the queries and keys) are kept too; no hidden dropout keeps no masks.
-
-    `fp8` (parallel.precision=fp8, layers/fp8.py): the blocks' linears keep their inputs as 1-byte
-    fp8 casts (fp8_linear_change)."""
+    by the queries and keys) are kept too; no hidden dropout keeps no masks. (fp8: + below.)"""
     q = tp if sequence_parallel else 1  # what the LayerNorm/dropout/residual region is split by
     local = s / context
     sbh, attention = local * b * h, a * s * local * b
@@ -65,9 +61,6 @@ def layer_activation_bytes(
     masks = mask_bytes * 2 * sbh / q if shape.dropout else 0.0
     rotary = 2 * local * (h / a) * itemsize if shape.rotary else 0.0  # its cos and sin
     kept = itemsize * (4 * sbh / q + (core + mlp) / tp) + masks + rotary
-    if fp8:
-        own_copy = context > 1 or recompute == "selective" or not fused_attention
-        kept += fp8_linear_change(sbh, local * b * f, tp, sequence_parallel, itemsize, own_copy)
     if recompute == "selective":
         return kept
     if context > 1:
@@ -81,7 +74,9 @@ def layer_activation_bytes(
 def fp8_linear_change(
     sbh: float, sbf: float, tp: int, sequence_parallel: bool, itemsize: int, own_copy: bool
 ) -> float:
-    """Bytes fp8 linears change in what a layer keeps (negative: saved). The QKV and MLP inputs
+    """Bytes the fp8 linears (parallel.precision=fp8, layers/fp8.py) change in what a layer keeps
+    without full recomputation (negative: saved); sbh and sbf of a rank's s / cp positions. The
+    QKV and MLP inputs
     (sbh each, replicated over TP) are kept as fp8 casts instead (under sequence parallelism
     the gathered linears keep their compute-dtype chunk, unchanged); so is the MLP's output
     projection's input (sbf / t). The attention output projection keeps an fp8 cast of its

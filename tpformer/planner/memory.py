@@ -28,7 +28,7 @@ from tpformer.parallel.pipeline.schedule import (
 from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
-from tpformer.planner.layer_memory import LayerShape, layer_activation_bytes
+from tpformer.planner.layer_memory import LayerShape, fp8_linear_change, layer_activation_bytes
 
 
 def rng_mode(work: Workload, cluster: Cluster) -> str:
@@ -209,7 +209,7 @@ def activation_parts(
     """(one layer, the embedding output, the head) bytes per micro-batch on one rank; with
     context parallelism each rank holds s / cp of every sequence."""
     m, s, b, i = work.model, work.seq, c.micro_batch, work.itemsize
-    layer = activation_scale * layer_activation_bytes(
+    layer = layer_activation_bytes(
         s,
         b,
         m.hidden_size,
@@ -225,9 +225,12 @@ def activation_parts(
         attention_dropout=exact_dropout,
         shape=LayerShape.of(m, c.tp),
         masked=work.padded,
-        fp8=work.precision == "fp8",
     )
-    return (layer, *_end_parts(work, c, mask_bytes))
+    if work.precision == "fp8" and c.recompute != "full":
+        sbh, sbf = s / c.cp * b * m.hidden_size, s / c.cp * b * m.intermediate_size
+        own_copy = c.cp > 1 or c.recompute == "selective" or not fused
+        layer += fp8_linear_change(sbh, sbf, c.tp, c.sequence_parallel, i, own_copy)
+    return (activation_scale * layer, *_end_parts(work, c, mask_bytes))
 
 
 def _end_parts(work: Workload, c: Candidate, mask_bytes: int) -> tuple[float, float]:
