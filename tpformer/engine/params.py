@@ -124,7 +124,9 @@ class ReplicatedParams:
 
 
 class PartitionedParams:
-    """Stage 3 (see the module docstring). With `offload` the shards live on the CPU.
+    """Stage 3 (see the module docstring). With `offload` the shards live on the CPU, in pinned
+    memory when the device is a GPU: the prefetch's host-to-device copy is then asynchronous
+    (from pageable memory it would wait for the host; untested here, no GPU).
 
     Each bucket has one flat compute-dtype buffer whose storage is allocated for a gather and
     released (resized to zero bytes) after use, as FSDP does; the parameters are views of it
@@ -147,9 +149,11 @@ class PartitionedParams:
         self.gathered = [False] * len(buckets)
         self.pending: list[PendingGather | None] = [None] * len(buckets)
         self.shard: list[Tensor] = []
+        pinned = offload and device.type == "cuda"  # so a prefetch's copy overlaps compute
         for bucket in buckets:
             flat = bucket.flatten(dtype, device)
-            self.shard.append(bucket.shard_of(flat).clone().to(self.shard_device))
+            shard = bucket.shard_of(flat).clone().to(self.shard_device)
+            self.shard.append(shard.pin_memory() if pinned else shard)
             for seg in bucket.segments:
                 seg.param.data = bucket.view(flat, seg)
             flat.untyped_storage().resize_(0)
