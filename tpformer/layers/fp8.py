@@ -86,24 +86,31 @@ class _Fp8Linears(torch.autograd.Function):
     def forward(ctx, x: Tensor, scaling: Fp8Scaling, *params: Tensor | None) -> tuple[Tensor, ...]:
         weights = [w for w in params[0::2] if w is not None]
         biases = params[1::2]
-        x2 = x.reshape(-1, x.shape[-1])
-        scales = scaling.scales(FORWARD_DTYPE, x2, *weights)
-        xq = to_fp8(rows_padded(x2), scales[0], FORWARD_DTYPE)
-        outs = []
-        for w, b, w_scale in zip(weights, biases, scales[1:], strict=True):
-            y = scaled_mm(xq, scales[0], to_fp8(w, w_scale, FORWARD_DTYPE), w_scale, x.dtype)
-            y = y[: x2.shape[0]]
-            outs.append((y if b is None else y + b).view(*x.shape[:-1], w.shape[0]))
+        outs, xq, scales = linears_forward(x.reshape(-1, x.shape[-1]), weights, biases, scaling)
         ctx.save_for_backward(xq, scales, *weights)
         ctx.scaling, ctx.x_shape = scaling, x.shape
         ctx.has_bias = [b is not None for b in biases]
-        return tuple(outs)
+        return tuple(y.view(*x.shape[:-1], y.shape[-1]) for y in outs)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
         xq, scales, *weights = ctx.saved_tensors
         grad_input, params = linears_backward(grads, xq, scales, weights, ctx.has_bias, ctx.scaling)
         return grad_input.view(ctx.x_shape), None, *params
+
+
+def linears_forward(
+    x: Tensor, weights: list[Tensor], biases: tuple[Tensor | None, ...], scaling: Fp8Scaling
+) -> tuple[list[Tensor], Tensor, Tensor]:
+    """Each x @ W_i.T + b_i [m, out_i] for x [m, in], in fp8 with one cast of x; with the fp8 x
+    (rows padded) and the scales (the input's, then each weight's) backward takes."""
+    scales = scaling.scales(FORWARD_DTYPE, x, *weights)
+    xq = to_fp8(rows_padded(x), scales[0], FORWARD_DTYPE)
+    outs = []
+    for w, b, w_scale in zip(weights, biases, scales[1:], strict=True):
+        y = scaled_mm(xq, scales[0], to_fp8(w, w_scale, FORWARD_DTYPE), w_scale, x.dtype)
+        outs.append(y[: x.shape[0]] if b is None else y[: x.shape[0]] + b)
+    return outs, xq, scales
 
 
 def linears_backward(

@@ -28,8 +28,8 @@ from tpformer.layers.fp8 import (
     fp8_linear,
     fp8_linears,
     linears_backward,
+    linears_forward,
     rows_padded,
-    scaled_mm,
     to_fp8,
 )
 from tpformer.parallel.comm import (
@@ -66,16 +66,9 @@ class _SequenceGatheredLinear(torch.autograd.Function):
         if fp8 is None:
             ctx.save_for_backward(x, *weights)
             return tuple(F.linear(whole, w, b) for w, b in zip(weights, biases, strict=True))
-        whole_2d = whole.reshape(-1, x.shape[-1])
-        scales = fp8.scales(FORWARD_DTYPE, whole_2d, *weights)
-        ctx.save_for_backward(x, scales, *weights)
-        xq = to_fp8(rows_padded(whole_2d), scales[0], FORWARD_DTYPE)
-        outs = []
-        for w, b, w_scale in zip(weights, biases, scales[1:], strict=True):
-            wq = to_fp8(w, w_scale, FORWARD_DTYPE)
-            y = scaled_mm(xq, scales[0], wq, w_scale, x.dtype)[: whole_2d.shape[0]]
-            outs.append((y if b is None else y + b).view(*whole.shape[:-1], w.shape[0]))
-        return tuple(outs)
+        outs, _, scales = linears_forward(whole.reshape(-1, x.shape[-1]), weights, biases, fp8)
+        ctx.save_for_backward(x, scales, *weights)  # the chunk, not the gathered fp8 input
+        return tuple(y.view(*whole.shape[:-1], y.shape[-1]) for y in outs)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
