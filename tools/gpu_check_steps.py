@@ -35,8 +35,8 @@ def model_config(name: str, seq: int, tiny: bool, dropout: float | None = None) 
 
 
 BATCH_KINDS = ("padded", "unpadded")
-"""padded: the last quarter of each sample's second segment padded away for one sample in four
-(pad fraction 1/16), an attention mask on both sides; unpadded: every token real, no mask
+"""padded: the last 40% of the sequence (most of its second segment) padded away for one sample
+in four (pad fraction ~0.1, 0.0996 at seq 128 and 512), an attention mask on both sides; unpadded: every token real, no mask
 passed (tpformer's loader drops an all-ones mask on the host, data/steps.py; Hugging Face is
 given none), so each side may take its unmasked kernel."""
 
@@ -56,7 +56,7 @@ def synthetic_batches(
         types[:, seq // 2 :] = 1
         mask = torch.ones(batch, seq, dtype=torch.long)
         if kind == "padded":
-            mask[::4, seq - seq // 4 :] = 0
+            mask[::4, seq - 2 * seq // 5 :] = 0
         labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, -100)
         labels[mask == 0] = -100
         nsp = torch.randint(0, 2, (batch,), generator=g)

@@ -144,7 +144,7 @@ def test_every_variant_is_a_contender_the_quick_look_first() -> None:
     assert [(c.label, c.kind) for c in only] == [(HF_COMPILED_LABEL, "padded")]
 
 
-def test_an_unpadded_batch_passes_no_mask_and_a_padded_one_masks_a_sixteenth() -> None:
+def test_an_unpadded_batch_passes_no_mask_and_a_padded_one_masks_a_tenth() -> None:
     from tools.gpu_check_steps import model_config, synthetic_batches
 
     config = model_config("bert_tiny", 32, tiny=True)
@@ -153,6 +153,7 @@ def test_an_unpadded_batch_passes_no_mask_and_a_padded_one_masks_a_sixteenth() -
         for kind in ("padded", "unpadded")
     )
     assert "attention_mask" not in unpadded
-    assert float(1 - padded["attention_mask"].float().mean()) == 1 / 16
+    # one sample in four loses 2 x 32 // 5 = 12 of its 32 positions: 0.094 (0.0996 at 128, 512)
+    assert float(1 - padded["attention_mask"].float().mean()) == 12 / 32 / 4
     assert torch.equal(padded["input_ids"], unpadded["input_ids"])  # the same tokens
     assert (padded["mlm_labels"][padded["attention_mask"] == 0] == -100).all()
