@@ -36,9 +36,9 @@ def model_config(name: str, seq: int, tiny: bool, dropout: float | None = None) 
 
 BATCH_KINDS = ("padded", "unpadded")
 """padded: the last 40% of the sequence (most of its second segment) padded away for one sample
-in four (pad fraction ~0.1, 0.0996 at seq 128 and 512), an attention mask on both sides; unpadded: every token real, no mask
-passed (tpformer's loader drops an all-ones mask on the host, data/steps.py; Hugging Face is
-given none), so each side may take its unmasked kernel."""
+in four (pad fraction ~0.1, 0.0996 at seq 128 and 512), an attention mask on both sides;
+unpadded: every token real, no mask passed (tpformer's loader drops an all-ones mask on the
+host, data/steps.py; Hugging Face is given none), so each side may take its unmasked kernel."""
 
 
 def synthetic_batches(
