@@ -38,3 +38,17 @@ def test_fp8_prices_the_linears_at_the_fp8_peak_and_the_casts_at_bandwidth(
     assert layer_time(fp8, c, cl8) == pytest.approx(want, rel=1e-12)
     if cluster == "h100_node":  # faster, by less than the peaks' ratio (attention, elementwise)
         assert 1.1 < layer_time(bf16, c, cl16) / layer_time(fp8, c, cl8) < speedup
+
+
+def test_planning_fp8_for_gpus_asks_nothing_of_this_machines_gpu() -> None:
+    """The config rules hold for a GPU cluster planned from a machine without one (this CPU
+    build has no CUDA): fp8's hardware check belongs to the run (cli/shell.py), not the rules."""
+    from tpformer.config.validate import validate
+    from tpformer.parallel.layout import resolve_layout
+
+    config = Config(
+        model=preset("bert_large"),
+        parallel=ParallelConfig(precision="fp8", tensor=2),  # type: ignore[arg-type]
+        data=DataConfig(source="synthetic", seq_length=512),  # type: ignore[arg-type]
+    )
+    validate(config, resolve_layout(2, "auto", 8, 1), device_type="cuda")

@@ -350,7 +350,23 @@ def checked_layout(
     (ValueError if invalid)."""
     layout, notes = resolve_run_layout(config, world_size, local_world_size)
     check(config, layout, device_type=_device_type())
+    if config.parallel.precision == "fp8" and _device_type() == "cuda":
+        _require_fp8_matmuls()
     return layout, notes
+
+
+def _require_fp8_matmuls() -> None:
+    """parallel.precision=fp8 on this machine's GPU: one with fp8 matmuls (a hardware check of
+    the run, not a config rule: tpformer-plan plans fp8 for GPUs it does not run on)."""
+    import torch
+
+    capability = torch.cuda.get_device_capability()
+    if capability < (8, 9):
+        raise ValueError(
+            f"parallel.precision=fp8 needs GPUs with fp8 matmuls (compute capability 8.9 or "
+            f"newer: L4, L40S, H100, H200, B200); {torch.cuda.get_device_name()} has "
+            f"{capability[0]}.{capability[1]}: use parallel.precision=bf16"
+        )
 
 
 def shared_run_dir(

@@ -32,16 +32,6 @@ def validate_engine(parallel: ParallelConfig, optim: OptimConfig, device_type: s
             "parallel.precision=fp16 needs a GPU: CPU kernels for half precision are "
             "slow or missing; use parallel.precision=bf16 or fp32 on CPU"
         )
-    if parallel.precision == "fp8" and device_type == "cuda":
-        import torch
-
-        capability = torch.cuda.get_device_capability()
-        if capability < (8, 9):
-            raise ValueError(
-                f"parallel.precision=fp8 needs GPUs with fp8 matmuls (compute capability 8.9 or "
-                f"newer: L4, L40S, H100, H200, B200); {torch.cuda.get_device_name()} has "
-                f"{capability[0]}.{capability[1]}: use parallel.precision=bf16"
-            )
     if optim.min_lr > optim.lr:
         raise ValueError(f"optim.min_lr={optim.min_lr} must not exceed optim.lr={optim.lr}")
 
