@@ -38,9 +38,12 @@ KERNEL_MULTIPLE = 16
 
 def rows_padded(t: Tensor) -> Tensor:
     """t [m, k] with zero rows appended up to a multiple of KERNEL_MULTIPLE (t itself when m is
-    one already)."""
+    one already); fp8 through its bytes (a zero byte is +0)."""
     short = -t.shape[0] % KERNEL_MULTIPLE
-    return t if short == 0 else torch.nn.functional.pad(t, (0, 0, 0, short))
+    if short == 0:
+        return t
+    raw = t.view(torch.uint8) if t.dtype in (FORWARD_DTYPE, BACKWARD_DTYPE) else t
+    return torch.cat([raw, raw.new_zeros(short, raw.shape[1])]).view(t.dtype)
 
 
 def to_fp8(t: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
@@ -66,7 +69,7 @@ def fp8_grads(
     w_dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """(grad @ W, grad.T @ x) of a linear layer, both in fp8: grad [m, out] in the compute dtype
-    (cast here to e5m2 with `g_scale`), xq [m, in] (rows padded) and wq [out, in] as the
+    (cast here to e5m2 with `g_scale`), xq [m', in] (rows padded to m') and wq [out, in] as the
     forward cast them."""
     rows = grad.shape[0]
     gq = to_fp8(rows_padded(grad), g_scale, BACKWARD_DTYPE)
@@ -86,7 +89,8 @@ class _Fp8Linears(torch.autograd.Function):
     def forward(ctx, x: Tensor, scaling: Fp8Scaling, *params: Tensor | None) -> tuple[Tensor, ...]:
         weights = [w for w in params[0::2] if w is not None]
         biases = params[1::2]
-        outs, xq, scales = linears_forward(x.reshape(-1, x.shape[-1]), weights, biases, scaling)
+        xq, scales = cast_input(x.reshape(-1, x.shape[-1]), weights, scaling)
+        outs = matmuls_forward(xq, scales, weights, biases, x.dtype)
         ctx.save_for_backward(xq, scales, *weights)
         ctx.scaling, ctx.x_shape = scaling, x.shape
         ctx.has_bias = [b is not None for b in biases]
@@ -99,18 +103,27 @@ class _Fp8Linears(torch.autograd.Function):
         return grad_input.view(ctx.x_shape), None, *params
 
 
-def linears_forward(
-    x: Tensor, weights: list[Tensor], biases: tuple[Tensor | None, ...], scaling: Fp8Scaling
-) -> tuple[list[Tensor], Tensor, Tensor]:
-    """Each x @ W_i.T + b_i [m, out_i] for x [m, in], in fp8 with one cast of x; with the fp8 x
-    (rows padded) and the scales (the input's, then each weight's) backward takes."""
+def cast_input(x: Tensor, weights: list[Tensor], scaling: Fp8Scaling) -> tuple[Tensor, Tensor]:
+    """(x [m, in] cast to fp8, the scales: x's, then each weight's), the amaxes reduced over
+    the scaling's groups (so a sequence chunk of x is scaled as the whole sequence)."""
     scales = scaling.scales(FORWARD_DTYPE, x, *weights)
-    xq = to_fp8(rows_padded(x), scales[0], FORWARD_DTYPE)
+    return to_fp8(x, scales[0], FORWARD_DTYPE), scales
+
+
+def matmuls_forward(
+    xq: Tensor,
+    scales: Tensor,
+    weights: list[Tensor],
+    biases: tuple[Tensor | None, ...],
+    out: torch.dtype,
+) -> list[Tensor]:
+    """Each xq @ W_i.T + b_i [m, out_i] for the fp8 input xq [m, in], in `out`."""
+    rows, padded = xq.shape[0], rows_padded(xq)
     outs = []
     for w, b, w_scale in zip(weights, biases, scales[1:], strict=True):
-        y = scaled_mm(xq, scales[0], to_fp8(w, w_scale, FORWARD_DTYPE), w_scale, x.dtype)
-        outs.append(y[: x.shape[0]] if b is None else y[: x.shape[0]] + b)
-    return outs, xq, scales
+        y = scaled_mm(padded, scales[0], to_fp8(w, w_scale, FORWARD_DTYPE), w_scale, out)[:rows]
+        outs.append(y if b is None else y + b)
+    return outs
 
 
 def linears_backward(
@@ -122,8 +135,9 @@ def linears_backward(
     scaling: Fp8Scaling,
 ) -> tuple[Tensor, list[Tensor | None]]:
     """The input gradient [m, in] (summed over the weights) and each weight's and bias's
-    gradient of linears that shared the fp8 input xq, from their output gradients; `scales`
-    the forward's (the input's, then each weight's)."""
+    gradient of linears that shared the fp8 input xq [m, in], from their output gradients;
+    `scales` the forward's (the input's, then each weight's)."""
+    xq = rows_padded(xq)
     grads_2d = [g.reshape(-1, g.shape[-1]) for g in grads]
     g_scales = scaling.scales(BACKWARD_DTYPE, *grads_2d)
     grad_input: Tensor | None = None

@@ -24,13 +24,11 @@ from torch import Tensor, nn
 
 from tpformer.layers.base import TPModule
 from tpformer.layers.fp8 import (
-    FORWARD_DTYPE,
+    cast_input,
     fp8_linear,
     fp8_linears,
     linears_backward,
-    linears_forward,
-    rows_padded,
-    to_fp8,
+    matmuls_forward,
 )
 from tpformer.parallel.comm import (
     SequenceGather,
@@ -52,8 +50,9 @@ class _SequenceGatheredLinear(torch.autograd.Function):
     than the gathered input: backward re-gathers it for the weight gradients (while the input
     gradient is computed) and reduce-scatters the input gradient (while the weight gradients
     are). Several weights (grouped-query attention's query and key/value) share one gather.
-    With an Fp8Scaling the matmuls run in fp8: the gathered input's scale is kept, and backward
-    casts the re-gathered input and the weights again with the forward's scales."""
+    With an Fp8Scaling the chunk is cast to fp8 first (scaled by the whole sequence's amax,
+    reduced over TP) and gathered, kept and re-gathered as fp8: half of bf16's bytes on the
+    wire and in memory, as Transformer Engine's fp8 all-gather; the matmuls run in fp8."""
 
     @staticmethod
     def forward(
@@ -62,13 +61,16 @@ class _SequenceGatheredLinear(torch.autograd.Function):
         weights = [w for w in params[0::2] if w is not None]
         biases = params[1::2]
         ctx.tp, ctx.fp8, ctx.has_bias = tp, fp8, [b is not None for b in biases]
+        if fp8 is not None:
+            xq, scales = cast_input(x.reshape(-1, x.shape[-1]), weights, fp8)
+            ctx.save_for_backward(xq, scales, *weights)  # this rank's chunk, 1 byte an element
+            ctx.x_shape = x.shape
+            whole = _gathered_fp8(xq.view(x.shape), tp)
+            outs = matmuls_forward(whole.flatten(0, 1), scales, weights, biases, x.dtype)
+            return tuple(y.view(*whole.shape[:-1], y.shape[-1]) for y in outs)
         whole = SequenceGather(x, tp).result()
-        if fp8 is None:
-            ctx.save_for_backward(x, *weights)
-            return tuple(F.linear(whole, w, b) for w, b in zip(weights, biases, strict=True))
-        outs, _, scales = linears_forward(whole.reshape(-1, x.shape[-1]), weights, biases, fp8)
-        ctx.save_for_backward(x, scales, *weights)  # the chunk, not the gathered fp8 input
-        return tuple(y.view(*whole.shape[:-1], y.shape[-1]) for y in outs)
+        ctx.save_for_backward(x, *weights)
+        return tuple(F.linear(whole, w, b) for w, b in zip(weights, biases, strict=True))
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
@@ -89,13 +91,17 @@ class _SequenceGatheredLinear(torch.autograd.Function):
 
     @staticmethod
     def _fp8_backward(ctx, *grads: Tensor):
-        x, scales, *weights = ctx.saved_tensors
-        gather = SequenceGather(x, ctx.tp)
-        whole = gather.result().reshape(-1, x.shape[-1])
-        xq = to_fp8(rows_padded(whole), scales[0], FORWARD_DTYPE)
-        grad_input, params = linears_backward(grads, xq, scales, weights, ctx.has_bias, ctx.fp8)
-        scatter = SequenceReduceScatter(grad_input.view(x.shape[0], -1, x.shape[-1]), ctx.tp)
+        xq, scales, *weights = ctx.saved_tensors
+        b, _, width = ctx.x_shape
+        whole = _gathered_fp8(xq.view(ctx.x_shape), ctx.tp).flatten(0, 1)
+        grad_input, params = linears_backward(grads, whole, scales, weights, ctx.has_bias, ctx.fp8)
+        scatter = SequenceReduceScatter(grad_input.view(b, -1, width), ctx.tp)
         return scatter.result(), None, None, *params
+
+
+def _gathered_fp8(chunk: Tensor, tp: GroupHandle) -> Tensor:
+    """The whole sequence [b, s, in] of fp8 chunks [b, s/tp, in], gathered as bytes."""
+    return SequenceGather(chunk.view(torch.uint8), tp).result().view(chunk.dtype)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, fp8: Fp8Scaling | None) -> Tensor:

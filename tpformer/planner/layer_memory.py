@@ -76,15 +76,14 @@ def fp8_linear_change(
 ) -> float:
     """Bytes the fp8 linears (parallel.precision=fp8, layers/fp8.py) change in what a layer keeps
     without full recomputation (negative: saved); sbh and sbf of a rank's s / cp positions. The
-    QKV and MLP inputs
-    (sbh each, replicated over TP) are kept as fp8 casts instead (under sequence parallelism
-    the gathered linears keep their compute-dtype chunk, unchanged); so is the MLP's output
+    QKV and MLP inputs (sbh each, replicated over TP; under sequence parallelism the gathered
+    linears keep their sbh / t chunk) are kept as fp8 casts instead; so is the MLP's output
     projection's input (sbf / t). The attention output projection keeps an fp8 cast of its
     input (sbh / t): instead of the compute-dtype tensor where only it kept that (`own_copy`:
     context parallelism, selective recomputation, an unfused core), beside it where the fused
     attention kernel keeps its output too."""
     saved = itemsize - 1
-    inputs = (0.0 if sequence_parallel else 2 * sbh) + sbf / tp
+    inputs = 2 * sbh / (tp if sequence_parallel else 1) + sbf / tp
     attention_output = -saved * sbh / tp if own_copy else sbh / tp
     return attention_output - saved * inputs
 

@@ -168,8 +168,8 @@ def _dropout_noise(work: Workload, c: Candidate, cl: Cluster, fused: bool) -> tu
 def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     """A layer's TP collectives per micro-batch on its activation: 2 all-reduces forward and 2
     backward; with sequence parallelism 2 all-gathers + 2 reduce-scatters forward and 2
-    reduce-scatters + 4 all-gathers backward (1.5x the bytes); a fully recomputed layer
-    repeats its forward's."""
+    reduce-scatters + 4 all-gathers backward (1.5x the bytes; under fp8 four of the gathers
+    carry 1-byte casts); a fully recomputed layer repeats its forward's."""
     if c.tp == 1:
         return 0.0
     nbytes = work.seq / c.cp * c.micro_batch * work.model.hidden_size * work.itemsize
@@ -177,7 +177,9 @@ def tensor_comm_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     if not c.sequence_parallel:
         return (2 * forwards + 2) * link.all_reduce(nbytes, c.tp)
     gather, scatter = link.all_gather(nbytes, c.tp), link.reduce_scatter(nbytes, c.tp)
-    return forwards * 2 * (gather + scatter) + 2 * scatter + 4 * gather
+    # fp8: the QKV and MLP inputs are gathered as fp8 (forward, recomputed, backward's 2 of 4)
+    inputs = link.all_gather(nbytes / work.itemsize, c.tp) if work.precision == "fp8" else gather
+    return forwards * 2 * (inputs + scatter) + 2 * scatter + 2 * (gather + inputs)
 
 
 def ring_block_elements(

@@ -128,7 +128,10 @@ def _tensor_parallel(
     # rows over the group (each held by one rank) and all-reduces their gradient
     gathers = 6 * layers + 2 * recomputed + (1 if first else 0) + (2 if last and gpt else 0)
     scatters = 4 * layers + 2 * recomputed + (1 if first else 0) + (1 if last and gpt else 0)
-    add("all_gather", "tp", t, act, m * gathers)
+    # fp8: the QKV and MLP inputs are gathered as fp8 (forward, recomputed, backward)
+    fp8_gathers = 4 * layers + 2 * recomputed if work.precision == "fp8" else 0
+    add("all_gather", "tp", t, act, m * (gathers - fp8_gathers))
+    add("all_gather", "tp", t, act / work.itemsize, m * fp8_gathers)
     add("reduce_scatter", "tp", t, act, m * scatters)
     if vocabulary and not gpt:
         add("all_reduce", "tp", t, head, 2 * m)
