@@ -100,8 +100,7 @@ def _tensor_parallel(
     gradient and the loss's three row reductions; with SP each all-reduce becomes a
     reduce-scatter and all-gathers (the column-parallel inputs gathered forward and again
     backward), and the sequence-parallel parameters' gradients are summed once per step."""
-    m, t, h = c.grad_accum, c.tp, work.model.hidden_size
-    gpt = work.model.arch == "gpt"
+    m, t, h, gpt = c.grad_accum, c.tp, work.model.hidden_size, work.model.arch == "gpt"
     # the loss's rows: every predicting position (under CP this rank's), BERT's labeled ones;
     # the head's input: GPT's hidden states, BERT's gathered labeled rows
     predicting = work.seq // c.cp  # the last position's target is ignored, not cut off
@@ -128,8 +127,7 @@ def _tensor_parallel(
     # rows over the group (each held by one rank) and all-reduces their gradient
     gathers = 6 * layers + 2 * recomputed + (1 if first else 0) + (2 if last and gpt else 0)
     scatters = 4 * layers + 2 * recomputed + (1 if first else 0) + (1 if last and gpt else 0)
-    # fp8: the QKV and MLP inputs are gathered as fp8 (forward, recomputed, backward)
-    fp8_gathers = 4 * layers + 2 * recomputed if work.precision == "fp8" else 0
+    fp8_gathers = 4 * layers + 2 * recomputed if work.precision == "fp8" else 0  # as fp8
     add("all_gather", "tp", t, act, m * (gathers - fp8_gathers))
     add("all_gather", "tp", t, act / work.itemsize, m * fp8_gathers)
     add("reduce_scatter", "tp", t, act, m * scatters)
