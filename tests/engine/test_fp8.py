@@ -30,6 +30,7 @@ from tpformer.layers.linear import ColumnParallelLinear, RowParallelLinear
 from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.fp8_scaling import Fp8Scaling
 from tpformer.train.pretraining import pretraining_trainer
+from tpformer.train.startup_report import matmul_line
 
 
 def _through_fp8(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -221,6 +222,7 @@ def test_only_the_blocks_linears_run_in_fp8(tmp_path: Path) -> None:
     assert len(fp8) == 4 * len(blocks)  # qkv, attention out, MLP in and out
     assert all(".layers." in n or ".layer." in n for n in fp8), fp8
     assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+    assert matmul_line(trainer.model).startswith(f"matmuls: {len(fp8)} block linears in fp8")
 
 
 @pytest.mark.slow  # compiles

@@ -23,19 +23,17 @@ def compute_dtype(precision: str) -> torch.dtype:
     return DTYPES[precision]
 
 
-def use_fp8_linears(model: nn.Module, ctx: ParallelContext) -> int:
+def use_fp8_linears(model: nn.Module, ctx: ParallelContext) -> None:
     """Give every linear layer inside the model's blocks (a module with an `fp8` attribute:
     layers/linear.py) its fp8 scaling, amaxes reduced over TP and CP (the groups that shard
     its operands); embeddings, norms, heads and everything outside the blocks stay in the
-    compute dtype, as in Megatron and torchtitan. Returns how many layers were set."""
+    compute dtype, as in Megatron and torchtitan (the startup plan counts them:
+    train/startup_report.matmul_line)."""
     scaling = Fp8Scaling(groups=(ctx.tp, ctx.cp))
-    count = 0
     for block in model_blocks(model):
         for module in block.modules():
             if hasattr(type(module), "fp8"):
                 setattr(module, "fp8", scaling)  # noqa: B010 (any module's attribute)
-                count += 1
-    return count
 
 
 class LossScaler:

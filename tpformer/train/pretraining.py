@@ -32,7 +32,7 @@ from tpformer.planner.split import SplitChoice, plan_pipeline
 from tpformer.train.loop import Trainer, TrainingTask
 from tpformer.train.objectives import Objective, objective_for
 from tpformer.train.schedule import scaled_lr
-from tpformer.train.startup_report import attention_line, format_plan
+from tpformer.train.startup_report import attention_line, format_plan, matmul_line
 from tpformer.train.task import EvalSteps
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,7 @@ def log_plan(
         split,
         device_type=ctx.device.type,
         attention=attention_line(model),
+        matmuls=matmul_line(model),
     )
     log.info("plan:\n%s", plan)
     for warning in warnings:

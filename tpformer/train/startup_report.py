@@ -200,9 +200,10 @@ def format_plan(
     *,
     device_type: str = "cpu",
     attention: str = "",
+    matmuls: str = "",
 ) -> tuple[str, list[str]]:
     """(the startup plan, warnings); `stage_params`: parameters per rank on each stage;
-    `attention`: the attention cores' line (`attention_line`)."""
+    `attention` and `matmuls`: the lines of `attention_line` and `matmul_line`."""
     t = config.trainer
     global_batch = t.micro_batch_size * t.grad_accum * layout.dp
     pp = f"pp {layout.pp} x " if layout.pp > 1 else ""
@@ -238,7 +239,7 @@ def format_plan(
         f"{stage_params[0]:,} per rank" + (" (stage 0)" if layout.pp > 1 else ""),
         f"batch: global {global_batch} = micro {t.micro_batch_size} x accum {t.grad_accum} x dp "
         f"{layout.dp}, seq {config.data.seq_length}",
-        *([attention] if attention else []),
+        *[line for line in (attention, matmuls) if line],
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
         f"checkpointing {config.parallel.recompute} ({len(checkpointed)} wrapped), "
@@ -257,6 +258,18 @@ def attention_line(model: nn.Module) -> str:
     kinds = Counter(m.describe() for m in model.modules() if isinstance(m, AttentionCore))
     return "attention: " + "; ".join(
         f"{n} layer{'s' if n > 1 else ''} {kind}" for kind, n in kinds.items()
+    )
+
+
+def matmul_line(model: nn.Module) -> str:
+    """Which linears run their matmuls in fp8 (parallel.precision=fp8: the engine set them), or
+    "" when none does."""
+    fp8 = sum(1 for m in model.modules() if getattr(m, "fp8", None) is not None)
+    if not fp8:
+        return ""
+    return (
+        f"matmuls: {fp8} block linears in fp8 (torch._scaled_mm: e4m3 inputs and weights, e5m2 "
+        "gradients, tensor-wise scales reduced over TP and CP); the rest in bf16"
     )
 
 
