@@ -29,9 +29,10 @@ def tiny_bert(dropout: float = 0.0, **overrides: object) -> ModelConfig:
     return preset("bert_tiny", **{**fields, **overrides})
 
 
-def tiny_gpt(dropout: float = 0.0) -> ModelConfig:
+def tiny_gpt(dropout: float = 0.0, **overrides: object) -> ModelConfig:
     return preset(
         "gpt2_small",
+        **overrides,
         vocab_size=99,
         hidden_size=32,
         num_heads=4,
@@ -44,13 +45,14 @@ def tiny_gpt(dropout: float = 0.0) -> ModelConfig:
     )
 
 
-def tiny_llama(dropout: float = 0.0, kv_heads: int = 4) -> ModelConfig:
+def tiny_llama(dropout: float = 0.0, kv_heads: int = 4, **overrides: object) -> ModelConfig:
     """Llama's options (rotary positions, RMSNorm, SwiGLU, no biases, an untied head) with 8
     heads in 4 key/value groups, so TP=4 holds one group per rank (fewer key/value heads than
     ranks: each rank holds them all, layers/grouped_qkv.py); dropout, which Llama does not use,
     is there to check its masks under the new blocks too."""
     return preset(
         "llama_tiny",
+        **overrides,
         vocab_size=99,
         hidden_size=32,
         num_heads=8,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tpformer.config.derive import apply_global_batch, apply_pair_recipe
 from tpformer.config.rules.choices import check_choices
-from tpformer.config.rules.data import validate_data
+from tpformer.config.rules.data import validate_data, validate_packing
 from tpformer.config.rules.model import (
     validate_fp8,
     validate_model,
@@ -55,6 +55,7 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
     validate_pipedream(config.parallel, layout.pp, compiled=t.compile)
     validate_replication(config.parallel, t.grad_accum)
     validate_data(config.data)
+    validate_packing(config.data, config.model.arch, layout.cp)
 
 
 def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: str = "cpu") -> None:

@@ -122,6 +122,7 @@ def _corpus_samples(
             eval_fraction=data.eval_fraction,
             bos=tokenizer.bos_id if documents else None,
             eos=tokenizer.eos_id if documents else None,
+            pack=data.pack,
         )
     return BertPretrainingDataset(
         corpus,
@@ -134,6 +135,7 @@ def _corpus_samples(
         eval_fraction=data.eval_fraction,
         short_seq_prob=data.short_seq_prob,
         max_predictions=data.max_predictions_per_seq,
+        pack=data.pack,
     )
 
 

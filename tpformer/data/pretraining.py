@@ -20,7 +20,7 @@ from tpformer.data.masking import IGNORE, mask_tokens
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.random import derive_seed
 
-_ORDER, _SAMPLE, _EVAL, _PACK = 0x0DE5, 0x5A3E, 0xE7A1, 0xFAC7
+_ORDER, _SAMPLE, _EVAL, _PACK, _PACKED = 0x0DE5, 0x5A3E, 0xE7A1, 0xFAC7, 0xD0C5
 
 
 class EpochOrder:
@@ -61,6 +61,40 @@ def pack_chunks(corpus: TokenCorpus, documents: range, target: int) -> np.ndarra
         if size:
             rows.append((d, start, end))
     return np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def pack_sequences(
+    corpus: TokenCorpus, chunks: np.ndarray, seq_length: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Several documents per sequence (data.pack): the chunks, in an order seeded once, laid
+    end to end as [CLS] tokens [SEP] pieces and cut into sequences of `seq_length`, a chunk
+    that does not fit continuing as the next sequence's first piece (so no sequence is padded
+    but the last). -> (pieces [n, 3]: chunk, first token, token count; offsets [m + 1]: the
+    pieces of sequence i are pieces[offsets[i]:offsets[i + 1]])."""
+    rng = np.random.default_rng(derive_seed(seed, _PACKED))
+    offsets = corpus.sentence_offsets
+    sizes = offsets[chunks[:, 2]] - offsets[chunks[:, 1]]
+    pieces: list[tuple[int, int, int]] = []
+    starts, room = [0], seq_length
+    for chunk in rng.permutation(len(chunks)):
+        first, left = 0, int(sizes[chunk])
+        while left:
+            if room < 3:  # no room for [CLS], a token and [SEP]: the next sequence
+                starts.append(len(pieces))
+                room = seq_length
+            take = min(left, room - 2)
+            pieces.append((int(chunk), first, take))
+            first, left, room = first + take, left - take, room - take - 2
+    starts.append(len(pieces))
+    return np.asarray(pieces, dtype=np.int64).reshape(-1, 3), np.asarray(starts, dtype=np.int64)
+
+
+def document_positions(starts: Sequence[int], seq_length: int) -> Tensor:
+    """[seq_length] positions restarting at 0 at each document start (`starts`, ascending,
+    starts[0] == 0); the padding after the last document continues its positions."""
+    index = torch.arange(seq_length)
+    first = torch.tensor(starts, dtype=torch.long)
+    return index - first[torch.searchsorted(first, index, right=True) - 1]
 
 
 def fill_chunks(
@@ -124,7 +158,9 @@ def check_corpus_size(corpus: TokenCorpus, documents: range, seq_length: int) ->
 class BertPretrainingDataset:
     """[CLS] A [SEP] B [SEP] samples with MLM labels and an NSP or SOP label; with
     sentence_pairs=none [CLS] sentences [SEP] (whole sentences of one document packed to the
-    length) and MLM labels only (RoBERTa's and ModernBERT's recipe)."""
+    length) and MLM labels only (RoBERTa's and ModernBERT's recipe); with `pack` as well,
+    several such pieces of different documents per sequence (pack_sequences), with
+    `position_ids` restarting at each (the model attends within each piece)."""
 
     def __init__(
         self,
@@ -139,8 +175,14 @@ class BertPretrainingDataset:
         eval_fraction: float,
         short_seq_prob: float = 0.0,
         max_predictions: int = 0,
+        pack: bool = False,
     ) -> None:
         tokenizer.check_bert_specials()
+        if pack and sentence_pairs != "none":
+            raise ValueError(
+                f"data.pack=true packs MLM-only samples; data.sentence_pairs={sentence_pairs} "
+                "makes sentence pairs: set data.sentence_pairs=none"
+            )
         self.corpus, self.tok, self.seq, self.seed = corpus, tokenizer, seq_length, seed
         self.mask_prob, self.whole_word, self.pairs = mask_prob, whole_word, sentence_pairs
         self.max_predictions = max_predictions
@@ -157,13 +199,20 @@ class BertPretrainingDataset:
         self.eval_docs = eval_docs if len(eval_docs) else train_docs
         self.train_chunks = chunks(train_docs)
         self.eval_chunks = chunks(eval_docs) if len(eval_docs) else self.train_chunks
-        self.order = EpochOrder(len(self.train_chunks), seed)
+        self.pack = pack
+        self.train_packs = self.eval_packs = None
+        if pack:
+            self.train_packs = pack_sequences(corpus, self.train_chunks, seq_length, seed)
+            self.eval_packs = pack_sequences(corpus, self.eval_chunks, seq_length, seed)
+        self.order = EpochOrder(len(self), seed)
         special = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
         special[tokenizer.special_ids] = True
         self.random_ids = (~special).nonzero().flatten()
         self.word_start = tokenizer.word_start
 
     def __len__(self) -> int:
+        if self.train_packs is not None:
+            return len(self.train_packs[1]) - 1
         return len(self.train_chunks)
 
     def _span(self, row: np.ndarray) -> np.ndarray:
@@ -206,28 +255,44 @@ class BertPretrainingDataset:
         a, b = truncate_pair(a, b, self.room, g)
         return a, b, label
 
-    def _sample(
-        self, chunks: np.ndarray, documents: range, item: int, g: torch.Generator
-    ) -> dict[str, Tensor]:
-        label: int | None
-        if self.pairs == "none":  # one segment, no pair label
-            tokens = self._span(chunks[item])
-            a, b, label = tokens[: self.room], tokens[:0], None
-        else:
-            a, b, label = self._segments(chunks, documents, item, g)
-        la, lb = len(a), len(b)
+    def _pieces(
+        self, chunks: np.ndarray, pieces: np.ndarray
+    ) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+        """[CLS] tokens [SEP] per piece (chunk, first token, count; a whole chunk: count -1)
+        -> (body, maskable ranges, each piece's first position)."""
         t = self.tok
-        body = [t.cls_id, *a[:la].tolist(), t.sep_id]
-        if label is not None:
-            body += [*b[:lb].tolist(), t.sep_id]
+        body: list[int] = []
+        ranges, starts = [], []
+        for chunk, first, count in pieces.tolist():
+            tokens = self._span(chunks[chunk])
+            tokens = tokens[first : first + count] if count >= 0 else tokens[: self.room]
+            starts.append(len(body))
+            ranges.append((len(body) + 1, len(body) + 1 + len(tokens)))
+            body += [t.cls_id, *tokens.tolist(), t.sep_id]
+        return body, ranges, starts
+
+    def _sample(
+        self, chunks: np.ndarray, documents: range, pieces: np.ndarray, g: torch.Generator
+    ) -> dict[str, Tensor]:
+        """The sample of `pieces` ([n, 3]: chunk, first token, count; see _pieces)."""
+        t = self.tok
+        label: int | None = None
+        if self.pairs == "none":  # pieces of documents, no pair label
+            body, ranges, starts = self._pieces(chunks, pieces)
+            second = len(body)
+        else:
+            a, b, label = self._segments(chunks, documents, int(pieces[0, 0]), g)
+            body = [t.cls_id, *a.tolist(), t.sep_id, *b.tolist(), t.sep_id]
+            second, starts = len(a) + 2, [0]
+            ranges = [(1, len(a) + 1), (second, len(body) - 1)]
         length = len(body)
         ids = torch.full((self.seq,), t.pad_id, dtype=torch.long)
         ids[:length] = torch.tensor(body)
         token_type = torch.zeros(self.seq, dtype=torch.long)
-        token_type[la + 2 : length] = 1
+        token_type[second:length] = 1
         maskable = torch.zeros(self.seq, dtype=torch.bool)
-        maskable[1 : la + 1] = True
-        maskable[la + 2 : length - 1] = True
+        for lo, hi in ranges:
+            maskable[lo:hi] = True
         inputs, labels = mask_tokens(
             ids,
             maskable,
@@ -249,14 +314,28 @@ class BertPretrainingDataset:
         }
         if label is not None:
             sample["nsp_labels"] = torch.tensor(label)
+        if self.pack:
+            sample["position_ids"] = document_positions(starts, self.seq)
         return sample
 
+    def _item(self, split: str, index: int) -> np.ndarray:
+        """The pieces of sample `index` of a split (one whole chunk unless packed)."""
+        train = split == "train"
+        packs = self.train_packs if train else self.eval_packs
+        if packs is None:
+            item = self.order(index) if train else index % len(self.eval_chunks)
+            return np.asarray([[item, 0, -1]], dtype=np.int64)
+        pieces, offsets = packs
+        item = self.order(index) if train else index % (len(offsets) - 1)
+        return pieces[offsets[item] : offsets[item + 1]]
+
     def sample(self, index: int, *, split: str = "train") -> dict[str, Tensor]:
+        pieces = self._item(split, index)
         if split == "train":
             g = torch.Generator().manual_seed(derive_seed(self.seed, index, _SAMPLE))
-            return self._sample(self.train_chunks, self.train_docs, self.order(index), g)
+            return self._sample(self.train_chunks, self.train_docs, pieces, g)
         g = torch.Generator().manual_seed(derive_seed(self.seed, index, _EVAL))
-        return self._sample(self.eval_chunks, self.eval_docs, index % len(self.eval_chunks), g)
+        return self._sample(self.eval_chunks, self.eval_docs, pieces, g)
 
     def batch(self, indices: Sequence[int], *, split: str = "train") -> dict[str, Tensor]:
         samples = [self.sample(i, split=split) for i in indices]
@@ -298,10 +377,18 @@ class DocumentStream:
             out[inside >= length_of] = self.eos
         return torch.from_numpy(out)
 
+    def positions(self, start: int, length: int) -> Tensor:
+        """[length] each token's place in its document (BOS included), restarting at every
+        document start inside the window; the window's first document starts at 0."""
+        position = np.arange(start, start + length, dtype=np.int64)
+        doc = np.searchsorted(self.stream_starts, position, side="right") - 1
+        return torch.from_numpy(position - np.maximum(self.stream_starts[doc], start))
+
 
 class CausalLMDataset:
     """GPT samples: consecutive seq_length-token windows of the concatenated documents (each
-    between BOS and EOS when the tokenizer has them)."""
+    between BOS and EOS when the tokenizer has them); with `pack`, each window's
+    `position_ids` restart at every document (the model attends within each)."""
 
     def __init__(
         self,
@@ -312,10 +399,11 @@ class CausalLMDataset:
         eval_fraction: float,
         bos: int | None = None,
         eos: int | None = None,
+        pack: bool = False,
     ) -> None:
         train_docs, eval_docs = split_documents(corpus, eval_fraction)
         check_corpus_size(corpus, train_docs, seq_length)
-        self.seq = seq_length
+        self.seq, self.pack = seq_length, pack
         self.train = DocumentStream(corpus, train_docs, bos, eos)
         held = DocumentStream(corpus, eval_docs, bos, eos) if len(eval_docs) else None
         self.eval = held if held is not None and len(held) >= seq_length else self.train
@@ -326,11 +414,14 @@ class CausalLMDataset:
 
     def batch(self, indices: Sequence[int], *, split: str = "train") -> dict[str, Tensor]:
         if split == "train":
-            rows = [self.train.window(self.order(i) * self.seq, self.seq) for i in indices]
+            stream, starts = self.train, [self.order(i) * self.seq for i in indices]
         else:
             count = len(self.eval) // self.seq
-            rows = [self.eval.window(i % count * self.seq, self.seq) for i in indices]
-        return {"input_ids": torch.stack(rows)}
+            stream, starts = self.eval, [i % count * self.seq for i in indices]
+        batch = {"input_ids": torch.stack([stream.window(a, self.seq) for a in starts])}
+        if self.pack:
+            batch["position_ids"] = torch.stack([stream.positions(a, self.seq) for a in starts])
+        return batch
 
 
 __all__ = ["IGNORE", "BertPretrainingDataset", "CausalLMDataset", "DocumentStream", "EpochOrder"]

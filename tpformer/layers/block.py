@@ -116,7 +116,10 @@ class TransformerStack(nn.Module):
             TransformerLayer(config, ctx, causal=causal, index=i) for i in range(config.num_layers)
         )
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, positions: Tensor | None = None
+    ) -> Tensor:
+        """`positions` [b, s]: packed documents' (rotary embeddings restart per document)."""
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, None, positions)
         return x

@@ -41,6 +41,22 @@ def local_positions(
     return positions.narrow(0, sequence_range(local, tp)[0], local)
 
 
+def document_mask(position_ids: Tensor, attention_mask: Tensor | None, *, causal: bool) -> Tensor:
+    """Packed documents: bool [b, 1, s, s], True where query and key are in the same document
+    (a document starts where `position_ids` restarts at 0), the key is a token (attention_mask
+    [b, s], 1 = token; None: all are) and, when `causal`, not after the query. Padding after the
+    last document continues its positions, so a padding query attends to that document's tokens
+    (never to nothing, which would give NaN) and no token attends to padding."""
+    document = (position_ids == 0).cumsum(dim=1)
+    mask = document[:, None, :, None] == document[:, None, None, :]
+    if attention_mask is not None:
+        mask = mask & attention_mask.bool()[:, None, None, :]
+    if causal:
+        s = position_ids.shape[1]
+        mask = mask & torch.ones(s, s, dtype=torch.bool, device=mask.device).tril()
+    return mask
+
+
 def context_part(x: Tensor, cp: GroupHandle) -> Tensor:
     """x [b, s, ...] of the whole sequence -> this CP rank's positions [b, s / cp, ...]."""
     if cp.size == 1:
@@ -182,11 +198,25 @@ class SequenceRows:
             return sequence_gathered_linear(hidden, weight, None, self.tp)
         return F.linear(copy_to_tp(hidden, self.tp), weight)
 
-    def key_mask(self, attention_mask: Tensor | None, *, causal: bool) -> Tensor | None:
+    def key_mask(
+        self,
+        attention_mask: Tensor | None,
+        *,
+        causal: bool,
+        position_ids: Tensor | None = None,
+    ) -> Tensor | None:
         """The blocks' attention mask from a [b, s] padding mask (1 = token): bool [b, 1, 1, s],
         and for a causal model [b, 1, s, s] with the causal part (None: no padding, attention
         applies causality itself). Under context parallelism the key padding alone: ring
-        attention builds the causal part from positions."""
+        attention builds the causal part from positions. Packed documents (`position_ids`
+        [b, s] restarting at 0 per document): [b, 1, s, s], each query over its own document."""
+        if position_ids is not None:
+            if self.split_over_context:
+                raise ValueError(
+                    "packed documents (data.pack=true) run without context parallelism: ring "
+                    "attention takes a key padding mask, not a document mask"
+                )
+            return document_mask(position_ids, attention_mask, causal=causal)
         if attention_mask is None:
             return None
         padding = attention_mask.bool()[:, None, None, :]
@@ -195,6 +225,11 @@ class SequenceRows:
         s = attention_mask.shape[1]
         lower = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).tril()
         return lower[None, None] & padding
+
+    def held_positions(self, position_ids: Tensor) -> Tensor:
+        """Packed documents: the in-document positions [b, rows] of the rows this rank holds
+        (the learned position embeddings' indices)."""
+        return position_ids[:, self.positions(position_ids.shape[1], position_ids.device)]
 
     def next_token_targets(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """(logits [N, V/tp], targets [N]) for next-token prediction: labels [b, s] of the whole

@@ -64,12 +64,19 @@ class BertEmbeddings(nn.Module):
         replicated = [self.position_embeddings, self.token_type_embeddings, self.norm]
         rows.mark_replicated(*(m for m in replicated if m is not None))
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        """input_ids [b, s] of the whole sequence -> this rank's rows."""
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        """input_ids [b, s] of the whole sequence -> this rank's rows (`position_ids` [b, s]:
+        packed documents' positions, restarting per document)."""
         positions = self.rows.positions(input_ids.shape[1], input_ids.device)
         x = self.word_embeddings(self.rows.context_part(input_ids))
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings(positions)
+            held = positions if position_ids is None else self.rows.held_positions(position_ids)
+            x = x + self.position_embeddings(held)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 x = x + self.token_type_embeddings.weight[0]
@@ -97,10 +104,21 @@ class BertModel(TPModel):
         """The repeated units the engine buckets and recomputation wraps, in forward order."""
         return list(self.encoder.layers)
 
-    def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+    def embed(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
         """The first pipeline stage's part: the input of the first block."""
         check_sequence_length(input_ids.shape[1], self.config)
-        return self.embeddings(input_ids, token_type_ids)
+        return self.embeddings(input_ids, token_type_ids, position_ids)
+
+    def block_mask(
+        self, attention_mask: Tensor | None, position_ids: Tensor | None = None
+    ) -> Tensor | None:
+        """Key padding, or packed documents' mask (SequenceRows.key_mask)."""
+        return self.rows.key_mask(attention_mask, causal=False, position_ids=position_ids)
 
     def finish(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """The last block's output -> (sequence output, tanh-pooled or None)."""
@@ -117,12 +135,14 @@ class BertModel(TPModel):
         input_ids: Tensor,
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """-> (sequence output [b, s, hidden] of this rank's rows, pooled [b, hidden] or None,
-        replicated)."""
-        mask = self.rows.key_mask(attention_mask, causal=False)
-        x = self.encoder(self.embed(input_ids, token_type_ids), mask)
-        return self.finish(x)
+        replicated). `position_ids` [b, s]: packed documents (each attends within itself, its
+        positions restarting at 0)."""
+        mask = self.block_mask(attention_mask, position_ids)
+        x = self.embed(input_ids, token_type_ids, position_ids)
+        return self.finish(self.encoder(x, mask, position_ids))
 
 
 def _body_head(bert: BertModel) -> list[str]:
@@ -142,20 +162,39 @@ class _PipelinedBert(TPModel):
         return self.bert.blocks()
 
     def embed(
-        self, input_ids: Tensor, token_type_ids: Tensor | None = None, **_: Tensor | None
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        **_: Tensor | None,
     ) -> Tensor:
-        return self.bert.embed(input_ids, token_type_ids)
+        return self.bert.embed(input_ids, token_type_ids, position_ids)
 
-    def block_mask(self, attention_mask: Tensor | None = None, **_: Tensor | None) -> Tensor | None:
-        return self.bert.rows.key_mask(attention_mask, causal=False)
+    def block_mask(
+        self,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        **_: Tensor | None,
+    ) -> Tensor | None:
+        return self.bert.block_mask(attention_mask, position_ids)
+
+    def block_positions(
+        self, position_ids: Tensor | None = None, **_: Tensor | None
+    ) -> Tensor | None:
+        """Packed documents' positions [b, s] (rotary embeddings), None: the sequence's own."""
+        return position_ids
 
     head: Callable[..., Any]
     """The task's output from the last block's hidden states and the batch (each subclass's)."""
 
     def _forward_all(self, **batch: Any) -> Any:
-        x, mask = self.embed(**batch), self.block_mask(**batch)
+        x, mask, positions = (
+            self.embed(**batch),
+            self.block_mask(**batch),
+            self.block_positions(**batch),
+        )
         for block in self.blocks():
-            x = block(x, mask)
+            x = block(x, mask, None, positions)
         return self.head(x, **batch)
 
 
@@ -223,7 +262,9 @@ class BertForPreTraining(_PipelinedBert):
         mlm_labels: Tensor | None = None,
         nsp_labels: Tensor | None = None,
         mlm_positions: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> PretrainingOutput:
+        """`position_ids` [b, s]: packed documents (data.pack), positions restarting at 0."""
         return self._forward_all(
             input_ids=input_ids,
             token_type_ids=token_type_ids,
@@ -231,6 +272,7 @@ class BertForPreTraining(_PipelinedBert):
             mlm_labels=mlm_labels,
             nsp_labels=nsp_labels,
             mlm_positions=mlm_positions,
+            position_ids=position_ids,
         )
 
     def head(

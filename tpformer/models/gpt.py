@@ -57,12 +57,14 @@ class GPTModel(TPModel):
         """The repeated units the engine buckets and recomputation wraps, in forward order."""
         return list(self.decoder.layers)
 
-    def embed(self, input_ids: Tensor) -> Tensor:
+    def embed(self, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
         """The first pipeline stage's part: input_ids [b, s] of the whole sequence -> the input
-        of the first block (this rank's rows)."""
+        of the first block (this rank's rows); `position_ids` [b, s]: packed documents'."""
         s = input_ids.shape[1]
         check_sequence_length(s, self.config)
         positions = self.rows.positions(s, input_ids.device)
+        if position_ids is not None:
+            positions = self.rows.held_positions(position_ids)
         return self.embed_at(self.rows.context_part(input_ids), positions)
 
     def embed_at(self, input_ids: Tensor, positions: Tensor) -> Tensor:
@@ -70,13 +72,22 @@ class GPTModel(TPModel):
         tokens = self.wte(input_ids)
         return self.dropout(tokens if self.wpe is None else tokens + self.wpe(positions))
 
-    def block_mask(self, attention_mask: Tensor | None = None) -> Tensor | None:
-        """Causal and key padding together (None: causal only, which attention applies)."""
-        return self.rows.key_mask(attention_mask, causal=True)
+    def block_mask(
+        self, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor | None:
+        """Causal and key padding together (None: causal only, which attention applies);
+        packed documents: each within its own."""
+        return self.rows.key_mask(attention_mask, causal=True, position_ids=position_ids)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
         """-> hidden states [b, s, hidden] of this rank's rows (SequenceRows)."""
-        x = self.decoder(self.embed(input_ids), self.block_mask(attention_mask))
+        x = self.embed(input_ids, position_ids)
+        x = self.decoder(x, self.block_mask(attention_mask, position_ids), position_ids)
         return self.norm(x)
 
 
@@ -85,6 +96,8 @@ class CausalLMOutput:
     logits: Tensor
     """This rank's vocab shard [b, s, padded_vocab / tp]."""
     loss: Tensor | None = None
+    loss_sum: Tensor | None = None
+    """The summed next-token losses (a trainer divides by the global batch's count)."""
 
 
 class GPTForCausalLM(TPModel):
@@ -116,19 +129,39 @@ class GPTForCausalLM(TPModel):
     def blocks(self) -> list[nn.Module]:
         return self.transformer.blocks()
 
-    def embed(self, input_ids: Tensor, **_: Tensor | None) -> Tensor:
-        return self.transformer.embed(input_ids)
+    def embed(
+        self, input_ids: Tensor, position_ids: Tensor | None = None, **_: Tensor | None
+    ) -> Tensor:
+        return self.transformer.embed(input_ids, position_ids)
 
-    def block_mask(self, attention_mask: Tensor | None = None, **_: Tensor | None) -> Tensor | None:
-        return self.transformer.block_mask(attention_mask)
+    def block_mask(
+        self,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        **_: Tensor | None,
+    ) -> Tensor | None:
+        return self.transformer.block_mask(attention_mask, position_ids)
+
+    def block_positions(
+        self, position_ids: Tensor | None = None, **_: Tensor | None
+    ) -> Tensor | None:
+        """Packed documents' positions [b, s] (rotary embeddings), None: the sequence's own."""
+        return position_ids
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> CausalLMOutput:
-        x = self.embed(input_ids)
-        mask = self.block_mask(attention_mask)
+        """`position_ids` [b, s]: packed documents (data.pack): each attends within itself and
+        its positions restart at 0; the labels say which targets count (a document's first
+        token is not predicted from the one before)."""
+        x = self.embed(input_ids, position_ids)
+        mask, positions = self.block_mask(attention_mask, position_ids), position_ids
         for block in self.blocks():
-            x = block(x, mask)
+            x = block(x, mask, None, positions)
         return self.head(x, labels=labels)
 
     def head(self, x: Tensor, labels: Tensor | None = None, **_: Tensor | None) -> CausalLMOutput:
@@ -143,4 +176,5 @@ class GPTForCausalLM(TPModel):
         losses = vocab_parallel_cross_entropy(
             predicting, targets, self.tp, vocab_size=self.config.vocab_size
         )
-        return CausalLMOutput(logits, losses.sum() / (labels[:, 1:] != -100).sum().clamp(min=1))
+        total = losses.sum()
+        return CausalLMOutput(logits, total / (labels[:, 1:] != -100).sum().clamp(min=1), total)

@@ -110,21 +110,37 @@ class MaskedLMObjective(_Objective):
 
 
 class CausalLMObjective(_Objective):
-    """GPT pretraining: next-token loss over every predicted token of the global batch."""
+    """GPT pretraining: next-token loss over every predicted token of the global batch. Packed
+    documents (`position_ids`, data.pack): a document's first token is not a target of the
+    token before it (the previous document's last)."""
 
     names: tuple[str, ...] = ("loss",)
     head_fraction = 1.0
 
     def counts(self, batch: dict[str, Tensor]) -> list[float]:
         ids = batch["input_ids"]
+        if "labels" in batch:
+            return [float(int((batch["labels"][:, 1:] != -100).sum()))]
         return [float(ids.shape[0] * (ids.shape[1] - 1))]
 
+    def host_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Packed documents: the labels, with every document start ignored, made on the host."""
+        if "position_ids" not in batch:
+            return batch
+        starts = batch["position_ids"] == 0
+        return {**batch, "labels": batch["input_ids"].masked_fill(starts, -100)}
+
     def model_inputs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
+        inputs = {
+            "input_ids": batch["input_ids"],
+            "labels": batch.get("labels", batch["input_ids"]),
+        }
+        if "position_ids" in batch:
+            inputs["position_ids"] = batch["position_ids"]
+        return inputs
 
     def values(self, out: Any, batch: dict[str, Tensor], counts: Tensor) -> list[Tensor]:
-        tokens = batch["input_ids"].shape[0] * (batch["input_ids"].shape[1] - 1)
-        return [_share(out.loss, tokens, counts[0])]
+        return [_mean(out.loss_sum, counts[0])]
 
 
 class ClassificationObjective(_Objective):

@@ -4,7 +4,7 @@ needs, and a blend's weights and labels are well formed."""
 from __future__ import annotations
 
 from tpformer.config.rules.choices import check_choices
-from tpformer.config.schema import CorpusConfig, DataConfig
+from tpformer.config.schema import CorpusConfig, DataConfig, SentencePairs
 
 
 def _validate_corpus(corpus: CorpusConfig, key: str, tokenizer: str) -> None:
@@ -54,3 +54,26 @@ def validate_data(data: DataConfig) -> None:
     labels = [part.label for part in data.blend if part.label]
     if len(set(labels)) != len(labels):
         raise ValueError(f"data.blend labels {labels} must differ")
+
+
+def validate_packing(data: DataConfig, arch: str, context: int) -> None:
+    """data.pack: documents packed into sequences need a corpus, no sentence pairs (BERT) and
+    attention that takes their document mask (not ring attention)."""
+    if not data.pack:
+        return
+    if context > 1:
+        raise ValueError(
+            f"data.pack=true runs without context parallelism (parallel.context={context}): "
+            "ring attention takes a key padding mask, not packed documents' mask; set "
+            "parallel.context=1 or data.pack=false"
+        )
+    if data.source == "synthetic" and not data.blend:
+        raise ValueError(
+            "data.pack=true packs a corpus's documents, and data.source=synthetic has none: "
+            "set data.source (text, jsonl, hf, megatron) or data.pack=false"
+        )
+    if arch != "gpt" and data.sentence_pairs != SentencePairs.none:
+        raise ValueError(
+            f"data.pack=true packs MLM-only samples; data.sentence_pairs="
+            f"{data.sentence_pairs.value} makes sentence pairs: set data.sentence_pairs=none"
+        )

@@ -97,6 +97,12 @@ class DataConfig(LoaderConfig, CorpusConfig):
     nsp otherwise."""
     eval_fraction: float = ranged(0.02, 0, 1, hi_open=True)
     """Fraction of the documents held out for evaluation (at least one when there are two)."""
+    pack: bool = False
+    """Several documents per sequence, each attending only within itself, its positions
+    restarting at 0 (ModernBERT's, Megatron's reset_attention_mask/reset_position_ids). BERT
+    (with data.sentence_pairs=none): [CLS] piece [SEP] pieces cut to fill every sequence, so
+    nothing is padded; GPT: the windows of the document stream, no target across a document's
+    start. Not with context parallelism."""
 
 
 @dataclass

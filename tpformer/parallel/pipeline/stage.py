@@ -2,7 +2,8 @@
 output head on the last, and nothing else.
 
 A pipelined model names its parts (BERT and GPT do): `embed(**batch)` (the first stage's
-work), `block_mask(**batch)` (what every block gets beside the activation), `head(x, **batch)`
+work), `block_mask(**batch)` and `block_positions(**batch)` (what every block gets beside the
+activation: its attention mask and packed documents' positions), `head(x, **batch)`
 (the last stage's work), `blocks()`, and the module prefixes `pipeline_embedding` and
 `pipeline_head` those parts use; `pipeline_tied` names parameters both ends use (the word
 embedding that is also the output projection). The model is built whole on every stage, with
@@ -32,12 +33,14 @@ class PipelinedModel(Protocol):
 
     def block_mask(self, **batch: Any) -> Tensor | None: ...
 
+    def block_positions(self, **batch: Any) -> Tensor | None: ...
+
     def head(self, x: Tensor, **batch: Any) -> Any: ...
 
     def blocks(self) -> list[nn.Module]: ...
 
 
-PIPELINE_METHODS = ("embed", "block_mask", "head", "blocks")
+PIPELINE_METHODS = ("embed", "block_mask", "block_positions", "head", "blocks")
 PIPELINE_NAMES = ("pipeline_embedding", "pipeline_head")
 
 
@@ -85,9 +88,9 @@ class PipelineStage:
         if self.is_first(chunk):
             x = self.model.embed(**batch)
         assert x is not None, "a virtual stage after the first receives its input"
-        mask = self.model.block_mask(**batch)
+        mask, positions = self.model.block_mask(**batch), self.model.block_positions(**batch)
         for block in self.chunks[chunk]:
-            x = block(x, mask)
+            x = block(x, mask, None, positions)
         return x
 
     def head(self, x: Tensor, batch: dict[str, Tensor]) -> object:
