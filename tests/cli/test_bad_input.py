@@ -48,6 +48,9 @@ CASES: list[tuple[str, list[str], str]] = [
     # invalid values and layouts
     (PRETRAIN, ["parallel.zero_stage=5"], "parallel.zero_stage=5 is not one of 0, 1, 2, 3"),
     (PRETRAIN, ["parallel.tensor=3"], "parallel.tensor=3 does not divide world_size=1"),
+    (PRETRAIN, ["data.pack=true"], "data.pack=true packs MLM-only samples; data.sentence_pairs=nsp makes sentence pairs: set data.sentence_pairs=none"),
+    (PRETRAIN, ["model=modernbert_tiny", "data=synthetic", "data.pack=true"], "data.pack=true packs a corpus's documents, and data.source=synthetic has none"),
+    (PRETRAIN, ["model=llama_tiny", "data.pack=true", "parallel.context=2", "launcher.nproc_per_node=2"], "data.pack=true runs without context parallelism (parallel.context=2): ring attention takes a key padding mask"),
     (PRETRAIN, ["parallel.precision=fp8", "model.intermediate_size=1000"], "parallel.precision=fp8 needs every linear width a multiple of 16 (the GPUs' fp8 matmuls): model.intermediate_size / parallel.tensor=1 is 1000"),
     (FINETUNE, ["task=sst3", "init={bert}"], "task=sst3 is not one of cola, sst2"),
     (FINETUNE, ["task=sst2", "init={bert}", "model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1)"),

@@ -13,11 +13,14 @@ from tests.data.common import write_corpus
 from tests.dist import run_distributed
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import QUIET, _cli, tiny_config
-from tpformer.config.schema import Config, DataConfig
+from tpformer.config.presets import preset
+from tpformer.config.schema import Config, DataConfig, LocalAttentionConfig, SentencePairs
 from tpformer.convert import to_hf
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.context import ParallelContext
+from tpformer.parallel.layout import Layout
 from tpformer.train.pretraining import pretraining_trainer
+from tpformer.train.startup_report import format_plan
 
 VOCAB = 160
 
@@ -122,3 +125,63 @@ def test_cli_on_a_text_corpus_and_its_errors(tmp_path: Path) -> None:
     assert "bad.txt is not UTF-8: byte 0xff at byte offset 5" in result.stderr, result.stderr[
         -3000:
     ]
+
+
+def _packed_config(root: Path, family: str, micro: int, accum: int, **parallel) -> Config:
+    """Documents of three sentences (~25 tokens) packed into 32-token sequences: most hold
+    pieces of two documents. ModernBERT with a window of 8 (layers 0 and 3 global), Llama with
+    two key/value heads; dropout 0.1 in both, drawn by the TP=1 model's masks (rng=exact)."""
+    corpus = root / "corpus.txt"
+    if not corpus.exists():
+        write_corpus(corpus, documents=40, sentences=3)
+    config = corpus_config(root, micro=micro, accum=accum, **parallel)
+    variant: dict[str, object] = (
+        {"local_attention": LocalAttentionConfig(window=8, global_every=3)}
+        if family == "modernbert_tiny"
+        else {"num_kv_heads": 2}
+    )
+    config.model = preset(
+        family, vocab_size=VOCAB, hidden_size=32, num_heads=4, intermediate_size=64,
+        num_layers=4, max_position_embeddings=64, dropout=0.1, attention_dropout=0.1, **variant,
+    )  # fmt: skip
+    config.data.pack, config.data.sentence_pairs = True, SentencePairs.none
+    return config
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize(
+    ("family", "layout"),
+    [
+        ("modernbert_tiny", {"pipeline": 2}),
+        ("llama_tiny", {"tensor": 2, "sequence_parallel": True}),
+        ("modernbert_tiny", {"tensor": 2, "sequence_parallel": True}),
+        ("llama_tiny", {"pipeline": 2}),
+    ],
+)
+def test_packed_corpus_loss_curve_is_the_same_in_pipeline_and_tensor_layouts(
+    tmp_path: Path, family: str, layout: dict
+) -> None:
+    """data.pack through the trainer (packed samples, document masks, positions restarting,
+    GPT's targets across document starts ignored) at pipeline=2 (2 micro-batches of 2) and
+    TP=2 + SP against one process (one micro-batch of 4), to FP32_MODEL_REL a step."""
+    reference = _losses(
+        ParallelContext.single(device="cpu"),
+        _packed_config(tmp_path, family, micro=4, accum=1),
+        str(tmp_path / "ref"),
+    )
+    piped = layout.get("pipeline", 1) > 1
+    config = _packed_config(
+        tmp_path, family, micro=2 if piped else 4, accum=2 if piped else 1, **layout
+    )
+    for losses in run_distributed(_losses, 2, config, str(tmp_path / "run"), **layout):
+        assert len(losses) == len(reference)
+        for got, want in zip(losses, reference):
+            assert abs(got - want) <= FP32_MODEL_REL * abs(want), (losses, reference)
+
+
+def test_the_startup_plan_says_documents_are_packed(tmp_path: Path) -> None:
+    config = _packed_config(tmp_path, "llama_tiny", micro=4, accum=1)
+    plan, _ = format_plan(config, Layout(dp=1, tp=1), [1], 1, [])
+    assert "seq 32; documents packed (each attends within itself" in plan
+    config.data.pack = False
+    assert "packed" not in format_plan(config, Layout(dp=1, tp=1), [1], 1, [])[0]

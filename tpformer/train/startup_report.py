@@ -238,7 +238,7 @@ def format_plan(
         f"{config.model.hidden_size}, {_heads(config.model)}; {total_params:,} parameters, "
         f"{stage_params[0]:,} per rank" + (" (stage 0)" if layout.pp > 1 else ""),
         f"batch: global {global_batch} = micro {t.micro_batch_size} x accum {t.grad_accum} x dp "
-        f"{layout.dp}, seq {config.data.seq_length}",
+        f"{layout.dp}, seq {config.data.seq_length}" + _packing(config),
         *[line for line in (attention, matmuls) if line],
         f"engine: zero_stage {config.parallel.zero_stage}, cpu_offload "
         f"{config.parallel.cpu_offload}, precision {config.parallel.precision}, "
@@ -249,6 +249,16 @@ def format_plan(
         *predicted,
     ]
     return "\n".join(lines), warnings
+
+
+def _packing(config: Config) -> str:
+    """data.pack on the batch line: what it costs the attention kernels."""
+    if not config.data.pack:
+        return ""
+    return (
+        "; documents packed (each attends within itself: a [micro, 1, seq, seq] document mask, "
+        "so CUDA runs the memory-efficient kernel, not flash)"
+    )
 
 
 def attention_line(model: nn.Module) -> str:
