@@ -124,7 +124,7 @@ def test_a_model_without_pipeline_parts_is_named_with_what_it_lacks() -> None:
 
     message = (
         r"Half cannot be pipelined \(parallel.pipeline > 1\): it lacks embed\(\), "
-        r"block_mask\(\), head\(\), pipeline_head; a pipelined model defines"
+        r"block_mask\(\), block_positions\(\), head\(\), pipeline_head; a pipelined model defines"
     )
     with pytest.raises(ValueError, match=message):
         pipelined(Half())

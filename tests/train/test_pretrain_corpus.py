@@ -150,29 +150,31 @@ def _packed_config(root: Path, family: str, micro: int, accum: int, **parallel) 
 
 @pytest.mark.sweep
 @pytest.mark.parametrize(
-    ("family", "layout"),
+    ("family", "layout", "engine"),
     [
-        ("modernbert_tiny", {"pipeline": 2}),
-        ("llama_tiny", {"tensor": 2, "sequence_parallel": True}),
-        ("modernbert_tiny", {"tensor": 2, "sequence_parallel": True}),
-        ("llama_tiny", {"pipeline": 2}),
+        ("modernbert_tiny", {"pipeline": 2}, {}),
+        ("llama_tiny", {"tensor": 2, "sequence_parallel": True}, {"recompute": "full"}),
+        ("modernbert_tiny", {"tensor": 2, "sequence_parallel": True}, {}),
+        ("llama_tiny", {"pipeline": 2}, {}),
+        ("modernbert_tiny", {"data": 2}, {"zero_stage": 3, "recompute": "selective"}),
     ],
 )
-def test_packed_corpus_loss_curve_is_the_same_in_pipeline_and_tensor_layouts(
-    tmp_path: Path, family: str, layout: dict
+def test_packed_corpus_loss_curve_is_the_same_in_every_layout(
+    tmp_path: Path, family: str, layout: dict, engine: dict
 ) -> None:
     """data.pack through the trainer (packed samples, document masks, positions restarting,
-    GPT's targets across document starts ignored) at pipeline=2 (2 micro-batches of 2) and
-    TP=2 + SP against one process (one micro-batch of 4), to FP32_MODEL_REL a step."""
+    GPT's targets across document starts ignored) at pipeline=2 (2 micro-batches of 2), TP=2 +
+    SP (one of 4) and DP=2 with ZeRO-3 (2 a rank), with recomputation, against one process (one
+    micro-batch of 4), to FP32_MODEL_REL a step."""
     reference = _losses(
         ParallelContext.single(device="cpu"),
         _packed_config(tmp_path, family, micro=4, accum=1),
         str(tmp_path / "ref"),
     )
     piped = layout.get("pipeline", 1) > 1
-    config = _packed_config(
-        tmp_path, family, micro=2 if piped else 4, accum=2 if piped else 1, **layout
-    )
+    micro = 4 // (2 if piped else layout.get("data", 1))
+    keys = {k: v for k, v in layout.items() if k != "data"}  # the world gives DP its size
+    config = _packed_config(tmp_path, family, micro, 2 if piped else 1, **keys, **engine)
     for losses in run_distributed(_losses, 2, config, str(tmp_path / "run"), **layout):
         assert len(losses) == len(reference)
         for got, want in zip(losses, reference):

@@ -72,7 +72,7 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
     transfer time at LINK_BYTES_PER_S."""
     parts = pipelined(model)
     blocks = list(parts.blocks())
-    mask = parts.block_mask(**sample)
+    mask, positions = parts.block_mask(**sample), parts.block_positions(**sample)
 
     def through(fn, x: Tensor | None) -> Tensor:
         inp = None if x is None else x.detach().requires_grad_()
@@ -86,8 +86,12 @@ def profile_costs(model: nn.Module, sample: dict[str, Tensor]) -> StageCosts:
     embedding = median_seconds(lambda: through(lambda _: parts.embed(**sample), None), device)
     layers = []
     for block in blocks:
-        layers.append(median_seconds(lambda: through(lambda inp: block(inp, mask), x), device))  # noqa: B023 - timed now
-        x = block(x, mask).detach()
+
+        def run(inp: Tensor, block: nn.Module = block) -> Tensor:
+            return block(inp, mask, None, positions)
+
+        layers.append(median_seconds(lambda: through(run, x), device))  # noqa: B023 - timed now
+        x = run(x).detach()
     head = median_seconds(lambda: through(lambda inp: parts.head(inp, **sample), x), device)
     model.zero_grad(set_to_none=True)
     return StageCosts(layers, embedding, head, x.nbytes / LINK_BYTES_PER_S)
