@@ -39,7 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.gpu_check_steps import BATCH_KINDS, measure_contender, precision_gaps
+from tools.gpu_check_steps import (
+    BATCH_KINDS,
+    DEFAULT_KINDS,
+    measure_contender,
+    precision_gaps,
+)
 
 VARIANTS = [  # (label, torch.compile, recompute, parallel.precision), the quick look's first
     ("tpformer compiled", True, "none", "bf16"),
@@ -71,7 +76,7 @@ class Contender:
     seq: int
     batch: int
     kind: str
-    """The batch kind (gpu_check_steps.BATCH_KINDS): padded or unpadded."""
+    """The batch kind (gpu_check_steps.BATCH_KINDS): padded, unpadded or packed."""
     label: str
     compiled: bool
     recompute: str
@@ -224,7 +229,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         nargs="+",
         choices=BATCH_KINDS,
         default=None,
-        help="padded (an attention mask) and/or unpadded (none): each kernel path is timed",
+        help="padded (an attention mask), unpadded (none) and/or packed (documents' mask): "
+        "each kernel path is timed (default: padded and unpadded)",
     )
     parser.add_argument("--tokens", type=int, default=None, help="tokens per step")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per contender")
@@ -247,7 +253,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     tiny = args.tiny
     args.models = args.models or (["bert_tiny"] if tiny else ["bert_base", "bert_large"])
     args.seqs = args.seqs or ([32] if tiny else [128, 512])
-    args.batch_kinds = args.batch_kinds or (["padded"] if tiny else list(BATCH_KINDS))
+    args.batch_kinds = args.batch_kinds or (["padded"] if tiny else list(DEFAULT_KINDS))
     args.tokens = args.tokens or (128 if tiny else TOKENS_PER_STEP)
     args.steps = args.steps or (2 if tiny else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if tiny else 5)

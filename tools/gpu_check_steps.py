@@ -17,7 +17,7 @@ from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig, Pre
 from tpformer.device_peaks import peak_tflops
 from tpformer.engine.parallelize import parallelize
 from tpformer.interop.families import hf_config_from_model
-from tpformer.layers.sequence import labeled_positions
+from tpformer.layers.sequence import document_mask, labeled_positions
 from tpformer.models import build_model
 from tpformer.models.costs import step_flops
 from tpformer.parallel.context import ParallelContext
@@ -34,11 +34,17 @@ def model_config(name: str, seq: int, tiny: bool, dropout: float | None = None) 
     return config
 
 
-BATCH_KINDS = ("padded", "unpadded")
+BATCH_KINDS = ("padded", "unpadded", "packed")
 """padded: the last 40% of the sequence (most of its second segment) padded away for one sample
 in four (pad fraction ~0.1, 0.0996 at seq 128 and 512), an attention mask on both sides;
 unpadded: every token real, no mask passed (tpformer's loader drops an all-ones mask on the
-host, data/steps.py; Hugging Face is given none), so each side may take its unmasked kernel."""
+host, data/steps.py; Hugging Face is given none), so each side may take its unmasked kernel;
+packed: every token real, four documents a sequence (data.pack): tpformer gets their
+position_ids, Hugging Face the same document mask as a [b, 1, s, s] attention mask and the same
+positions (timed only when asked: --batch-kinds packed)."""
+DEFAULT_KINDS = ("padded", "unpadded")
+DOCUMENTS = 4
+"""Documents per packed sequence, cut at random places."""
 
 
 def synthetic_batches(
@@ -69,8 +75,30 @@ def synthetic_batches(
         }
         if kind == "padded":
             parts["attention_mask"] = mask
+        if kind == "packed":
+            parts["position_ids"] = packed_positions(batch, seq, g)
         out.append({k: v.to(device, non_blocking=True) for k, v in parts.items()})
     return out
+
+
+def packed_positions(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
+    """[batch, seq] positions restarting at DOCUMENTS - 1 random cuts a row (data.pack's)."""
+    index = torch.arange(seq)
+    rows = []
+    for _ in range(batch):
+        starts = torch.randperm(seq - 1, generator=g)[: DOCUMENTS - 1].sort().values + 1
+        starts = torch.cat([torch.zeros(1, dtype=torch.long), starts])
+        rows.append(index - starts[torch.searchsorted(starts, index, right=True) - 1])
+    return torch.stack(rows)
+
+
+def hf_attention_mask(batch: Batch) -> torch.Tensor | None:
+    """What Hugging Face BERT is given as its attention mask: the padding mask, or for a
+    packed batch the documents' bool [b, 1, s, s] mask (transformers passes a 4-D mask to
+    SDPA as it is: True = attend)."""
+    if "position_ids" in batch:
+        return document_mask(batch["position_ids"], None, causal=False)
+    return batch.get("attention_mask")
 
 
 def tpformer_step(
@@ -125,7 +153,8 @@ def hf_step(
             loss = forward(
                 input_ids=batch["input_ids"],
                 token_type_ids=batch["token_type_ids"],
-                attention_mask=batch.get("attention_mask"),
+                attention_mask=hf_attention_mask(batch),
+                position_ids=batch.get("position_ids"),
                 labels=batch["mlm_labels"],
                 next_sentence_label=batch["nsp_labels"],
             ).loss

@@ -50,7 +50,7 @@ def pad_fraction(data: BertPretrainingDataset) -> float:
 
 
 def test_packed_bert_samples_fill_the_sequence_with_whole_pieces(prepared) -> None:
-    corpus, tok = prepared
+    _, tok = prepared
     data = bert(prepared, pack=True)
     alone = bert(prepared, pack=False)
     assert len(data) < len(alone)
@@ -100,7 +100,7 @@ def test_packed_samples_are_a_function_of_seed_and_index(prepared) -> None:
 
 def test_pair_samples_cannot_be_packed(prepared) -> None:
     corpus, tok = prepared
-    with pytest.raises(ValueError, match="data.sentence_pairs=nsp makes sentence pairs"):
+    with pytest.raises(ValueError, match=r"data\.sentence_pairs=nsp makes sentence pairs"):
         BertPretrainingDataset(
             corpus, tok, seq_length=SEQ, mask_prob=0.15, whole_word=False,
             sentence_pairs="nsp", seed=3, eval_fraction=0.1, pack=True,

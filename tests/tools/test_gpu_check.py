@@ -157,3 +157,36 @@ def test_an_unpadded_batch_passes_no_mask_and_a_padded_one_masks_a_tenth() -> No
     assert float(1 - padded["attention_mask"].float().mean()) == 12 / 32 / 4
     assert torch.equal(padded["input_ids"], unpadded["input_ids"])  # the same tokens
     assert (padded["mlm_labels"][padded["attention_mask"] == 0] == -100).all()
+
+
+def test_a_packed_batch_gives_both_sides_the_same_documents() -> None:
+    """--batch-kinds packed: four documents a row, every token real; tpformer gets their
+    positions, Hugging Face the same documents as a [b, 1, s, s] mask with the same positions,
+    which it honors: a token changed in one document leaves the others' MLM logits as they
+    were (and changes its own)."""
+    from transformers import BertForPreTraining
+
+    from tools.gpu_check_steps import hf_attention_mask, model_config, synthetic_batches
+    from tpformer.interop.families import hf_config_from_model
+
+    config = model_config("bert_tiny", 32, tiny=True)
+    batch = synthetic_batches(config, 4, 32, 1, torch.device("cpu"), "packed")[0]
+    positions = batch["position_ids"]
+    assert "attention_mask" not in batch
+    assert ((positions == 0).sum(1) == 4).all() and (positions[:, 0] == 0).all()
+    mask = hf_attention_mask(batch)
+    assert mask is not None and mask.shape == (4, 1, 32, 32)
+    hf_config = hf_config_from_model(config, "BertForPreTraining")
+    hf_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = BertForPreTraining(hf_config).eval()
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions).prediction_logits
+
+    first = int((positions[0, 1:] == 0).nonzero()[0]) + 1  # where row 0's second document starts
+    changed = batch["input_ids"].clone()
+    changed[0, first] = (changed[0, first] + 1) % config.vocab_size
+    before, after = logits(batch["input_ids"]), logits(changed)
+    assert torch.equal(before[0, :first], after[0, :first])  # the first document: untouched
+    assert not torch.allclose(before[0, first:], after[0, first:])
