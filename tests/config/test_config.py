@@ -110,6 +110,7 @@ PUBLIC_KEYS = {
         "max_predictions_per_seq",
         "name",
         "num_workers",
+        "pack",
         "paths",
         "prefetch_steps",
         "sentence_pairs",

@@ -18,9 +18,9 @@ import transformers
 from tests.data.common import write_corpus
 from tests.train.test_trainer import QUIET, REPO
 from tpformer.config.schema import ParallelConfig
+from tpformer.data.causal_lm import CausalLMDataset
 from tpformer.data.corpus import CorpusSpec, split_sentences
 from tpformer.data.preprocess import preprocess
-from tpformer.data.pretraining import CausalLMDataset
 from tpformer.data.tokenizer import Tokenizer
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from tests.data.common import corpus_tokenizer, write_corpus
+from tpformer.data.causal_lm import CausalLMDataset
 from tpformer.data.corpus import read_text, split_sentences
 from tpformer.data.megatron_indexed import MegatronCorpus
-from tpformer.data.pretraining import BertPretrainingDataset, CausalLMDataset
+from tpformer.data.pretraining import BertPretrainingDataset
 from tpformer.data.tokenizer import Tokenizer
 
 megatron = pytest.importorskip("megatron.core.datasets.indexed_dataset")

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from tests.data.common import corpus_tokenizer, text_spec, write_corpus
+from tpformer.data.causal_lm import CausalLMDataset
 from tpformer.data.indexed import IndexedCorpus
 from tpformer.data.preprocess import preprocess
-from tpformer.data.pretraining import BertPretrainingDataset, CausalLMDataset, document_positions
+from tpformer.data.pretraining import BertPretrainingDataset, document_positions
 from tpformer.data.tokenizer import Tokenizer
 
 SEQ = 64

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from tests.data.common import corpus_tokenizer, text_spec, write_corpus
+from tpformer.data.causal_lm import CausalLMDataset
 from tpformer.data.indexed import IndexedCorpus
 from tpformer.data.loader import micro_batch_ranges
 from tpformer.data.masking import IGNORE
 from tpformer.data.preprocess import preprocess
-from tpformer.data.pretraining import BertPretrainingDataset, CausalLMDataset
+from tpformer.data.pretraining import BertPretrainingDataset
 from tpformer.data.tokenizer import Tokenizer
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 from tpformer.config.derive import pair_recipe
 from tpformer.config.schema import BlendPart, CorpusConfig, DataConfig, ModelConfig
 from tpformer.data.blend import BlendedSamples, SampleSource
+from tpformer.data.causal_lm import CausalLMDataset
 from tpformer.data.corpus import CorpusSpec
 from tpformer.data.indexed import IndexedCorpus, TokenCorpus
 from tpformer.data.megatron_indexed import MegatronCorpus, is_megatron
 from tpformer.data.preprocess import Ranks, cache_dir, prepare_tokenizer, preprocess
-from tpformer.data.pretraining import BertPretrainingDataset, CausalLMDataset
+from tpformer.data.pretraining import BertPretrainingDataset
 from tpformer.data.synthetic import SyntheticPretraining
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.parallel.random import derive_seed
