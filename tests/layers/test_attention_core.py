@@ -12,7 +12,14 @@ import torch.nn.functional as F
 
 from tpformer.config.presets import preset
 from tpformer.layers.attention import ParallelSelfAttention
-from tpformer.layers.attention_core import AttentionCore, ExactCore, FusedCore, expanded_kv
+from tpformer.layers.attention_core import (
+    AttentionCore,
+    ExactCore,
+    FusedCore,
+    expanded_kv,
+    windowed_flash,
+    windowed_flash_runs,
+)
 from tpformer.models import build_model
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.startup_report import attention_line
@@ -47,7 +54,9 @@ def test_local_layers_get_their_reach_and_the_plan_names_each_kind() -> None:
     model = build_model(config, ctx, task="pretraining")
     assert attention_line(model) == (
         "attention: 2 layers sdpa, the kernel's dropout (rng=fast); "
-        "2 layers sdpa, window 32, the kernel's dropout (rng=fast)"
+        "2 layers sdpa, window 32 (flash's varlen window when 16-bit on an accelerator, "
+        "unpadded and without attention dropout; else a band mask), the kernel's dropout "
+        "(rng=fast)"
     )
     exact = build_model(
         config, ParallelContext.single(device="cpu", rng="exact"), task="pretraining"
@@ -100,3 +109,57 @@ def test_grouped_key_value_heads_are_read_in_place_where_the_kernel_takes_them(
     reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not masked)
     expected = attention.out(reference.transpose(1, 2).reshape(2, 16, 64))
     assert torch.equal(out, expected)
+
+
+def _reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa):
+    """torch.nn.attention.varlen.varlen_attn's documented semantics, written out densely (the
+    CPU has no flash kernel): each sequence of the flattened batch on its own, key j attended
+    by query i when i - left <= j <= i + right, key/value heads repeated for their groups."""
+    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and max_q == max_k
+    left, right = window_size
+    out = []
+    for start, stop in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        qi, ki, vi = (t[start:stop].transpose(0, 1) for t in (q, k, v))  # [heads, n, d]
+        if enable_gqa:
+            ki, vi = (t.repeat_interleave(qi.shape[0] // t.shape[0], 0) for t in (ki, vi))
+        i = torch.arange(stop - start)
+        band = (i[None, :] >= i[:, None] - left) & (i[None, :] <= i[:, None] + right)
+        out.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=band).transpose(0, 1))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_flash_window_glue_gives_the_band_masked_core(monkeypatch, kv_heads: int) -> None:
+    """windowed_flash flattens the batch into one sequence per sample for flash's varlen kernel
+    with window_size (reach, reach), grouped key/value heads in place: with the kernel's
+    documented semantics standing in for it (the CPU has no flash), equal to the band-masked
+    SDPA every other device runs, values and gradients (fp32, 1e-6); a reach one too small
+    differs (negative control)."""
+    import torch.nn.attention.varlen as varlen
+
+    monkeypatch.setattr(varlen, "varlen_attn", _reference_varlen)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 4, 20, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(3, kv_heads, 20, 8, generator=g, requires_grad=True) for _ in range(2))
+    core = next(c for c in _cores("modernbert_tiny", "fast") if c.reach).eval()
+    core.reach = 5  # the band the core builds where flash does not run
+    flash = windowed_flash(q, k, v, 5)
+    band = core._banded(None, 20, q.device)
+    dense = F.scaled_dot_product_attention(q, *expanded_kv(q, k, v), attn_mask=band)
+    assert float((flash - dense).abs().max()) < 1e-6
+    grads = torch.autograd.grad(flash.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(dense.square().sum(), (q, k, v))
+    for got, want in zip(grads, expected):
+        assert float((got - want).abs().max()) < 1e-5
+    assert float((windowed_flash(q, k, v, 4) - dense).abs().max()) > 1e-3
+
+
+def test_the_flash_window_runs_where_flash_does() -> None:
+    """16-bit on CUDA or meta (the dry run's GPU), no padding mask, no dropout to draw."""
+    meta = torch.empty(1, 2, 8, 4, device="meta", dtype=torch.bfloat16)
+    mask = torch.ones(1, 1, 1, 8, dtype=torch.bool, device="meta")
+    assert windowed_flash_runs(meta, None, 0.0)
+    assert not windowed_flash_runs(meta, mask, 0.0)
+    assert not windowed_flash_runs(meta, None, 0.1)
+    assert not windowed_flash_runs(meta.float(), None, 0.0)
+    assert not windowed_flash_runs(torch.empty(1, 2, 8, 4, dtype=torch.bfloat16), None, 0.0)

@@ -161,6 +161,26 @@ def test_what_fp8_saves_is_what_the_planner_prices(
     assert saved > 0 and 0 <= planned - saved <= FP8_SCALES * 2, (saved, planned)
 
 
+def test_local_layers_hold_what_global_ones_hold_where_flash_runs_the_window(monkeypatch) -> None:
+    """ModernBERT in bf16 (a GPU run, dry): flash's varlen window keeps no band, so a model
+    whose middle layer is local holds the activations of the same model all global (the
+    issue's 8k case: 6.52 GB -> 4.64 GB, equal to all global); with the band mask instead
+    (flash off: padding, dropout, the CPU) it holds at least one [s, s] bf16 bias more per
+    local layer (what the planner's local_attention_bytes prices; measured 16,368 B here)."""
+    import tpformer.layers.attention_core as cores
+
+    def activations(window: LocalAttentionConfig | None) -> int:
+        config = _config("modernbert", 3, precision="bf16")
+        config = replace(config, model=replace(config.model, local_attention=window))
+        return dry_run(config, 1, 0).activations
+
+    local = LocalAttentionConfig(window=16, global_every=3)  # layer 1 local
+    flash = activations(local) - activations(None)
+    assert 0 <= flash <= 64, flash  # the kernel's sequence offsets (int32, b + 1) and the like
+    monkeypatch.setattr(cores, "windowed_flash_runs", lambda *_: False)
+    assert activations(local) - activations(None) >= 64 * 64 * 2  # at least the bf16 bias
+
+
 PUBLISHED = ["t2-529.6B-zero-3-640", "t5-22B-sp-selective-8", "t1-1008B-ptd-p-3072"]
 """Narayanan et al.'s 530B under ZeRO-3 on 640 GPUs (12 s), a TP=8 run with sequence
 parallelism and selective recomputation, and the largest: Narayanan et al.'s 1T on 3,072 GPUs

@@ -12,6 +12,9 @@ its projections with one core instead of dispatching among kernels at every call
   passed around the CP ring (layers/ring_attention.py).
 
 A local (sliding-window) layer gives its core a reach: keys at most that many positions away.
+Where flash can run it (an accelerator, 16-bit, no padding mask, no attention dropout to draw)
+the window is flash's own (`torch.nn.attention.varlen`, `window_size`): no [s, s] band is built
+or kept, so a local layer holds what a global flash layer holds; otherwise the band is a mask.
 Grouped-query attention hands the core fewer key/value heads than query heads: SDPA's
 `enable_gqa` reads them in place where its kernel takes groups (`fused_sdpa`); the explicit and
 ring cores expand them. Each core names its kernel and why it was chosen (`describe`), for the
@@ -64,6 +67,9 @@ class AttentionCore(nn.Module):
         attention); `mask`: bool [b, 1, 1|s, s], True = attend (None: all, or the future masked
         when `causal`). Selective recomputation wraps this call."""
         if self.reach:
+            p = self.dropout.p if self.dropout.training else 0.0
+            if windowed_flash_runs(q, mask, p) and not causal:
+                return windowed_flash(q, k, v, self.reach)
             mask = self._banded(mask, q.shape[-2], q.device)
         return self.attend(q, k, v, mask, causal)
 
@@ -72,7 +78,12 @@ class AttentionCore(nn.Module):
 
     def describe(self) -> str:
         """The kernel and why, as the startup plan prints it (a local layer: its window)."""
-        return f"{self.kernel}, window {2 * self.reach}" if self.reach else self.kernel
+        if not self.reach:
+            return self.kernel
+        return (
+            f"{self.kernel}, window {2 * self.reach} (flash's varlen window when 16-bit on an "
+            "accelerator, unpadded and without attention dropout; else a band mask)"
+        )
 
     def device_stream_site(self) -> int | None:
         """The key of the one draw this core makes from the device's default generator, which
@@ -204,6 +215,46 @@ def choose_core(
     exact = dropout.p > 0 and not dropout.rng.fast
     core = ExactCore if exact else FusedCore
     return core(dropout, head_dim, head_offset, reach=window // 2, grouped=grouped)
+
+
+def windowed_flash_runs(q: Tensor, mask: Tensor | None, dropout_p: float) -> bool:
+    """Whether a local layer's call runs flash's sliding window (`windowed_flash`): on CUDA (or
+    meta, where the dry run prices a GPU run), 16-bit, no padding mask and no dropout to draw
+    (the kernel has none). The CPU has no flash kernel: there the band mask runs."""
+    return (
+        mask is None
+        and dropout_p == 0
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.device.type in ("cuda", "meta")
+    )
+
+
+def windowed_flash(q: Tensor, k: Tensor, v: Tensor, reach: int) -> Tensor:
+    """Bidirectional sliding-window attention, keys at most `reach` positions from the query,
+    through flash's variable-length kernel (each sample one sequence of the flattened batch;
+    window_size=(reach, reach)); grouped key/value heads read in place. q [b, heads, s, d];
+    k, v [b, kv_heads, s, d] -> [b, heads, s, d]."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    b, heads, s, d = q.shape
+
+    def flat(x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(b * s, x.shape[1], d)
+
+    starts = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+    out = varlen_attn(
+        flat(q),
+        flat(k),
+        flat(v),
+        starts,
+        starts,
+        s,
+        s,
+        window_size=(reach, reach),
+        enable_gqa=k.shape[1] != heads,
+    )
+    assert isinstance(out, Tensor)
+    return out.view(b, s, heads, d).transpose(1, 2)
 
 
 def expanded_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

@@ -145,8 +145,12 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     core's masked_fill keeps. Nothing under selective or full recomputation: the core builds
     the band inside what is recomputed (layers/attention_core.py; measured on the dry run:
     the s x s bool mask, 4,096 B at seq 64, gone from the held activations). Each local layer
-    makes its own."""
+    makes its own. Nothing where flash runs the window itself (16-bit on an accelerator,
+    unpadded, no attention dropout: layers/attention_core.windowed_flash)."""
     if work.model.local_attention is None or c.recompute in ("selective", "full"):
+        return 0.0
+    flash = work.itemsize == 2 and not work.padded and work.model.attention_dropout == 0
+    if fused and flash:
         return 0.0
     area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
     return float(area * (work.itemsize if fused else 1))
