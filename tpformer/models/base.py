@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch import nn
+from torch import Tensor, nn
 
 from tpformer.config.schema import ModelConfig
 from tpformer.layers.base import TPModule
@@ -19,3 +19,11 @@ class TPModel(TPModule):
         """The repeated units (transformer layers) the engine buckets and recomputation wraps,
         in forward order; each model names its own."""
         raise NotImplementedError(f"{type(self).__name__} does not name its blocks")
+
+    def block_positions(
+        self, position_ids: Tensor | None = None, **_: Tensor | None
+    ) -> Tensor | None:
+        """What every block gets as positions besides the activation and the mask: packed
+        documents' [b, s] (data.pack; rotary embeddings restart per document), else None (each
+        row's place in the sequence)."""
+        return position_ids

@@ -178,12 +178,6 @@ class _PipelinedBert(TPModel):
     ) -> Tensor | None:
         return self.bert.block_mask(attention_mask, position_ids)
 
-    def block_positions(
-        self, position_ids: Tensor | None = None, **_: Tensor | None
-    ) -> Tensor | None:
-        """Packed documents' positions [b, s] (rotary embeddings), None: the sequence's own."""
-        return position_ids
-
     head: Callable[..., Any]
     """The task's output from the last block's hidden states and the batch (each subclass's)."""
 

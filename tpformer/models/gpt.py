@@ -142,12 +142,6 @@ class GPTForCausalLM(TPModel):
     ) -> Tensor | None:
         return self.transformer.block_mask(attention_mask, position_ids)
 
-    def block_positions(
-        self, position_ids: Tensor | None = None, **_: Tensor | None
-    ) -> Tensor | None:
-        """Packed documents' positions [b, s] (rotary embeddings), None: the sequence's own."""
-        return position_ids
-
     def forward(
         self,
         input_ids: Tensor,
