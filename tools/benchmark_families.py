@@ -3,6 +3,7 @@ transformers' LlamaForCausalLM and ModernBertForMaskedLM, interleaved in one run
 
     python tools/benchmark_families.py                      # both families, 10 rounds
     python tools/benchmark_families.py --families llama --rounds 5 --seq 512
+    python tools/benchmark_families.py --families modernbert --seq 2048 --batch 1 --window 128
 
 Each family's contenders start from the same weights (a save_pretrained directory that
 tpformer loads with init's loader), train on the same batches with AdamW, one process and the
@@ -50,13 +51,14 @@ def hf_llama(seq: int) -> torch.nn.Module:
     )
 
 
-def hf_modernbert(seq: int, sparse: bool = False) -> torch.nn.Module:
-    """ModernBertForMaskedLM of the modernbert_tiny preset's shape."""
+def hf_modernbert(seq: int, sparse: bool = False, window: int = 0) -> torch.nn.Module:
+    """ModernBertForMaskedLM of the modernbert_tiny preset's shape (`window`: its local
+    layers' window, 0: the preset's)."""
     import transformers
 
     c = preset("modernbert_tiny")
-    rotary, window = c.rotary, c.local_attention
-    assert rotary is not None and window is not None  # the preset's
+    rotary, local = c.rotary, c.local_attention
+    assert rotary is not None and local is not None  # the preset's
     return transformers.ModernBertForMaskedLM(
         transformers.ModernBertConfig(
             vocab_size=c.vocab_size,
@@ -65,7 +67,7 @@ def hf_modernbert(seq: int, sparse: bool = False) -> torch.nn.Module:
             num_hidden_layers=c.num_layers,
             num_attention_heads=c.num_heads,
             max_position_embeddings=max(seq, 512),
-            local_attention=window.window,
+            local_attention=window or local.window,
             global_rope_theta=rotary.theta,
             local_rope_theta=rotary.local_theta,
             pad_token_id=0,
@@ -130,24 +132,26 @@ def _tpformer_step(directory: Path, family: str) -> Step:
     return step
 
 
-def contenders(family: str, seq: int, root: Path) -> dict[str, Step]:
+def contenders(family: str, seq: int, root: Path, window: int = 0) -> dict[str, Step]:
     """The family's Hugging Face model(s) and tpformer's, from the same weights."""
     torch.manual_seed(0)
-    hf = hf_llama(seq) if family == "llama" else hf_modernbert(seq)
+    hf = hf_llama(seq) if family == "llama" else hf_modernbert(seq, window=window)
     directory = root / family
     hf.save_pretrained(directory)
     steps = {f"transformers {type(hf).__name__}": _hf_step(hf)}
     if family == "modernbert":
-        sparse = hf_modernbert(seq, sparse=True)
+        sparse = hf_modernbert(seq, sparse=True, window=window)
         sparse.load_state_dict(hf.state_dict())
         steps["transformers, sparse_prediction=True"] = _hf_step(sparse)
     steps["tpformer TP=1"] = _tpformer_step(directory, family)
     return steps
 
 
-def run(family: str, *, rounds: int, batch: int, seq: int, root: Path) -> list[dict]:
+def run(
+    family: str, *, rounds: int, batch: int, seq: int, root: Path, window: int = 0
+) -> list[dict]:
     """Median step seconds of each contender over `rounds` interleaved rounds (one warm-up)."""
-    steps = contenders(family, seq, root)
+    steps = contenders(family, seq, root, window)
     vocab = preset("llama_tiny" if family == "llama" else "modernbert_tiny").vocab_size
     data = batches(family, vocab, batch, seq, rounds + 1)
     first = {name: step(data[0]) for name, step in steps.items()}  # warm-up, same batch
@@ -181,6 +185,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--window", type=int, default=0, help="ModernBERT's local window")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{args.threads} threads, batch {args.batch} x seq {args.seq}, {args.rounds} rounds")
@@ -189,7 +194,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for family in args.families:
             for r in run(
-                family, rounds=args.rounds, batch=args.batch, seq=args.seq, root=Path(root)
+                family,
+                rounds=args.rounds,
+                batch=args.batch,
+                seq=args.seq,
+                root=Path(root),
+                window=args.window,
             ):
                 print(
                     f"| {r['family']} | {r['contender']} | {r['step_ms']:.1f} | "
