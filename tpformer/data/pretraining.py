@@ -199,7 +199,6 @@ class BertPretrainingDataset:
         self.eval_docs = eval_docs if len(eval_docs) else train_docs
         self.train_chunks = chunks(train_docs)
         self.eval_chunks = chunks(eval_docs) if len(eval_docs) else self.train_chunks
-        self.pack = pack
         self.train_packs = self.eval_packs = None
         if pack:
             self.train_packs = pack_sequences(corpus, self.train_chunks, seq_length, seed)
@@ -314,7 +313,7 @@ class BertPretrainingDataset:
         }
         if label is not None:
             sample["nsp_labels"] = torch.tensor(label)
-        if self.pack:
+        if self.train_packs is not None:  # packed: each piece's positions restart
             sample["position_ids"] = document_positions(starts, self.seq)
         return sample
 

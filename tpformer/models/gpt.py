@@ -152,10 +152,9 @@ class GPTForCausalLM(TPModel):
         """`position_ids` [b, s]: packed documents (data.pack): each attends within itself and
         its positions restart at 0; the labels say which targets count (a document's first
         token is not predicted from the one before)."""
-        x = self.embed(input_ids, position_ids)
-        mask, positions = self.block_mask(attention_mask, position_ids), position_ids
+        x, mask = self.embed(input_ids, position_ids), self.block_mask(attention_mask, position_ids)
         for block in self.blocks():
-            x = block(x, mask, None, positions)
+            x = block(x, mask, None, position_ids)
         return self.head(x, labels=labels)
 
     def head(self, x: Tensor, labels: Tensor | None = None, **_: Tensor | None) -> CausalLMOutput:
