@@ -14,6 +14,7 @@ import torch
 
 from tpformer.config.presets import preset
 from tpformer.config.schema import ModelConfig, OptimConfig, ParallelConfig, Precision, Recompute
+from tpformer.data.pretraining import document_positions
 from tpformer.device_peaks import peak_tflops
 from tpformer.engine.parallelize import parallelize
 from tpformer.interop.families import hf_config_from_model
@@ -83,12 +84,10 @@ def synthetic_batches(
 
 def packed_positions(batch: int, seq: int, g: torch.Generator) -> torch.Tensor:
     """[batch, seq] positions restarting at DOCUMENTS - 1 random cuts a row (data.pack's)."""
-    index = torch.arange(seq)
     rows = []
     for _ in range(batch):
-        starts = torch.randperm(seq - 1, generator=g)[: DOCUMENTS - 1].sort().values + 1
-        starts = torch.cat([torch.zeros(1, dtype=torch.long), starts])
-        rows.append(index - starts[torch.searchsorted(starts, index, right=True) - 1])
+        cuts = torch.randperm(seq - 1, generator=g)[: DOCUMENTS - 1].sort().values + 1
+        rows.append(document_positions([0, *cuts.tolist()], seq))
     return torch.stack(rows)
 
 
