@@ -6,6 +6,7 @@ import tests.inductor_settings  # noqa: F401  (inductor's settings for the compi
 from tests.budget import (
     pytest_collection_modifyitems,
     pytest_sessionfinish,
+    pytest_sessionstart,
     pytest_terminal_summary,
 )
 from tests.optional_imports import pytest_make_collect_report, pytest_runtest_makereport
@@ -19,5 +20,6 @@ __all__ = [
     "pytest_make_collect_report",
     "pytest_runtest_makereport",
     "pytest_sessionfinish",
+    "pytest_sessionstart",
     "pytest_terminal_summary",
 ]

@@ -1,4 +1,5 @@
-"""tests/budget.py holds whole-suite runs to their budget and leaves partial runs alone."""
+"""tests/budget.py holds whole-suite runs to their budget in units of a reference workload timed
+in the same run, and leaves partial runs alone."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.budget import FULL_BUDGET_S, QUICK_BUDGET_S, TESTS, held_budget
+from tests.budget import FULL_BUDGET, QUICK_BUDGET, TESTS, Held, held_budget, reference_seconds
 
 
 def _config(*args: str, markexpr: str = "", keyword: str = "", **extra: Any) -> Any:
@@ -16,10 +17,10 @@ def _config(*args: str, markexpr: str = "", keyword: str = "", **extra: Any) -> 
 
 
 def test_the_whole_suite_and_the_quick_tier_are_held() -> None:
-    assert held_budget(_config("tests")) == ("the full suite", FULL_BUDGET_S)
-    assert held_budget(_config(str(TESTS))) == ("the full suite", FULL_BUDGET_S)
+    assert held_budget(_config("tests")) == ("the full suite", FULL_BUDGET)
+    assert held_budget(_config(str(TESTS))) == ("the full suite", FULL_BUDGET)
     quick = held_budget(_config("tests", markexpr="not slow"))
-    assert quick == ("the quick tier", QUICK_BUDGET_S)
+    assert quick == ("the quick tier", QUICK_BUDGET)
 
 
 @pytest.mark.parametrize(
@@ -36,3 +37,19 @@ def test_the_whole_suite_and_the_quick_tier_are_held() -> None:
 )
 def test_a_partial_run_is_not_held(config: Any) -> None:
     assert held_budget(config) is None
+
+
+def test_the_budget_is_in_units_of_the_reference_timed_before_and_after() -> None:
+    """The same suite on a machine twice as slow takes twice the minutes and the same units."""
+    quick = Held("the full suite", 300.0, before=5.0, after=7.0, took=1500.0)
+    slow = Held("the full suite", 300.0, before=10.0, after=14.0, took=3000.0)
+    assert quick.units == slow.units == 250.0 and not quick.over and not slow.over
+    assert "took 50.0 min = 250 x the reference workload (10.0 s before" in slow.line()
+    assert "within its budget of 300 x" in slow.line()
+    grown = Held("the full suite", 300.0, before=5.0, after=7.0, took=1860.0)  # 310 units
+    assert grown.over and "OVER its budget of 300 x" in grown.line()
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch: about 6 s
+def test_the_reference_workload_runs_in_seconds() -> None:
+    assert 0.5 < reference_seconds() < 120

@@ -90,6 +90,7 @@ def _loaded_after(imports: str, modules: list[str]) -> list[str]:
     return list(ast.literal_eval(result.stdout.strip()))
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_a_run_that_does_not_compile_never_imports_dynamo() -> None:
     """torch._dynamo costs 1 - 1.5 s per process to import: no module of ours pulls it in
     (eager islands are marks until trainer.compile). Building torch.optim's AdamW imports it
@@ -99,6 +100,7 @@ def test_a_run_that_does_not_compile_never_imports_dynamo() -> None:
     assert _loaded_after(f"{imports}, tpformer.engine.parallelize", ["torch._dynamo"]) == []
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_the_entry_points_load_no_training_stack_until_a_rank_runs() -> None:
     """A refused input and the launcher process (which only re-runs the command on N ranks)
     never import DCP, DTensor or the training loop (about 1.5 s a start), and the config's

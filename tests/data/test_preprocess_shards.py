@@ -59,7 +59,7 @@ def _documents(corpus: IndexedCorpus) -> list[list[list[int]]]:
 
 
 @pytest.mark.parametrize("kind", ["paragraphs", "lines", "files", "jsonl"])
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: ~5 s
 def test_shards_join_into_the_corpus(
     corpora: tuple[Path, Tokenizer], tmp_path: Path, kind: str, workers: int
 ) -> None:

@@ -125,6 +125,7 @@ def test_masked_share_and_80_10_10_match_the_transformers_collator(wordpiece: tu
         assert _close(ours_share, their_share, mine[0], other[0]), (mine, other)
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_whole_word_masking_chooses_words_as_the_transformers_collator(wordpiece: tuple) -> None:
     """Each side with its own word boundaries: a chosen word is masked whole; the share of
     tokens masked and of multi-piece words chosen agree. One-piece words differ, by Google's

@@ -499,7 +499,7 @@ def _bucketed(ctx: ParallelContext) -> list:
     return [results, blocks, sizes, cap, singles]
 
 
-@pytest.mark.parametrize(("tp", "dp"), [(1, 2), (2, 2)])
+@pytest.mark.parametrize(("tp", "dp"), [(1, 2), pytest.param(2, 2, marks=pytest.mark.slow)])
 def test_small_buckets_match_single_process_adamw(reference, tp: int, dp: int) -> None:
     """parallel.bucket_mb cuts blocks into buckets at parameter boundaries: every stage (with
     accumulation, and ZeRO-3 with its parameters offloaded) still equals torch.optim.AdamW on

@@ -30,13 +30,25 @@ def _losses(run: Path) -> list[float]:
     return [x["loss"] for x in lines if not x.get("eval")]
 
 
+@pytest.fixture(scope="module")
+def one_process_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The one-process run of MINI at grad_accum 4 that both pipeline commands are held to (run
+    once for the module: a console-script run costs ~7 s of start-up)."""
+    tmp_path = tmp_path_factory.mktemp("one")
+    run = tmp_path / "run"
+    result = _cli([*MINI, "trainer.grad_accum=4", f"hydra.run.dir={run}"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _losses(run)
+
+
 @pytest.mark.slow
-def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
+def test_cli_pipeline_runs_give_the_one_process_losses(
+    tmp_path: Path, one_process_losses: list[float]
+) -> None:
     """model=bert_mini (dropout 0.1), grad_accum 4: one process, pipeline=2 on 2 processes and
     pipeline=2 x tensor=2 on 4."""
-    losses = {}
+    losses = {"one": one_process_losses}
     for name, layout in (
-        ("one", []),
         ("pp2", ["parallel.pipeline=2", "launcher.nproc_per_node=2"]),
         ("pp2tp2", ["parallel.pipeline=2", "parallel.tensor=2", "launcher.nproc_per_node=4"]),
     ):
@@ -56,13 +68,13 @@ def test_cli_pipeline_runs_give_the_one_process_losses(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_pipedream_partition_chooses_replicas_and_runs(tmp_path: Path) -> None:
+def test_cli_pipedream_partition_chooses_replicas_and_runs(
+    tmp_path: Path, one_process_losses: list[float]
+) -> None:
     """parallel.pipeline_split=pipedream on 3 processes: the partitioner's choice is printed
     ("2-1" style) and is the layout the run takes; updating per step, the first step (no
     staleness yet) has the one-process loss."""
     common = [*MINI, "trainer.grad_accum=4", "parallel.pipedream_update=step"]
-    one = tmp_path / "one"
-    assert _cli([*common, f"hydra.run.dir={one}"], tmp_path, timeout=600).returncode == 0
     run = tmp_path / "replicated"
     result = _cli(
         [
@@ -80,7 +92,7 @@ def test_cli_pipedream_partition_chooses_replicas_and_runs(tmp_path: Path) -> No
     chosen = re.search(r"pipedream partition: (\d-\d) \(workers per stage\)", result.stderr)
     assert chosen is not None, result.stderr[-3000:]
     assert f"layout: world 3 = pp 2 x replicas {chosen[1]} x tp 1" in result.stderr
-    got, want = _losses(run), _losses(one)
+    got, want = _losses(run), one_process_losses
     assert len(got) == 3 and abs(got[0] - want[0]) <= FP32_MODEL_REL * want[0], (got, want)
 
 

@@ -179,6 +179,7 @@ def _save_then_resume(ctx: ParallelContext, config: Config, straight: str, run: 
     return whole, _run(ctx, config, run, resume="auto")
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_pipeline_stop_and_resume_is_bitwise_equal(tmp_path: Path) -> None:
     for whole, resumed in _launch(
         _save_then_resume, {"pipeline": 2}, str(tmp_path / "a"), str(tmp_path / "b")

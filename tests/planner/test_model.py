@@ -123,6 +123,7 @@ def test_calibration_fit_survives_times_that_do_not_grow() -> None:
     assert bandwidth == pytest.approx(1e9) and intercept == pytest.approx(1e-5)
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_the_peak_stage_is_found_without_pricing_every_stage() -> None:
     """predict_memory prices the first, the last and the first middle stage of each layer
     count; on every pipelined layout of a search it equals the scan of all stages."""

@@ -29,6 +29,7 @@ def plan(*args: str, cwd: Path | None = None, timeout: int = 120) -> subprocess.
     )
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_bert_large_on_an_h100_node_prints_ranked_layouts() -> None:
     result = plan("model=bert_large", "cluster=h100_node", "parallel.precision=bf16")
     assert result.returncode == 0, result.stderr
@@ -107,12 +108,14 @@ def test_bad_input_is_one_line_with_exit_code_2(
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_model_that_fits_no_layout_says_by_how_much() -> None:
     result = plan("model=gpt2_xl", "cluster=h100_node", "cluster.device_memory_gb=1")
     line = result.stderr.strip()
     assert "GB per rank at the smallest layout" in line and "the device has 1.0 GB" in line
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_calibrating_other_hardware_is_refused() -> None:
     result = plan("--calibrate", "cluster=h100_node")
     assert result.returncode == 2
@@ -173,6 +176,7 @@ def test_confirmation_runs_cover_distinct_splits() -> None:
     assert len(confirm) == 3 and len(splits) == 3, confirm
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_a_given_layout_is_priced_and_ranked() -> None:
     """Layout keys on the command line: that layout, not a search's pick (it was ignored)."""
     args = ["model=bert_large", "cluster=h100_node", "parallel.precision=bf16"]
@@ -208,6 +212,7 @@ def test_a_given_layout_the_run_would_refuse_is_an_error(given: str, message: st
         in_process("model=bert_large", "cluster=h100_node", given)
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_json_all_lists_every_layout_with_its_numbers_or_why_not() -> None:
     data = json.loads(
         in_process(

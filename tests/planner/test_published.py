@@ -120,6 +120,7 @@ def test_megatron_weak_scaling_within_the_model_error(run) -> None:
     assert abs(math.log(r.ratio)) <= math.log(1 + MODEL_ERROR), (run, r.ratio)
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_megatron_first_choices_two_sided() -> None:
     """The planner's first choice against Table 1's published split, counted both ways (a
     published split predicted faster than the first choice is a disagreement too): the first
@@ -161,6 +162,7 @@ def test_korthikanti_iterations_fit_and_are_within_the_model_error(run) -> None:
     assert r.first_is_published and abs(r.margin) <= 0.05, (run, r.first.candidate, r.margin)
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_zero3_and_ptdp_runs_fit_and_keep_their_order() -> None:
     """Table 2: every run fits (the 530B ZeRO-3 run on 640 GPUs included, under DeepSpeed's
     16-bit bucketed gradients); throughput within 20% on every row (measured 0.87-1.16), and

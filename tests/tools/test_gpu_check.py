@@ -49,7 +49,8 @@ def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     kinds = [VARIANTS[0][0], HF_LABEL, VARIANTS[1][0], HF_COMPILED_LABEL]
     argv = ["--device", "cpu", "--tiny", "--world", "2", "--leg-rngs", "exact", "--out", str(out),
             "--only", *kinds]  # fmt: skip
-    child_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # one inductor compile thread, as the suite's other compiles (tests/inductor_settings.py)
+    child_env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     # the children (contenders, the leg's ranks) inherit the block through sitecustomize
     site = tmp_path / "site"
     site.mkdir()

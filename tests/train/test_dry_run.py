@@ -161,6 +161,7 @@ def test_what_fp8_saves_is_what_the_planner_prices(
     assert saved > 0 and 0 <= planned - saved <= FP8_SCALES * 2, (saved, planned)
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_local_layers_hold_what_global_ones_hold_where_flash_runs_the_window(monkeypatch) -> None:
     """ModernBERT in bf16 (a GPU run, dry): flash's varlen window keeps no band, so a model
     whose middle layer is local holds the activations of the same model all global (the

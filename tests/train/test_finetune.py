@@ -319,6 +319,7 @@ def _export_regression(ctx: ParallelContext, config: FinetuneConfig, run_dir: st
     return pred.tolist()
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_regression_export_at_tp2_predicts_like_tpformer(tmp_path: Path) -> None:
     """STS-B at TP=2: to-hf writes a regression BertForSequenceClassification whose dev scores
     equal tpformer's (fp32, summed in another order across TP ranks: 1e-5 relative), and so do

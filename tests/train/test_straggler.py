@@ -10,6 +10,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from tests.dist import run_distributed
 from tests.train.test_trainer import tiny_config
 from tpformer.config.schema import Config
@@ -52,6 +54,7 @@ def _train_with_a_slow_rank(
     return lines.lines
 
 
+@pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_the_slowest_rank_is_named_in_the_metrics_and_the_progress_line(tmp_path: Path) -> None:
     """TP=2 x DP=2, rank 3 sleeps 0.5 s before every step: its TP partner waits in the
     tensor-parallel collectives, the other pair in the gradient reduction, so only rank 3's own
