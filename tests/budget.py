@@ -7,7 +7,7 @@ at one landing and 30.6 min at the next (2026-11-29), and this 2-core machine dr
 within a day. So a held run times a fixed reference workload of its own (`REFERENCE`: no
 tpformer code, a fresh interpreter importing torch and training a small torch.nn transformer on
 one thread) before the workers start and after they end, and the budget is in units of it: the
-suite's wall time over the reference's. Each end prints the minutes too.
+suite's wall time over the reference's. The run's last line gives the minutes too.
 
 Only whole-suite runs are held (no -k, no --deselect, the tests/ folder as the only path): the
 quick tier is `-m "not slow"`, everything else is the full suite. A run of one file or one case
