@@ -54,9 +54,13 @@ def test_local_layers_get_their_reach_and_the_plan_names_each_kind() -> None:
     model = build_model(config, ctx, task="pretraining")
     assert attention_line(model) == (
         "attention: 2 layers sdpa, the kernel's dropout (rng=fast); "
-        "2 layers sdpa, window 32 (flash's varlen window when 16-bit on an accelerator, "
-        "unpadded and without attention dropout; else a band mask), the kernel's dropout "
-        "(rng=fast)"
+        "2 layers sdpa, window 32 (a band mask: flash's window draws no attention dropout), "
+        "the kernel's dropout (rng=fast)"
+    )
+    plain = build_model(preset("modernbert_tiny"), ctx, task="pretraining")  # dropout 0
+    assert attention_line(plain) == (
+        "attention: 2 layers sdpa; 2 layers sdpa, window 32 (flash's varlen window for "
+        "unmasked 16-bit batches on an accelerator; else a band mask)"
     )
     exact = build_model(
         config, ParallelContext.single(device="cpu", rng="exact"), task="pretraining"
@@ -155,11 +159,14 @@ def test_flash_window_glue_gives_the_band_masked_core(monkeypatch, kv_heads: int
 
 
 def test_the_flash_window_runs_where_flash_does() -> None:
-    """16-bit on CUDA or meta (the dry run's GPU), no padding mask, no dropout to draw."""
+    """16-bit on CUDA or meta (the dry run's GPU), no padding mask, no dropout to draw, an
+    encoder."""
     meta = torch.empty(1, 2, 8, 4, device="meta", dtype=torch.bfloat16)
     mask = torch.ones(1, 1, 1, 8, dtype=torch.bool, device="meta")
-    assert windowed_flash_runs(meta, None, 0.0)
-    assert not windowed_flash_runs(meta, mask, 0.0)
-    assert not windowed_flash_runs(meta, None, 0.1)
-    assert not windowed_flash_runs(meta.float(), None, 0.0)
-    assert not windowed_flash_runs(torch.empty(1, 2, 8, 4, dtype=torch.bfloat16), None, 0.0)
+    assert windowed_flash_runs(meta, None, 0.0, False)
+    assert not windowed_flash_runs(meta, mask, 0.0, False)
+    assert not windowed_flash_runs(meta, None, 0.1, False)
+    assert not windowed_flash_runs(meta, None, 0.0, True)  # a decoder's window is one-sided
+    assert not windowed_flash_runs(meta.float(), None, 0.0, False)
+    cpu = torch.empty(1, 2, 8, 4, dtype=torch.bfloat16)
+    assert not windowed_flash_runs(cpu, None, 0.0, False)

@@ -215,3 +215,25 @@ def test_cluster_presets_load_as_hydra_composes_them() -> None:
     for path in presets:
         typed = OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(path))
         assert load_preset(path.stem) == OmegaConf.to_object(typed), path.stem
+
+
+def test_a_local_layer_is_priced_its_band_unless_flash_runs_the_window() -> None:
+    """The planner's local_attention_bytes follows the core's rule (flash_runs_the_window): on
+    an accelerator an unpadded bf16 encoder keeps no band; a padded batch keeps its [b, 1, s,
+    s] bias, and a decoder (whose window flash's symmetric one is not) its [s, s] band."""
+    from tpformer.config.schema import LocalAttentionConfig
+    from tpformer.planner.memory import local_attention_bytes
+
+    local = LocalAttentionConfig(window=16, global_every=3)
+    encoder = replace(tiny_bert(0.0), local_attention=local)
+    decoder = replace(tiny_gpt(0.0), local_attention=local)
+    c = Candidate(1, 1, 1, 2, 1)
+    s = 64
+
+    def held(model: ModelConfig, padded: bool) -> float:
+        work = Workload(model, s, 2, "bf16", 0.15, "none", padded=padded)
+        return local_attention_bytes(work, c, fused=True)
+
+    assert held(encoder, padded=False) == 0
+    assert held(encoder, padded=True) == 2 * s * s * 2  # micro-batch 2, bf16
+    assert held(decoder, padded=False) == s * s * 2

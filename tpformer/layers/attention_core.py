@@ -68,7 +68,7 @@ class AttentionCore(nn.Module):
         when `causal`). Selective recomputation wraps this call."""
         if self.reach:
             p = self.dropout.p if self.dropout.training else 0.0
-            if windowed_flash_runs(q, mask, p) and not causal:
+            if windowed_flash_runs(q, mask, p, causal):
                 return windowed_flash(q, k, v, self.reach)
             mask = self._banded(mask, q.shape[-2], q.device)
         return self.attend(q, k, v, mask, causal)
@@ -80,9 +80,12 @@ class AttentionCore(nn.Module):
         """The kernel and why, as the startup plan prints it (a local layer: its window)."""
         if not self.reach:
             return self.kernel
+        window = f"{self.kernel}, window {2 * self.reach}"
+        if self.dropout.p > 0:  # flash_runs_the_window: never while training
+            return f"{window} (a band mask: flash's window draws no attention dropout)"
         return (
-            f"{self.kernel}, window {2 * self.reach} (flash's varlen window when 16-bit on an "
-            "accelerator, unpadded and without attention dropout; else a band mask)"
+            f"{window} (flash's varlen window for unmasked 16-bit batches on an accelerator; "
+            "else a band mask)"
         )
 
     def device_stream_site(self) -> int | None:
@@ -217,15 +220,25 @@ def choose_core(
     return core(dropout, head_dim, head_offset, reach=window // 2, grouped=grouped)
 
 
-def windowed_flash_runs(q: Tensor, mask: Tensor | None, dropout_p: float) -> bool:
-    """Whether a local layer's call runs flash's sliding window (`windowed_flash`): on CUDA (or
-    meta, where the dry run prices a GPU run), 16-bit, no padding mask and no dropout to draw
-    (the kernel has none). The CPU has no flash kernel: there the band mask runs."""
-    return (
-        mask is None
-        and dropout_p == 0
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and q.device.type in ("cuda", "meta")
+def flash_runs_the_window(
+    *, accelerator: bool, sixteen_bit: bool, masked: bool, dropout_p: float, causal: bool
+) -> bool:
+    """Where a local layer's sliding window is flash's own (`windowed_flash`), the one rule the
+    core runs by and the planner prices by (planner/memory.local_attention_bytes): on an
+    accelerator (CUDA, or meta, where the dry run prices a GPU run), 16-bit, no mask (padding
+    or packed documents), no attention dropout to draw (the kernel has none) and bidirectional
+    (the window is symmetric). Elsewhere, the CPU among them, the band is a mask."""
+    return accelerator and sixteen_bit and not masked and dropout_p == 0 and not causal
+
+
+def windowed_flash_runs(q: Tensor, mask: Tensor | None, dropout_p: float, causal: bool) -> bool:
+    """flash_runs_the_window for this call's queries and mask."""
+    return flash_runs_the_window(
+        accelerator=q.device.type in ("cuda", "meta"),
+        sixteen_bit=q.dtype in (torch.float16, torch.bfloat16),
+        masked=mask is not None,
+        dropout_p=dropout_p,
+        causal=causal,
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from tpformer.engine.memory import zero_memory_bytes
+from tpformer.layers.attention_core import flash_runs_the_window
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.layers.sequence import labeled_width
 from tpformer.models.costs import (
@@ -145,12 +146,18 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     core's masked_fill keeps. Nothing under selective or full recomputation: the core builds
     the band inside what is recomputed (layers/attention_core.py; measured on the dry run:
     the s x s bool mask, 4,096 B at seq 64, gone from the held activations). Each local layer
-    makes its own. Nothing where flash runs the window itself (16-bit on an accelerator,
-    unpadded, no attention dropout: layers/attention_core.windowed_flash)."""
+    makes its own. Nothing where flash runs the window itself (layers/attention_core.
+    flash_runs_the_window: the fused core on an accelerator, 16-bit, unpadded, no attention
+    dropout, an encoder)."""
     if work.model.local_attention is None or c.recompute in ("selective", "full"):
         return 0.0
-    flash = work.itemsize == 2 and not work.padded and work.model.attention_dropout == 0
-    if fused and flash:
+    if fused and flash_runs_the_window(
+        accelerator=True,  # `fused`: an accelerator's SDPA core
+        sixteen_bit=work.itemsize == 2,
+        masked=work.padded,
+        dropout_p=work.model.attention_dropout,
+        causal=work.model.arch == "gpt",
+    ):
         return 0.0
     area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
     return float(area * (work.itemsize if fused else 1))
