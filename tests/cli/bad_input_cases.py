@@ -1,5 +1,5 @@
 """Runs console scripts in this one process, as their console entry points do, one case per
-line of a JSON list on stdin: [script, argv, cwd]; prints [exit code, stdout, stderr, run dirs
+line of a JSON list on stdin: [script, argv, cwd] or [script, argv, cwd, env]; prints [exit code, stdout, stderr, run dirs
 left] per case as JSON on a last line `RESULTS [...]` (read by `results`). One process for a
 whole table keeps it to a few seconds (each case in a process of its own paid ~2.5 s of
 Python, torch and Hydra start-up)."""
@@ -17,9 +17,14 @@ from pathlib import Path
 from tpformer.cli import shell
 
 
-def run_case(script: str, argv: list[str], cwd: str) -> tuple[object, str, str, list[str]]:
+def run_case(
+    script: str, argv: list[str], cwd: str, env: dict[str, str] | None = None
+) -> tuple[object, str, str, list[str]]:
+    """One case; `env` (a command's leading NAME=value words) is set for this case alone."""
     module, _, function = script.partition(":")
     main = getattr(importlib.import_module(module), function)
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
     os.chdir(cwd)
     sys.argv = [script, *argv]
     shell._JobState.started = False
@@ -30,6 +35,12 @@ def run_case(script: str, argv: list[str], cwd: str) -> tuple[object, str, str, 
             main()
         except SystemExit as exit_:
             code = exit_.code
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name)
+                else:
+                    os.environ[name] = value
     left = [str(p) for root in ("outputs", "multirun") for p in Path(cwd).glob(f"{root}/**/*")]
     return code, out.getvalue(), err.getvalue(), left
 

@@ -61,6 +61,7 @@ def write_hf_bert(
     num_labels: int = 0,
     hidden_size: int = 32,
     intermediate_size: int = 64,
+    num_heads: int = 4,
 ) -> Path:
     """A tiny random BertModel written by save_pretrained, with a WordPiece vocab.txt; with
     num_labels, a BertForSequenceClassification (pooler and classifier included)."""
@@ -72,7 +73,7 @@ def write_hf_bert(
         vocab_size=len(vocab),
         hidden_size=hidden_size,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=num_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=64,
         hidden_dropout_prob=dropout,

@@ -1,0 +1,141 @@
+"""Every shell command the documentation shows is run by a test, or says why it cannot run here
+(issue 68): a test claims a command by reading it from the docs with `documented(start)`
+(tests/docs/commands.py), CI runs the install, lint, docs and test commands (`.ci/run`, held
+below line by line), and a marker comment before a block or table gives the reason for the rest
+(a GPU, several nodes, a hub download). A new command with neither fails here."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tests.docs.commands import (
+    MARKER,
+    REPO,
+    DocCommand,
+    documented,
+    documented_commands,
+    page_commands,
+)
+
+CI_RUNS = {  # a documented command -> the .ci/run lines that run it (or its parts)
+    "pip install torch==2.13.0 && pip install -e '.[test,demo,pretrained,docs]'": [
+        "python -m pip install --quiet torch==2.13.0",
+        "python -m pip install --quiet -e '.[test,demo,pretrained,docs]'",
+    ],
+    "pip install torch==2.13.0 && pip install -e '.[test,demo,pretrained]' && python -m pytest "
+    "tests": [
+        "python -m pip install --quiet torch==2.13.0",
+        "python -m pip install --quiet -e '.[test,demo,pretrained,docs]'",
+        "python -m pytest tests",
+    ],
+    "python -m pytest tests": ["python -m pytest tests"],
+    "mkdocs build --strict": ['mkdocs build --strict --site-dir "$(mktemp -d)/site"'],
+    "bash .ci/wheel_check": ["bash .ci/wheel_check"],
+    "bash .ci/run": ["python -m pytest tests"],  # CI itself: the file is the command
+}
+
+
+def claimed_starts() -> dict[str, list[str]]:
+    """Each `documented("...")` call's argument in the tests, with the files that make it."""
+    claims: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "documented"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                claims.setdefault(node.args[0].value, []).append(str(path.relative_to(REPO)))
+    return claims
+
+
+def test_every_documented_command_is_run_or_says_why_not() -> None:
+    starts = claimed_starts()
+    ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
+    for command, lines in CI_RUNS.items():
+        assert all(line in ci_lines for line in lines), (command, lines)
+    unrun = [
+        c.where()
+        for c in documented_commands()
+        if c.not_run is None
+        and c.text not in CI_RUNS
+        and not any(c.text.startswith(start) for start in starts)
+    ]
+    assert not unrun, "documented commands no test runs and no marker excuses:\n" + "\n".join(
+        unrun
+    )
+
+
+def test_each_claim_names_one_documented_command() -> None:
+    for start in claimed_starts():
+        documented(start)  # raises when none, or two different commands, start so
+
+
+def test_a_marked_command_is_not_also_claimed() -> None:
+    """A marker is for what cannot run here: a command a test runs must not carry one."""
+    starts = claimed_starts()
+    both = [
+        c.where()
+        for c in documented_commands()
+        if c.not_run and any(c.text.startswith(start) for start in starts)
+    ]
+    assert not both, "\n".join(both)
+
+
+def test_the_reader_finds_blocks_tables_continuations_and_markers(tmp_path) -> None:
+    page = REPO / "docs" / "_reader_case.md"  # page_commands names pages relative to the repo
+    text = """Intro.
+
+```bash
+tpformer-pretrain a=1 \\
+    b=2   # a comment
+# a whole-line comment
+$ tpformer-plan 'x="# kept"'
+```
+
+<!-- not run by the tests ("torchrun"): needs 8 GPUs -->
+```bash
+torchrun --nproc_per_node 8 -m tpformer.cli.pretrain
+tpformer-convert to-hf a b
+```
+
+```text
+tpformer-pretrain not a shell block
+```
+
+<!-- not run by the tests: several nodes -->
+| layout | command |
+|---|---|
+| x | `tpformer-pretrain parallel.tensor=2` and `tpformer-plan` |
+
+| y | `tpformer-pretrain model=bert_tiny` |
+"""
+    try:
+        page.write_text(text)
+        found = page_commands(page)
+    finally:
+        page.unlink()
+    assert [(c.line, c.text, c.not_run) for c in found] == [
+        (4, "tpformer-pretrain a=1 b=2", None),
+        (7, "tpformer-plan 'x=\"# kept\"'", None),
+        (12, "torchrun --nproc_per_node 8 -m tpformer.cli.pretrain", "needs 8 GPUs"),
+        (13, "tpformer-convert to-hf a b", None),
+        (23, "tpformer-pretrain parallel.tensor=2", "several nodes"),
+        (25, "tpformer-pretrain model=bert_tiny", None),
+    ]
+    assert MARKER.search("<!-- not run by the tests: a GPU -->")
+
+
+@pytest.mark.parametrize("start", ["tpformer-nothing", "tpformer-pretrain"])
+def test_a_claim_must_name_exactly_one_command(start: str) -> None:
+    with pytest.raises(AssertionError, match="documented commands start with"):
+        documented(start)
+
+
+def test_the_unrun_list_is_printed_with_its_place() -> None:
+    command = DocCommand("docs/x.md", 3, "tpformer-plan")
+    assert command.where() == "docs/x.md:3: tpformer-plan"
