@@ -1,8 +1,8 @@
 """Runs console scripts in this one process, as their console entry points do, one case per
-line of a JSON list on stdin: [script, argv, cwd] or [script, argv, cwd, env]; prints [exit code, stdout, stderr, run dirs
-left] per case as JSON on a last line `RESULTS [...]` (read by `results`). One process for a
-whole table keeps it to a few seconds (each case in a process of its own paid ~2.5 s of
-Python, torch and Hydra start-up)."""
+line of a JSON list on stdin: [script, argv, cwd] or [script, argv, cwd, env]; prints [exit
+code, stdout, stderr, run dirs left] per case as JSON on a last line `RESULTS [...]` (read by
+`results`). One process for a whole table keeps it to a few seconds (each case in a process of
+its own paid ~2.5 s of Python, torch and Hydra start-up)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ import torch
 
 from tests.cli.bad_input_cases import run_cases
 from tests.data.common import corpus_tokenizer, write_corpus
-from tests.train.test_trainer import QUIET, REPO
+from tests.docs.commands import arguments, documented
+from tests.train.test_trainer import QUIET
 from tpformer.data.corpus import read_text, split_sentences
 
 PRETRAIN = "tpformer.cli.pretrain:main"
@@ -34,28 +35,13 @@ SIZES = [  # the documented presets shrunk: what the test changes besides the na
     "trainer.progress=false",
     *QUIET,
 ]
-DOCUMENTED = {  # docs/data.md's commands, verbatim
-    "bert": "tpformer-pretrain model=bert_base data.source=megatron "
-    "data.paths=[my-bert_text_sentence] data.tokenizer=bert-base-uncased/",
-    "gpt": "tpformer-pretrain model=gpt2_small data.source=megatron "
-    "data.paths=[my-gpt2_text_document] data.tokenizer=gpt2/",
-    "blend": "tpformer-pretrain model=bert_base data.tokenizer=bert-base-uncased/ "
-    "'data.blend=[{source:text,paths:[wiki.txt],weight:0.7,label:wiki},"
-    "{source:megatron,paths:[books_text_sentence],weight:0.3,label:books}]'",
+DOCUMENTED = {  # docs/data.md's commands, read from the page (tests/docs/commands.py)
+    "bert": documented("tpformer-pretrain model=bert_base data.source=megatron"),
+    "gpt": documented("tpformer-pretrain model=gpt2_small data.source=megatron"),
+    "blend": documented(
+        "tpformer-pretrain model=bert_base data.tokenizer=bert-base-uncased/ 'data.blend"
+    ),
 }
-
-
-def test_the_commands_are_the_documented_ones() -> None:
-    docs = (REPO / "docs" / "data.md").read_text().replace(" \\\n  ", " ")
-    for name, command in DOCUMENTED.items():
-        assert command in docs, name
-
-
-def _renamed(command: str, names: dict[str, str]) -> list[str]:
-    """The command's overrides with the docs' names replaced by this test's files."""
-    for documented, here in names.items():
-        command = command.replace(documented, here)
-    return [arg.strip("'") for arg in command.split(" ")[1:]]
 
 
 def _write_megatron(prefix: Path, documents: list[list[list[int]]]) -> None:
@@ -88,7 +74,11 @@ def test_the_documented_megatron_commands_train(tmp_path: Path) -> None:
     }
     cases = []
     for name, command in DOCUMENTED.items():
-        argv = [*_renamed(command, names), *SIZES, f"hydra.run.dir={tmp_path / name}"]
+        argv = [
+            *arguments(command, {k: v for k, v in names.items() if k in command})[1],
+            *SIZES,
+            f"hydra.run.dir={tmp_path / name}",
+        ]
         cases.append((PRETRAIN, argv, str(tmp_path)))
     outcomes = run_cases(cases)
     for (name, _), (code, _, stderr, _) in zip(DOCUMENTED.items(), outcomes, strict=True):

@@ -4,7 +4,8 @@ documented command is run by a test at tiny sizes, or marked with why it cannot 
 A command is a line of a ``bash``/``sh``/``shell``/``console`` fenced block (continuation lines
 joined, a trailing ``# comment`` and a ``$`` prompt dropped) or an inline code span in a table row
 that starts with an executable and has arguments. A test claims a command by taking its text from
-the docs through `documented` (so a changed command fails the test that ran the old one); a
+the docs through `documented` (or tests/docs/test_documented_commands.py's `DocumentedRun`), so
+a changed command fails the test that ran the old one; a
 marker comment on the line before a block or table says why its commands do not run here:
 
     <!-- not run by the tests: needs 8 GPUs -->
@@ -139,10 +140,12 @@ def documented_commands() -> list[DocCommand]:
 
 
 def documented(start: str) -> str:
-    """The one documented command text that starts with `start` (a test's claim on it): the
-    test runs what the docs say, so editing the command fails the test until it runs the new
-    one. Fails when no command, or two different ones, start so."""
+    """The one documented command text that starts with `start`, or equals it (a test's claim
+    on it): the test runs what the docs say, so editing the command fails the test until it
+    runs the new one. Fails when no command, or two different ones, start so."""
     texts = {c.text for c in documented_commands() if c.text.startswith(start)}
+    if start in texts:  # a whole command, which a longer one may extend
+        return start
     assert len(texts) == 1, f"{len(texts)} documented commands start with {start!r}: {texts}"
     return texts.pop()
 

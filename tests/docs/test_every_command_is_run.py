@@ -19,32 +19,79 @@ from tests.docs.commands import (
     page_commands,
 )
 
-CI_RUNS = {  # a documented command -> the .ci/run lines that run it (or its parts)
+TEST_EXTRA = "python -m pip install --quiet -e '.[test,demo,pretrained,docs]'"
+"""CI's install: the extras every documented install names (wandb is in the test extra)."""
+CI_RUNS = {  # a documented command -> the lines of .ci/run or .ci/wheel_check that run it
     "pip install torch==2.13.0 && pip install -e '.[test,demo,pretrained,docs]'": [
         "python -m pip install --quiet torch==2.13.0",
-        "python -m pip install --quiet -e '.[test,demo,pretrained,docs]'",
+        TEST_EXTRA,
     ],
     "pip install torch==2.13.0 && pip install -e '.[test,demo,pretrained]' && python -m pytest "
-    "tests": [
-        "python -m pip install --quiet torch==2.13.0",
-        "python -m pip install --quiet -e '.[test,demo,pretrained,docs]'",
-        "python -m pytest tests",
-    ],
+    "tests": ["python -m pip install --quiet torch==2.13.0", TEST_EXTRA, "python -m pytest tests"],
+    "pip install torch==2.13.0 && pip install -e '.[test,demo,docs]'": [TEST_EXTRA],
+    "pip install torch==2.13.0 && pip install -e '.[demo]'": [TEST_EXTRA],
+    "pip install -e '.[wandb]'": [TEST_EXTRA],
     "python -m pytest tests": ["python -m pytest tests"],
+    'python -m pytest tests -m "not slow"': ["python -m pytest tests"],  # a subset of it
     "mkdocs build --strict": ['mkdocs build --strict --site-dir "$(mktemp -d)/site"'],
     "bash .ci/wheel_check": ["bash .ci/wheel_check"],
     "bash .ci/run": ["python -m pytest tests"],  # CI itself: the file is the command
+    "pip install .": ['"$py" -m pip install --quiet "$work"/dist/tpformer-*.whl'],
+    "pip wheel --no-deps -w dist . && pip install dist/tpformer-*.whl": [
+        'python -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$repo"',
+        '"$py" -m pip install --quiet "$work"/dist/tpformer-*.whl',
+    ],
+}
+NOT_YET_RUN = {  # documented commands no test runs yet (issue 68): this list may only shrink
+    "docs/data.md": ["tpformer-pretrain model=modernbert_tiny data.pack=true"],
+    "docs/finetuning.md": ["tpformer-finetune task=mnli"],
+    "docs/generation.md": ["tpformer-generate init=hf/gpt2"],
+    "docs/hf.md": ["tpformer-finetune task=sst2 init=google-bert/bert-base-uncased"],
+    "docs/llama.md": [
+        "tpformer-pretrain model=llama_tiny",
+        "tpformer-convert from-hf path/to/llama",
+        "tpformer-pretrain trainer.resume=runs/llama",
+        "tpformer-generate init=path/to/llama",
+        "tpformer-convert to-hf runs/llama",
+        "tpformer-pretrain data=text data.paths=[my.txt] data.tokenizer=path/to/llama",
+    ],
+    "docs/logging.md": [
+        "tpformer-pretrain parallel.tensor=2 launcher.nproc_per_node=2 trainer.max"
+    ],
+    "docs/modernbert.md": [
+        "tpformer-pretrain model=modernbert_tiny model.vocab_size=4000",
+        "tpformer-convert from-hf path/to/modernbert",
+        "tpformer-finetune task=sst2 init=path/to/modernbert",
+        "tpformer-convert to-hf runs/sst2/best/step00000630 hf/modernbert-sst2",
+    ],
+    "docs/optimizers.md": ["tpformer-pretrain ... parallel.tensor=1"],
+    "docs/parallel/context.md": [
+        "tpformer-pretrain model=gpt2_small data.seq_length=8192 parallel.context=4"
+    ],
+    "docs/parallel/pipeline.md": ["tpformer-pretrain model=bert_mini parallel.pipeline"],
+    "docs/parallel/sequence.md": ["tpformer-pretrain model=bert_base parallel.tensor=2"],
+    "docs/python-api.md": ["python examples/python_api", "torchrun --nproc-per-node 2 examples"],
+    "docs/testing.md": ["python -m pytest -n 0"],
 }
 
 
+def _not_yet(command: DocCommand) -> bool:
+    return any(command.text.startswith(start) for start in NOT_YET_RUN.get(command.page, []))
+
+
+CLAIMS = ("documented", "DocumentedRun")
+"""The calls whose first argument, a string, claims the documented command it starts."""
+
+
 def claimed_starts() -> dict[str, list[str]]:
-    """Each `documented("...")` call's argument in the tests, with the files that make it."""
+    """Each claim's string in the tests (`documented("...")`, `DocumentedRun("...", ...)`),
+    with the files that make it."""
     claims: dict[str, list[str]] = {}
     for path in sorted((REPO / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
-                and getattr(node.func, "id", None) == "documented"
+                and getattr(node.func, "id", None) in CLAIMS
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
                 and isinstance(node.args[0].value, str)
@@ -53,21 +100,26 @@ def claimed_starts() -> dict[str, list[str]]:
     return claims
 
 
+def claimed_commands() -> set[str]:
+    """The documented commands the tests' claims name."""
+    return {documented(start) for start in claimed_starts()}
+
+
 def test_every_documented_command_is_run_or_says_why_not() -> None:
-    starts = claimed_starts()
-    ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
+    claimed = claimed_commands()
+    ci_lines = [
+        line.strip()
+        for script in ("run", "wheel_check")
+        for line in (REPO / ".ci" / script).read_text().splitlines()
+    ]
     for command, lines in CI_RUNS.items():
         assert all(line in ci_lines for line in lines), (command, lines)
     unrun = [
         c.where()
         for c in documented_commands()
-        if c.not_run is None
-        and c.text not in CI_RUNS
-        and not any(c.text.startswith(start) for start in starts)
+        if c.not_run is None and c.text not in CI_RUNS and c.text not in claimed and not _not_yet(c)
     ]
-    assert not unrun, "documented commands no test runs and no marker excuses:\n" + "\n".join(
-        unrun
-    )
+    assert not unrun, "documented commands no test runs and no marker excuses:\n" + "\n".join(unrun)
 
 
 def test_each_claim_names_one_documented_command() -> None:
@@ -77,12 +129,8 @@ def test_each_claim_names_one_documented_command() -> None:
 
 def test_a_marked_command_is_not_also_claimed() -> None:
     """A marker is for what cannot run here: a command a test runs must not carry one."""
-    starts = claimed_starts()
-    both = [
-        c.where()
-        for c in documented_commands()
-        if c.not_run and any(c.text.startswith(start) for start in starts)
-    ]
+    claimed = claimed_commands()
+    both = [c.where() for c in documented_commands() if c.not_run and c.text in claimed]
     assert not both, "\n".join(both)
 
 
@@ -139,3 +187,15 @@ def test_a_claim_must_name_exactly_one_command(start: str) -> None:
 def test_the_unrun_list_is_printed_with_its_place() -> None:
     command = DocCommand("docs/x.md", 3, "tpformer-plan")
     assert command.where() == "docs/x.md:3: tpformer-plan"
+
+
+def test_the_not_yet_run_list_only_names_unrun_documented_commands() -> None:
+    """Each entry still names a documented command that nothing runs or marks: a command a test
+    starts to run, or one the docs drop, must leave the list."""
+    claimed = claimed_commands()
+    commands = documented_commands()
+    for page, starts in NOT_YET_RUN.items():
+        for start in starts:
+            named = [c for c in commands if c.page == page and c.text.startswith(start)]
+            assert named, (page, start)
+            assert all(c.text not in claimed and c.not_run is None for c in named), (page, start)

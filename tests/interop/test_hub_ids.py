@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.cli.bad_input_cases import run_cases
+from tests.docs.commands import arguments, documented
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 
 pytestmark = pytest.mark.slow  # console scripts in processes of their own
 
-REPO_ID = "tiny-org/tiny-gpt2"
+REPO_ID = "openai-community/gpt2"  # a tiny stand-in, laid out under docs/hf.md's id
+GENERATE_BY_ID = documented("tpformer-generate init=openai-community/gpt2@main")
+CONVERT_BY_ID = documented("tpformer-convert from-hf openai-community/gpt2")
 
 
 def lay_out_hub_cache(cache: Path, repo_id: str, revision: str, files: Path) -> Path:
@@ -66,16 +69,16 @@ def ran(hub: dict[str, Path]) -> dict[str, tuple]:
     work.mkdir()
 
     def generate(init: str, name: str) -> tuple[str, list[str], str]:
-        argv = [f"init={init}", "prompt='To be, or'", "max_new_tokens=6",
-                f"hydra.run.dir={work / name}"]  # fmt: skip
-        return GENERATE, argv, str(work)
+        """docs/hf.md's command, with `init` for its id@main."""
+        _, argv = arguments(GENERATE_BY_ID, {f"{REPO_ID}@main": init})
+        return GENERATE, [*argv, f"hydra.run.dir={work / name}"], str(work)
 
     cases = {
-        "by_id": generate(REPO_ID, "by_id"),
+        "by_id": generate(f"{REPO_ID}@main", "by_id"),
         "by_dir": generate(str(hub["main"]), "by_dir"),
         "v2": generate(f"{REPO_ID}@v2", "v2"),
         "v2_dir": generate(str(hub["v2"]), "v2_dir"),
-        "convert": (CONVERT, ["from-hf", f"{REPO_ID}@main", str(work / "out")], str(work)),
+        "convert": (CONVERT, arguments(CONVERT_BY_ID)[1], str(work)),  # into runs/gpt2
         **{name: (script, argv, str(work)) for name, (script, argv) in OFFLINE_MISSES.items()},
     }
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub["cache"])}
@@ -100,8 +103,8 @@ def test_a_hub_id_and_its_revisions_generate_as_their_snapshots(ran: dict) -> No
 def test_convert_from_hf_takes_a_hub_id(ran: dict) -> None:
     code, _, stderr, _ = ran["convert"]
     assert code in (0, None), stderr[-3000:]
-    step = ran["work"] / "out" / "checkpoints" / "step00000000"
-    assert json.loads((step / "meta.json").read_text())["source"] == f"{REPO_ID}@main"
+    step = ran["work"] / "runs" / "gpt2" / "checkpoints" / "step00000000"
+    assert json.loads((step / "meta.json").read_text())["source"] == REPO_ID
     assert (step / "tokenizer").is_dir()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.in_process import outcome, selected_cases
+from tests.docs.commands import arguments, documented
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +32,8 @@ def plan(*args: str, cwd: Path | None = None, timeout: int = 120) -> subprocess.
 
 @pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)
 def test_bert_large_on_an_h100_node_prints_ranked_layouts() -> None:
-    result = plan("model=bert_large", "cluster=h100_node", "parallel.precision=bf16")
+    _, argv = arguments(documented("tpformer-plan model=bert_large cluster=h100_node parallel"))
+    result = plan(*argv)  # docs/planner.md's first command
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "workload: bert_large (24 layers, hidden 1024" in out
@@ -45,8 +47,9 @@ def test_bert_large_on_an_h100_node_prints_ranked_layouts() -> None:
 
 @pytest.mark.slow  # over ~5 s: the slow tier
 def test_json_ranks_fitting_layouts_by_predicted_step_time() -> None:
+    _, flag = arguments(documented("tpformer-plan --json"))  # docs/planner.md: "the same"
     result = plan(
-        "--json",
+        *flag,
         "model=bert_base",
         "cluster=a100_node",
         "cluster.nodes=2",
@@ -124,8 +127,9 @@ def test_calibrating_other_hardware_is_refused() -> None:
 
 @pytest.mark.slow
 def test_calibration_is_stored_and_used(tmp_path: Path) -> None:
+    _, flag = arguments(documented("tpformer-plan --calibrate"))
     result = plan(
-        "--calibrate", "cluster=cpu", f"data.cache_dir={tmp_path}", "model=bert_mini", timeout=300
+        *flag, "cluster=cpu", f"data.cache_dir={tmp_path}", "model=bert_mini", timeout=300
     )
     assert result.returncode == 0, result.stderr
     stored = json.loads((tmp_path / "calibration" / "cpu.json").read_text())
@@ -145,6 +149,30 @@ def test_calibration_is_stored_and_used(tmp_path: Path) -> None:
     assert f"calibration {tmp_path / 'calibration' / 'cpu.json'}" in result.stdout
     again = plan("cluster=cpu", f"data.cache_dir={tmp_path}", "cluster.calibration=none")
     assert "preset constants" in again.stdout
+
+
+@pytest.mark.slow  # README's plan enumerates 32 devices' layouts at batch 1024: ~16 s
+@pytest.mark.parametrize(
+    ("command", "facts"),
+    [  # README's table and docs/planner.md's second command
+        (
+            documented("tpformer-plan model=bert_large cluster=h100_node cluster.nodes=4"),
+            ["cluster h100_node: 4 node(s) x 8 devices", "global batch 1024"],
+        ),
+        (
+            documented("tpformer-plan model=gpt2_xl cluster=a100_node"),
+            ["workload: gpt2_xl (48 layers", "cluster a100_node: 16 node(s) x 8 devices"],
+        ),
+    ],
+    ids=["readme", "planner_md"],
+)
+def test_the_documented_plans_print_their_cluster_and_ranked_layouts(
+    command: str, facts: list[str]
+) -> None:
+    out = in_process(*arguments(command)[1])
+    for fact in facts:
+        assert fact in out, out
+    assert "run #1: " in out, out
 
 
 def in_process(*args: str) -> str:

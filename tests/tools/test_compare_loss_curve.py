@@ -7,11 +7,13 @@ another run's curve; the reference passes against itself with no drift at all.""
 from __future__ import annotations
 
 import json
+import shutil
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
+from tests.docs.commands import arguments, documented
 from tools.compare_loss_curve import EVAL_RTOL, EXAMPLE, REFERENCE, TRAIN_RTOL, main
 
 RERUN = EXAMPLE / "rerun_tp1_metrics.jsonl"
@@ -35,9 +37,16 @@ def test_the_same_command_at_another_layout_and_thread_count_passes(
 
 
 def test_the_reference_against_itself_is_the_same_throughout(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, lines = _verdict(capsys, str(REFERENCE))
+    """The main job's documented command, on a run directory holding the reference's curve."""
+    run = tmp_path / "runs" / "bert_mini_shakespeare"
+    run.mkdir(parents=True)
+    shutil.copy(REFERENCE, run / "metrics.jsonl")
+    _, (_, *argv) = arguments(
+        documented("python tools/compare_loss_curve.py"), {"runs/bert_mini_shakespeare": str(run)}
+    )
+    code, lines = _verdict(capsys, *argv)
     assert code == 0 and "through step 1200" in lines[0] and "gap 0.0e+00" in lines[1], lines
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.docs.commands import arguments, documented
 from tests.train.test_trainer import REPO
 from tools.gpu_check import (
     HF_COMPILED_LABEL,
@@ -47,8 +48,11 @@ runpy.run_path("tools/gpu_check.py", run_name="__main__")
 def test_gpu_check_on_the_cpu_without_hydra(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
     kinds = [VARIANTS[0][0], HF_LABEL, VARIANTS[1][0], HF_COMPILED_LABEL]
-    argv = ["--device", "cpu", "--tiny", "--world", "2", "--leg-rngs", "exact", "--out", str(out),
-            "--only", *kinds]  # fmt: skip
+    _, (script, *documented_argv) = arguments(
+        documented("PYTHONPATH=. python tools/gpu_check.py --device cpu")
+    )
+    assert script == "tools/gpu_check.py"  # docs/gpu.md's command, one rng and the kinds below
+    argv = [*documented_argv, "--leg-rngs", "exact", "--out", str(out), "--only", *kinds]
     # one inductor compile thread, as the suite's other compiles (tests/inductor_settings.py)
     child_env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     # the children (contenders, the leg's ranks) inherit the block through sitecustomize

@@ -12,6 +12,7 @@ import pytest
 
 from tests.cli.in_process import outcome, selected_cases
 from tests.dist import run_distributed
+from tests.docs.commands import arguments, documented
 from tests.tolerances import FP32_MODEL_REL
 from tpformer.config.presets import preset
 from tpformer.config.schema import Config, DataConfig, OptimConfig, ParallelConfig, TrainerConfig
@@ -211,18 +212,8 @@ def test_cli_sequence_parallel_run_gives_the_tp1_losses(tmp_path: Path) -> None:
 def test_multirun_sweeps_layouts(tmp_path: Path) -> None:
     """README's sweep: with the global batch fixed, TP=1 (DP=2) and TP=2 (accumulation 2) give
     the same losses (exact mode, FP32_MODEL_REL)."""
-    result = _cli(
-        [
-            "-m",
-            *TINY,
-            "trainer.max_steps=2",
-            "trainer.log_every=1",
-            "trainer.global_batch_size=8",
-            "parallel.tensor=1,2",
-            "launcher.nproc_per_node=2",
-        ],
-        tmp_path,
-    )
+    _, argv = arguments(documented("tpformer-pretrain -m parallel.tensor=1,2"))  # README's
+    result = _cli([*argv, *TINY, "trainer.max_steps=2", "trainer.log_every=1"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted((tmp_path / "multirun").glob("*/*/*/metrics.jsonl"))
     assert len(jobs) == 2
