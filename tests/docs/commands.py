@@ -17,6 +17,7 @@ Commands `.ci/run` runs (the install, the tests, the docs build) are claimed by 
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass
@@ -134,9 +135,10 @@ def _marked(
     return out
 
 
-def documented_commands() -> list[DocCommand]:
-    """Every command of every hand-written page, in page order."""
-    return [c for page in pages() for c in page_commands(page)]
+@functools.cache
+def documented_commands() -> tuple[DocCommand, ...]:
+    """Every command of every hand-written page, in page order (read once per process)."""
+    return tuple(c for page in pages() for c in page_commands(page))
 
 
 def documented(start: str) -> str:

@@ -7,6 +7,7 @@ below line by line), and a marker comment before a block or table gives the reas
 from __future__ import annotations
 
 import ast
+import functools
 
 import pytest
 
@@ -43,7 +44,6 @@ CI_RUNS = {  # a documented command -> the lines of .ci/run or .ci/wheel_check t
     ],
 }
 NOT_YET_RUN = {  # documented commands no test runs yet (issue 68): this list may only shrink
-    "docs/data.md": ["tpformer-pretrain model=modernbert_tiny data.pack=true"],
     "docs/finetuning.md": ["tpformer-finetune task=mnli"],
     "docs/generation.md": ["tpformer-generate init=hf/gpt2"],
     "docs/hf.md": ["tpformer-finetune task=sst2 init=google-bert/bert-base-uncased"],
@@ -83,6 +83,7 @@ CLAIMS = ("documented", "DocumentedRun")
 """The calls whose first argument, a string, claims the documented command it starts."""
 
 
+@functools.cache
 def claimed_starts() -> dict[str, list[str]]:
     """Each claim's string in the tests (`documented("...")`, `DocumentedRun("...", ...)`),
     with the files that make it."""

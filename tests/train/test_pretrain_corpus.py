@@ -11,6 +11,7 @@ import pytest
 
 from tests.data.common import write_corpus
 from tests.dist import run_distributed
+from tests.docs.commands import arguments, documented
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import QUIET, _cli, tiny_config
 from tpformer.config.presets import preset
@@ -196,12 +197,16 @@ def test_docs_packing_command_runs_from_the_command_line(tmp_path: Path) -> None
     32-token sequences, 3 steps): exit 0, the plan says documents are packed, training
     batches (nearly) unpadded."""
     corpus = write_corpus(tmp_path / "corpus.txt", documents=40, sentences=3)
+    _, argv = arguments(  # docs/data.md's command, its 20 steps cut to 3
+        documented("tpformer-pretrain model=modernbert_tiny data.pack=true"),
+        {"trainer.max_steps=20": "trainer.max_steps=3"},
+    )
     result = _cli(
         [
-            "model=modernbert_tiny", "data.pack=true",
+            *argv,
             "model.num_layers=2", "model.hidden_size=64", "model.intermediate_size=128",
             f"model.vocab_size={VOCAB}", "data=text", f"data.paths=[{corpus}]",
-            "data.seq_length=32", f"data.cache_dir={tmp_path / 'c'}", "trainer.max_steps=3",
+            "data.seq_length=32", f"data.cache_dir={tmp_path / 'c'}",
             "trainer.micro_batch_size=4", "trainer.log_every=1", "trainer.progress=false",
             *QUIET,
         ],
