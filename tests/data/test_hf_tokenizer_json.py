@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from tests.data.common import write_corpus
+from tests.docs.commands import arguments, documented
 from tests.train.test_trainer import QUIET, REPO
 from tpformer.config.schema import ParallelConfig
 from tpformer.data.causal_lm import CausalLMDataset
@@ -122,6 +123,11 @@ def llama_dir(bpe: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
+def _named(command: str, names: dict[str, str]) -> dict[str, str]:
+    """The replacements of `names` whose documented name the command holds."""
+    return {name: here for name, here in names.items() if name in command}
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", *args], env=ENV, capture_output=True, text=True, timeout=600
@@ -136,15 +142,18 @@ def test_a_converted_llama_continues_pretraining_with_its_own_tokenizer(
     checkpoint: no model keys) on the user's text at TP=2 with data.tokenizer=<its dir>: the
     first loss is LlamaForCausalLM's on that batch."""
     _, corpus = bpe
-    converted = _cli("tpformer.cli.convert", "from-hf", str(llama_dir), str(tmp_path / "ours"))
+    names = {"path/to/llama": str(llama_dir), "runs/llama": str(tmp_path / "ours"),
+             "my.txt": str(corpus)}  # docs/llama.md's names -> this test's files  # fmt: skip
+    convert = documented("tpformer-convert from-hf path/to/llama runs/llama")
+    converted = _cli("tpformer.cli.convert", *arguments(convert, _named(convert, names))[1])
     assert converted.returncode == 0, converted.stderr[-2000:]
-    checkpoint = tmp_path / "ours" / "checkpoints" / "step00000000"
+    continued = documented("tpformer-pretrain data=text data.paths=[my.txt] data.tokenizer=")
     result = _cli(
-        "tpformer.cli.pretrain", "data.source=text", f"data.paths=[{corpus}]",
-        f"data.tokenizer={llama_dir}", f"data.cache_dir={tmp_path}", "data.seq_length=32",
-        "trainer.micro_batch_size=4", "trainer.max_steps=3", f"trainer.resume={checkpoint}",
-        "trainer.progress=false", *QUIET, "trainer.log_every=1", "parallel.tensor=2",
-        "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path / 'run'}",
+        "tpformer.cli.pretrain", *arguments(continued, _named(continued, names))[1],
+        f"data.cache_dir={tmp_path}",
+        "data.seq_length=32", "trainer.micro_batch_size=4", "trainer.max_steps=3",
+        "trainer.progress=false", *QUIET, "trainer.log_every=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
@@ -168,11 +177,11 @@ def test_tpformer_generate_continues_a_llama_prompt_as_transformers(
 ) -> None:
     """tpformer-generate at TP=2 from the Llama directory, its tokenizer.json read by
     AutoTokenizer: the greedy ids and text of LlamaForCausalLM.generate on the same ids."""
-    prompt = "To be, or not"
+    prompt = "To be"  # docs/llama.md's command, 12 new tokens
+    command = documented("tpformer-generate init=path/to/llama")
     done = _cli(
-        "tpformer.cli.generate", f"init={llama_dir}", f"prompt='{prompt}'",
-        "max_new_tokens=12", "parallel.tensor=2", "launcher.nproc_per_node=2",
-        f"hydra.run.dir={tmp_path / 'gen'}",
+        "tpformer.cli.generate", *arguments(command, {"path/to/llama": str(llama_dir)})[1],
+        "max_new_tokens=12", f"hydra.run.dir={tmp_path / 'gen'}",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((tmp_path / "gen" / "completions.jsonl").read_text())

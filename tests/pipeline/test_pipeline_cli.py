@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.in_process import outcome, selected_cases
+from tests.docs.commands import arguments, documented
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import PRETRAIN, QUIET, _cli
 
@@ -48,13 +49,13 @@ def test_cli_pipeline_runs_give_the_one_process_losses(
     """model=bert_mini (dropout 0.1), grad_accum 4: one process, pipeline=2 on 2 processes and
     pipeline=2 x tensor=2 on 4."""
     losses = {"one": one_process_losses}
-    for name, layout in (
-        ("pp2", ["parallel.pipeline=2", "launcher.nproc_per_node=2"]),
-        ("pp2tp2", ["parallel.pipeline=2", "parallel.tensor=2", "launcher.nproc_per_node=4"]),
+    for name, command in (  # docs/parallel/pipeline.md's commands, after MINI's sizes
+        ("pp2", documented("tpformer-pretrain model=bert_mini parallel.pipeline=2 trainer")),
+        ("pp2tp2", documented("tpformer-pretrain model=bert_mini parallel.pipeline=2 parallel.t")),
     ):
         run = tmp_path / name
         result = _cli(
-            [*MINI, "trainer.grad_accum=4", *layout, f"hydra.run.dir={run}"], tmp_path, timeout=600
+            [*MINI, *arguments(command)[1], f"hydra.run.dir={run}"], tmp_path, timeout=600
         )
         assert result.returncode == 0, result.stderr[-3000:]
         losses[name] = _losses(run)
@@ -74,17 +75,13 @@ def test_cli_pipedream_partition_chooses_replicas_and_runs(
     """parallel.pipeline_split=pipedream on 3 processes: the partitioner's choice is printed
     ("2-1" style) and is the layout the run takes; updating per step, the first step (no
     staleness yet) has the one-process loss."""
-    common = [*MINI, "trainer.grad_accum=4", "parallel.pipedream_update=step"]
+    _, argv = arguments(  # docs/parallel/pipeline.md's, updating per step
+        documented("tpformer-pretrain model=bert_mini parallel.pipeline=2 parallel.pipeline_sche"
+                   "dule=pipedream parallel.pipeline_split=pipedream")
+    )  # fmt: skip
     run = tmp_path / "replicated"
     result = _cli(
-        [
-            *common,
-            "parallel.pipeline=2",
-            "parallel.pipeline_schedule=pipedream",
-            "parallel.pipeline_split=pipedream",
-            "launcher.nproc_per_node=3",
-            f"hydra.run.dir={run}",
-        ],
+        [*MINI, *argv, "parallel.pipedream_update=step", f"hydra.run.dir={run}"],
         tmp_path,
         timeout=600,
     )

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.commands import arguments, documented
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import REPO
 
-EXAMPLE = REPO / "examples" / "python_api" / "train_evaluate_export.py"
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
@@ -37,8 +37,11 @@ def _losses(run: Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """docs/python-api.md's command, into this test's directory."""
     run = tmp_path_factory.mktemp("api") / "run"
-    done = _python(str(EXAMPLE), str(run), cwd=run.parent)
+    command = documented("python examples/python_api/train_evaluate_export.py")
+    _, argv = arguments(command, {"examples/": f"{REPO}/examples/", "runs/api": str(run)})
+    done = _python(*argv, cwd=run.parent)
     return run, done.stdout
 
 
@@ -72,9 +75,12 @@ def test_the_example_trains_evaluates_and_exports(one_process: tuple[Path, str])
 def test_under_torchrun_tp2_gives_the_one_process_losses(
     one_process: tuple[Path, str], tmp_path: Path
 ) -> None:
+    """docs/python-api.md's torchrun command, its rendezvous --standalone (a free port: tests
+    run side by side), into this test's directory."""
     run = tmp_path / "tp2"
-    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(EXAMPLE)]
-    done = _python(*argv, str(run), "parallel.tensor=2", cwd=tmp_path)
+    command = documented("torchrun --nproc-per-node 2 examples/python_api/")
+    _, argv = arguments(command, {"examples/": f"{REPO}/examples/", "runs/api_tp2": str(run)})
+    done = _python("-m", "torch.distributed.run", "--standalone", *argv, cwd=tmp_path)
     assert "world 2 = dp 1 x tp 2" in done.stderr
     want, got = _losses(one_process[0]), _losses(run)
     assert got.keys() == want.keys()
