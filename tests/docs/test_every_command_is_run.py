@@ -58,8 +58,6 @@ NOT_YET_RUN = {  # documented commands no test runs yet (issue 68): this list ma
     "docs/modernbert.md": [
         "tpformer-pretrain model=modernbert_tiny model.vocab_size=4000",
         "tpformer-convert from-hf path/to/modernbert",
-        "tpformer-finetune task=sst2 init=path/to/modernbert",
-        "tpformer-convert to-hf runs/sst2/best/step00000630 hf/modernbert-sst2",
     ],
     "docs/optimizers.md": ["tpformer-pretrain ... parallel.tensor=1"],
     "docs/parallel/context.md": [

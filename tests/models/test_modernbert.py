@@ -17,6 +17,7 @@ import torch
 import transformers
 
 from tests.dist import run_distributed
+from tests.docs.commands import arguments, documented
 from tests.tolerances import assert_rel_close
 from tests.train.test_finetune import WORDS, _cli, write_sst2
 from tests.train.test_trainer import QUIET, REPO
@@ -242,14 +243,14 @@ def test_a_modernbert_finetuned_at_tp2_and_exported_predicts_like_tpformer(
     hf = _hf_modernbert_with_vocab(tmp_path / "hf")
     glue = write_sst2(tmp_path / "glue", train=64, dev=16)
     run = tmp_path / "run"
+    _, finetune = arguments(  # docs/modernbert.md's commands with this test's files
+        documented("tpformer-finetune task=sst2 init=path/to/modernbert"),
+        {"path/to/modernbert": str(hf), "data.glue_dir=glue": f"data.glue_dir={glue}"},
+    )
     result = _cli(
         [
-            "task=sst2",
-            f"init={hf}",
-            f"data.glue_dir={glue}",
+            *finetune,
             f"data.cache_dir={tmp_path}",
-            "parallel.tensor=2",
-            "launcher.nproc_per_node=2",
             "optim.lr=2e-3",
             "trainer.epochs=2",
             "trainer.batch_size=16",
@@ -265,7 +266,10 @@ def test_a_modernbert_finetuned_at_tp2_and_exported_predicts_like_tpformer(
     out = tmp_path / "exported"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     converted = subprocess.run(
-        [sys.executable, "-m", "tpformer.cli.convert", "to-hf", str(best), str(out)],
+        [sys.executable, "-m", "tpformer.cli.convert", *arguments(
+            documented("tpformer-convert to-hf runs/sst2/best/step00000630 hf/modernbert-sst2"),
+            {"runs/sst2/best/step00000630": str(best), "hf/modernbert-sst2": str(out)},
+        )[1]],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert converted.returncode == 0, converted.stderr[-2000:]
