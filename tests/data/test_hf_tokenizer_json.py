@@ -99,23 +99,25 @@ def test_causal_windows_put_each_document_between_bos_and_eos(
 
 @pytest.fixture(scope="module")
 def llama_dir(bpe: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("llama"), bpe[0])
+
+
+def write_tiny_llama(hf_dir: Path, tokenizer: Path) -> Path:
     """A LlamaForCausalLM of the tokenizer's vocabulary saved with it; weights at std 0.3, so
     a random model's greedy completions vary from token to token."""
-    directory, _ = bpe
-    size = Tokenizer(directory).vocab_size
+    size = Tokenizer(tokenizer).vocab_size
     config = transformers.LlamaConfig(
         vocab_size=size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         bos_token_id=size - 2, eos_token_id=size - 1,
     )  # fmt: skip
-    hf_dir = tmp_path_factory.mktemp("llama")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3) if p.dim() > 1 else p.fill_(1.0)
     model.save_pretrained(hf_dir)
-    for f in directory.iterdir():
+    for f in tokenizer.iterdir():
         (hf_dir / f.name).write_bytes(f.read_bytes())
     return hf_dir
 

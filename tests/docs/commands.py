@@ -4,7 +4,7 @@ documented command is run by a test at tiny sizes, or marked with why it cannot 
 A command is a line of a ``bash``/``sh``/``shell``/``console`` fenced block (continuation lines
 joined, a trailing ``# comment`` and a ``$`` prompt dropped) or an inline code span in a table row
 that starts with an executable and has arguments. A test claims a command by taking its text from
-the docs through `documented` (or tests/docs/test_documented_commands.py's `DocumentedRun`), so
+the docs through `documented` (or tests/docs/runs.py's `DocumentedRun`), so
 a changed command fails the test that ran the old one; a
 marker comment on the line before a block or table says why its commands do not run here:
 

@@ -10,96 +10,26 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.cli.bad_input_cases import run_cases
 from tests.data.common import write_corpus
 from tests.data.test_glue import write_glue_file
-from tests.docs.commands import arguments, documented, with_sizes
+from tests.docs.commands import documented
+from tests.docs.runs import (
+    FINETUNE_SIZES,
+    MODEL_SIZES,
+    SIZES,
+    DocumentedRun,
+    exists,
+    has,
+    run_table,
+    trained,
+)
 from tests.train.test_finetune import WORDS, sentiment_rows, write_hf_bert, write_sst2
-from tests.train.test_trainer import QUIET
 
 pytestmark = pytest.mark.slow  # console-script runs
-
-SCRIPTS = {
-    "tpformer-pretrain": "tpformer.cli.pretrain:main",
-    "tpformer-finetune": "tpformer.cli.finetune:main",
-    "tpformer-plan": "tpformer.cli.plan:main",
-    "tpformer-preprocess": "tpformer.cli.data:preprocess_main",
-    "tpformer-convert": "tpformer.cli.convert:main",
-    "tpformer-generate": "tpformer.cli.generate:main",
-    "tpformer-eval-lm": "tpformer.cli.eval_lm:main",
-}
-MODEL_SIZES = [
-    "model.num_layers=2",
-    "model.hidden_size=32",
-    "model.num_heads=2",
-    "model.intermediate_size=64",
-    "model.vocab_size=200",
-]
-SIZES = [  # what every case shrinks that its command leaves to the defaults
-    *MODEL_SIZES,
-    "data.seq_length=32",
-    "trainer.micro_batch_size=4",
-    "trainer.max_steps=2",
-    "trainer.eval_every=0",
-    "trainer.save_every=0",
-    "trainer.progress=false",
-    "data.cache_dir=cache",
-    *QUIET,
-]
-
-FINETUNE_SIZES = ("data.cache_dir=cache",)  # its model comes from init=: no model.* sizes
-
-
-@dataclass(frozen=True)
-class DocumentedRun:
-    """A documented command (the start of its text), what the test changes of it, what it adds
-    (beyond SIZES), and what must be true after it ran (besides exit code 0)."""
-
-    start: str
-    check: Callable[[Path, str, str], object]
-    replace: dict[str, str] = field(default_factory=dict)
-    extra: tuple[str, ...] = ()
-    sizes: tuple[str, ...] = tuple(SIZES)
-    hydra: bool = True  # a Hydra entry point: a run directory of its own unless it names one
-
-    def runnable(self, cwd: Path, number: int) -> list:
-        """[script, argv, cwd, env] for the runner; a run directory of its own (outputs/N)
-        where the command names none."""
-        env, argv = arguments(documented(self.start), self.replace)
-        script = SCRIPTS[documented(self.start).split()[len(env)]]
-        sizes = [*self.sizes, *([f"hydra.run.dir=outputs/{number}"] if self.hydra else [])]
-        return [script, with_sizes([*argv, *self.extra], sizes), str(cwd), env]
-
-
-def _trained(steps: int) -> Callable[[Path, str, str], None]:
-    def check(cwd: Path, output: str, run: str) -> None:
-        assert f"done: step {steps}" in output, output[-2000:]
-
-    return check
-
-
-def _has(*texts: str) -> Callable[[Path, str, str], None]:
-    def check(cwd: Path, output: str, run: str) -> None:
-        for text in texts:
-            assert text in output, (text, output[-2000:])
-
-    return check
-
-
-def _exists(*patterns: str) -> Callable[[Path, str, str], None]:
-    """Files the run wrote; "{run}" is the case's own run directory (outputs/N)."""
-
-    def check(cwd: Path, output: str, run: str) -> None:
-        for pattern in patterns:
-            assert list(cwd.glob(pattern.format(run=run))), (pattern, output[-2000:])
-
-    return check
 
 
 def _hf_tokenizer(directory: Path) -> int:
@@ -140,99 +70,97 @@ def _cases(vocab: dict[str, int]) -> list[DocumentedRun]:
         # docs/configuration.md
         DocumentedRun(
             "tpformer-pretrain --cfg job",
-            _has("hidden_size: 768", "num_layers: 12"),
+            has("hidden_size: 768", "num_layers: 12"),
             sizes=(),
             hydra=False,
         ),
-        DocumentedRun("tpformer-pretrain --config-dir my_conf", _has("zero_stage 1")),
+        DocumentedRun("tpformer-pretrain --config-dir my_conf", has("zero_stage 1")),
         DocumentedRun(
             "tpformer-preprocess data=text",
-            _has("corpus cache/corpus-"),
+            has("corpus cache/corpus-"),
             replace={"model.vocab_size=16000": "model.vocab_size=200", "workers=8": "workers=2"},
             sizes=(SIZES[5], "data.cache_dir=cache"),
         ),
         DocumentedRun(
             "tpformer-pretrain data=text data.paths=[books.txt",
-            _trained(2),
+            trained(2),
             replace={"model.vocab_size=16000": "model.vocab_size=200"},
         ),
-        DocumentedRun("tpformer-pretrain data=jsonl", _trained(2)),
-        DocumentedRun(
-            "tpformer-pretrain data=hf data.name=parquet data.paths=[shard0", _trained(2)
-        ),
+        DocumentedRun("tpformer-pretrain data=jsonl", trained(2)),
+        DocumentedRun("tpformer-pretrain data=hf data.name=parquet data.paths=[shard0", trained(2)),
         DocumentedRun(
             "tpformer-pretrain data.tokenizer=hf/bert-base-uncased",
-            _trained(2),
+            trained(2),
             replace={"model.vocab_size=30522": f"model.vocab_size={vocab['wordpiece']}"},
         ),
-        DocumentedRun("tpformer-pretrain data.num_workers=8", _trained(2), replace={"=8": "=2"}),
-        DocumentedRun("tpformer-pretrain data.num_workers=0", _trained(2)),
+        DocumentedRun("tpformer-pretrain data.num_workers=8", trained(2), replace={"=8": "=2"}),
+        DocumentedRun("tpformer-pretrain data.num_workers=0", trained(2)),
         # docs/data.md
         DocumentedRun(
-            "tpformer-pretrain data=hf data.name=parquet 'data.paths=[shard-", _trained(2)
+            "tpformer-pretrain data=hf data.name=parquet 'data.paths=[shard-", trained(2)
         ),
-        DocumentedRun("tpformer-pretrain data=hf data.name=arrow", _trained(2)),
+        DocumentedRun("tpformer-pretrain data=hf data.name=arrow", trained(2)),
         # docs/parallel/offload.md
-        DocumentedRun("tpformer-pretrain model=bert_large parallel.zero_stage=2", _trained(2)),
-        DocumentedRun("tpformer-pretrain model=bert_large parallel.zero_stage=3", _trained(2)),
-        DocumentedRun("tpformer-pretrain model=bert_large parallel.recompute=full", _trained(2)),
+        DocumentedRun("tpformer-pretrain model=bert_large parallel.zero_stage=2", trained(2)),
+        DocumentedRun("tpformer-pretrain model=bert_large parallel.zero_stage=3", trained(2)),
+        DocumentedRun("tpformer-pretrain model=bert_large parallel.recompute=full", trained(2)),
         # docs/optimizers.md
-        DocumentedRun("tpformer-pretrain ... optim.name=lamb", _trained(2)),
-        DocumentedRun("tpformer-pretrain ... optim.name=lars", _trained(2)),
-        DocumentedRun("tpformer-pretrain ... optim.name=novograd", _trained(2)),
+        DocumentedRun("tpformer-pretrain ... optim.name=lamb", trained(2)),
+        DocumentedRun("tpformer-pretrain ... optim.name=lars", trained(2)),
+        DocumentedRun("tpformer-pretrain ... optim.name=novograd", trained(2)),
         # docs/logging.md: offline, nothing leaves the machine
-        DocumentedRun("WANDB_MODE=offline", _exists("{run}/wandb/offline-run-*/run-*.wandb")),
+        DocumentedRun("WANDB_MODE=offline", exists("{run}/wandb/offline-run-*/run-*.wandb")),
         # docs/checkpoints.md, then docs/hf.md on its checkpoint
         DocumentedRun(
             "tpformer-pretrain trainer.save_every=100",
-            _exists("runs/bert/checkpoints/step00000002"),
+            exists("runs/bert/checkpoints/step00000002"),
             replace={"save_every=100": "save_every=2"},
         ),
         DocumentedRun(
             "tpformer-pretrain trainer.resume=auto hydra.run.dir=runs/bert",
-            _has("done: step 4"),
+            has("done: step 4"),
             extra=("trainer.max_steps=4",),
         ),
         DocumentedRun(
             "tpformer-pretrain trainer.exit_at_step=500",
-            _exists("runs/stop/checkpoints/step00000001"),
+            exists("runs/stop/checkpoints/step00000001"),
             replace={"exit_at_step=500": "exit_at_step=1", "runs/bert": "runs/stop"},
         ),
         DocumentedRun(
             "tpformer-convert to-hf runs/bert/checkpoints/step00000300",
-            _exists("hf/bert/config.json", "hf/bert/model.safetensors"),
+            exists("hf/bert/config.json", "hf/bert/model.safetensors"),
             replace={"step00000300": "step00000002"},
             sizes=(),
             hydra=False,
         ),
         DocumentedRun(  # README's, into a directory of its own
             "tpformer-convert to-hf runs/bert/checkpoints/step00000600",
-            _exists("hf/bert-readme/config.json"),
+            exists("hf/bert-readme/config.json"),
             replace={"step00000600": "step00000002", " hf/bert": " hf/bert-readme"},
             sizes=(),
             hydra=False,
         ),
         DocumentedRun(
             "tpformer-convert from-hf hf/bert",
-            _exists("runs/warm/checkpoints"),
+            exists("runs/warm/checkpoints"),
             sizes=(),
             hydra=False,
         ),
-        DocumentedRun("tpformer-pretrain trainer.resume=runs/warm", _trained(2)),
+        DocumentedRun("tpformer-pretrain trainer.resume=runs/warm", trained(2)),
         # README's dry runs and docs/finetuning.md's
         DocumentedRun(
-            "tpformer-plan ... plan.dry_run=true", _has("dry run"), sizes=tuple(MODEL_SIZES)
+            "tpformer-plan ... plan.dry_run=true", has("dry run"), sizes=tuple(MODEL_SIZES)
         ),
         DocumentedRun(
             "tpformer-finetune ... dry_run.world=N",
-            _has("rank 0"),
+            has("rank 0"),
             replace={"dry_run.world=N": "dry_run.world=2"},
             extra=("task=sst2", "init=path/to/bert", "data.glue_dir=glue", *one_epoch),
             sizes=FINETUNE_SIZES,
         ),
         DocumentedRun(
             "tpformer-finetune task=sst2 init=path/to/bert data.glue_dir=glue parallel.tensor=8",
-            _has("rank 0"),
+            has("rank 0"),
             extra=one_epoch,
             sizes=FINETUNE_SIZES,
         ),
@@ -240,20 +168,7 @@ def _cases(vocab: dict[str, int]) -> list[DocumentedRun]:
 
 
 def test_the_documented_commands_run_at_tiny_sizes(tmp_path: Path) -> None:
-    _run_table(tmp_path, _cases(_write_inputs(tmp_path)))
-
-
-def _run_table(tmp_path: Path, cases: list[DocumentedRun]) -> None:
-    """Every case in one process, in order; each failure named with its output's end."""
-    outcomes = run_cases([case.runnable(tmp_path, i) for i, case in enumerate(cases)], timeout=900)
-    failed = []
-    for i, (case, (code, stdout, stderr, _)) in enumerate(zip(cases, outcomes, strict=True)):
-        try:
-            assert code in (0, None), f"exit {code}: {(stdout + stderr)[-1500:]}"
-            case.check(tmp_path, stdout + stderr, f"outputs/{i}")
-        except AssertionError as err:
-            failed.append(f"{case.start}: {err}")
-    assert not failed, "\n\n".join(failed)
+    run_table(tmp_path, _cases(_write_inputs(tmp_path)))
 
 
 MAIN_JOB = documented("tpformer-pretrain model=bert_mini model.vocab_size=4000 parallel.tensor=2")
@@ -284,53 +199,53 @@ def _chains() -> list[DocumentedRun]:
     return [
         DocumentedRun(
             "tpformer-preprocess model=bert_mini",
-            _has("corpus cache/corpus-"),
+            has("corpus cache/corpus-"),
             replace={"model.vocab_size=4000": "model.vocab_size=200"},
             sizes=("data.cache_dir=cache",),
         ),
         DocumentedRun(
             "tpformer-pretrain <overrides> trainer.exit_at_step=600",
-            _exists("runs/bert_mini_shakespeare/checkpoints/step00000002"),
+            exists("runs/bert_mini_shakespeare/checkpoints/step00000002"),
             replace={**main, "exit_at_step=600": "exit_at_step=2"},
         ),
         DocumentedRun(
             "tpformer-pretrain <overrides> trainer.resume=auto",
-            _exists(f"runs/bert_mini_shakespeare/checkpoints/{STEP}"),
+            exists(f"runs/bert_mini_shakespeare/checkpoints/{STEP}"),
             replace=main,
         ),
         DocumentedRun(
             "tpformer-convert to-hf runs/bert_mini_shakespeare",
-            _exists("runs/bert_mini_shakespeare/hf/config.json"),
+            exists("runs/bert_mini_shakespeare/hf/config.json"),
             replace={"step00001200": STEP},
             sizes=(),
             hydra=False,
         ),
         DocumentedRun(
             "tpformer-finetune task=rte init=runs/bert_mini_shakespeare/checkpoints/step00001200",
-            _has("best"),
+            has("best"),
             replace={"step00001200": STEP},
             extra=one_epoch,
             sizes=FINETUNE_SIZES,
         ),
         DocumentedRun(
             "tpformer-finetune task=rte init=runs/bert_mini_shakespeare/checkpoints/step00000500",
-            _has("best"),
+            has("best"),
             replace={"step00000500": STEP},
             extra=one_epoch,
             sizes=FINETUNE_SIZES,
         ),
         DocumentedRun(  # README's laptop layout, then docs/configuration.md's first command
             "tpformer-pretrain model=bert_mini parallel.tensor=2 launcher.nproc_per_node=2",
-            _exists("{run}/metrics.jsonl"),
+            exists("{run}/metrics.jsonl"),
         ),
         DocumentedRun(
             "tpformer-pretrain model=bert_base parallel.tensor=4 parallel.zero_stage=2",
-            _exists("{run}/metrics.jsonl"),
+            exists("{run}/metrics.jsonl"),
             sizes=(*SIZES[:2], "model.num_heads=4", *SIZES[3:]),
         ),
         DocumentedRun(
             "tpformer-pretrain model=gpt2_small model.num_layers=4",
-            _exists("runs/gpt/checkpoints/step00000002"),
+            exists("runs/gpt/checkpoints/step00000002"),
             replace={
                 "model.vocab_size=4000": "model.vocab_size=200",
                 "trainer.max_steps=400 trainer.save_every=400": "trainer.max_steps=2 "
@@ -340,44 +255,44 @@ def _chains() -> list[DocumentedRun]:
         DocumentedRun(
             "tpformer-generate init=runs/gpt/checkpoints/step00000400 "
             """'prompt="ROMEO:"' max_new_tokens=40""",
-            _exists("{run}/completions.jsonl"),
+            exists("{run}/completions.jsonl"),
             replace=gpt_step,
             sizes=(),
         ),
         DocumentedRun(
             "tpformer-generate init=runs/gpt/checkpoints/step00000400 "
             """'prompt="ROMEO:"' max_new_tokens=40 parallel.tensor=2""",
-            _exists("{run}/completions.jsonl"),
+            exists("{run}/completions.jsonl"),
             replace=gpt_step,
             sizes=(),
         ),
         DocumentedRun(
             "tpformer-convert to-hf runs/gpt",
-            _exists("hf/gpt/config.json"),
+            exists("hf/gpt/config.json"),
             replace=gpt_step,
             sizes=(),
             hydra=False,
         ),
         DocumentedRun(
-            "tpformer-eval-lm init=runs/gpt", _has("perplexity"), replace=gpt_step, sizes=()
+            "tpformer-eval-lm init=runs/gpt", has("perplexity"), replace=gpt_step, sizes=()
         ),
         DocumentedRun(
             "tpformer-finetune task=sst2 init=path/to/bert data.glue_dir=glue parallel.tensor=2 "
             "launcher",
-            _exists("runs/sst2/best/step*"),
+            exists("runs/sst2/best/step*"),
             extra=(*one_epoch, "hydra.run.dir=runs/sst2"),
             sizes=FINETUNE_SIZES,
         ),
         DocumentedRun(
             "tpformer-convert to-hf runs/sst2/best/step00000630 hf/bert-sst2",
-            _exists("hf/bert-sst2/config.json"),
+            exists("hf/bert-sst2/config.json"),
             replace={"step00000630": "step00000004"},
             sizes=(),
             hydra=False,
         ),
         DocumentedRun(
             "tpformer-finetune task=sst2 init=path/to/hf_bert",
-            _exists("{run}/best/step*/meta.json"),
+            exists("{run}/best/step*/meta.json"),
             extra=one_epoch,
             sizes=FINETUNE_SIZES,
         ),
@@ -394,7 +309,7 @@ def test_the_documented_jobs_run_end_to_end_at_tiny_sizes(tmp_path: Path) -> Non
     write_glue_file(tmp_path / "glue", "RTE", "train", _pairs(32, 1))
     write_glue_file(tmp_path / "glue", "RTE", "dev", _pairs(16, 2))
     (tmp_path / "valid.txt").write_text((tmp_path / "books.txt").read_text())
-    _run_table(tmp_path, _chains())
+    run_table(tmp_path, _chains())
 
 
 def _pairs(n: int, seed: int) -> list[tuple[str, str, str]]:

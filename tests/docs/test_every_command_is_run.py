@@ -43,41 +43,6 @@ CI_RUNS = {  # a documented command -> the lines of .ci/run or .ci/wheel_check t
         '"$py" -m pip install --quiet "$work"/dist/tpformer-*.whl',
     ],
 }
-NOT_YET_RUN = {  # documented commands no test runs yet (issue 68): this list may only shrink
-    "docs/finetuning.md": ["tpformer-finetune task=mnli"],
-    "docs/generation.md": ["tpformer-generate init=hf/gpt2"],
-    "docs/hf.md": ["tpformer-finetune task=sst2 init=google-bert/bert-base-uncased"],
-    "docs/llama.md": [
-        "tpformer-pretrain model=llama_tiny",
-        "tpformer-pretrain trainer.resume=runs/llama",
-        "tpformer-convert to-hf runs/llama",
-    ],
-    "docs/logging.md": [
-        "tpformer-pretrain parallel.tensor=2 launcher.nproc_per_node=2 trainer.max"
-    ],
-    "docs/modernbert.md": [
-        "tpformer-pretrain model=modernbert_tiny model.vocab_size=4000",
-        "tpformer-convert from-hf path/to/modernbert",
-    ],
-    "docs/optimizers.md": ["tpformer-pretrain ... parallel.tensor=1"],
-    "docs/parallel/context.md": [
-        "tpformer-pretrain model=gpt2_small data.seq_length=8192 parallel.context=4"
-    ],
-    "docs/parallel/pipeline.md": [
-        "tpformer-pretrain model=bert_mini parallel.pipeline=4",
-        "tpformer-pretrain model=bert_mini parallel.pipeline=2 parallel.pipeline_schedule="
-        "pipedream parallel.pipedream_vertical_sync",
-        "tpformer-pretrain model=bert_mini parallel.pipeline=2 parallel.pipeline_schedule="
-        "pipedream parallel.pipeline_replicas",
-    ],
-    "docs/testing.md": ["python -m pytest -n 0"],
-}
-
-
-def _not_yet(command: DocCommand) -> bool:
-    return any(command.text.startswith(start) for start in NOT_YET_RUN.get(command.page, []))
-
-
 CLAIMS = ("documented", "DocumentedRun")
 """The calls whose first argument, a string, claims the documented command it starts."""
 
@@ -117,7 +82,7 @@ def test_every_documented_command_is_run_or_says_why_not() -> None:
     unrun = [
         c.where()
         for c in documented_commands()
-        if c.not_run is None and c.text not in CI_RUNS and c.text not in claimed and not _not_yet(c)
+        if c.not_run is None and c.text not in CI_RUNS and c.text not in claimed
     ]
     assert not unrun, "documented commands no test runs and no marker excuses:\n" + "\n".join(unrun)
 
@@ -187,15 +152,3 @@ def test_a_claim_must_name_exactly_one_command(start: str) -> None:
 def test_the_unrun_list_is_printed_with_its_place() -> None:
     command = DocCommand("docs/x.md", 3, "tpformer-plan")
     assert command.where() == "docs/x.md:3: tpformer-plan"
-
-
-def test_the_not_yet_run_list_only_names_unrun_documented_commands() -> None:
-    """Each entry still names a documented command that nothing runs or marks: a command a test
-    starts to run, or one the docs drop, must leave the list."""
-    claimed = claimed_commands()
-    commands = documented_commands()
-    for page, starts in NOT_YET_RUN.items():
-        for start in starts:
-            named = [c for c in commands if c.page == page and c.text.startswith(start)]
-            assert named, (page, start)
-            assert all(c.text not in claimed and c.not_run is None for c in named), (page, start)
