@@ -299,7 +299,6 @@ def _chains() -> list[DocumentedRun]:
     ]
 
 
-@pytest.mark.sweep  # the second table runs in the full suite only
 def test_the_documented_jobs_run_end_to_end_at_tiny_sizes(tmp_path: Path) -> None:
     assert documented("pip install torch==2.13.0 && pip install -e '.[demo]' && tpformer").endswith(
         " && " + MAIN_JOB

@@ -149,7 +149,6 @@ def test_the_documented_layouts_and_walkthroughs_run_at_tiny_sizes(tmp_path: Pat
     run_table(tmp_path, _runs(tmp_path), hub)
 
 
-@pytest.mark.sweep  # a pytest run inside a pytest run: the full suite only
 def test_the_documented_single_case_runs_alone(tmp_path: Path) -> None:
     _, argv = arguments(documented("python -m pytest -n 0"))
     done = subprocess.run(
