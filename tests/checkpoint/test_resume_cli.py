@@ -1,6 +1,7 @@
-"""Issue 68's seam through the console script: a ModernBERT run at TP=2 on 2 processes stopped
-at step 2 (trainer.exit_at_step) and resumed by one process (trainer.resume=auto, the world
-and TP degree resharded) gives the uninterrupted one-process run's losses (1e-5). The three
+"""Issue 68's seam through the console script: docs/modernbert.md's run (TP=2 on 2 processes;
+on synthetic data for 4 steps here) stopped at step 2 (trainer.exit_at_step) and resumed by one
+process (trainer.resume=auto, the world and TP degree resharded) gives the uninterrupted
+one-process run's losses (1e-5). The three
 commands run in one process (tests/cli/bad_input_cases.py's runner; the first launches its
 2 ranks)."""
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.bad_input_cases import run_cases
+from tests.docs.commands import arguments, documented
 from tests.tolerances import FP32_MODEL_REL
 from tests.train.test_trainer import QUIET
 
@@ -30,12 +32,13 @@ def test_a_modernbert_stopped_at_tp2_resumes_in_one_process_on_the_same_curve(
     tmp_path: Path,
 ) -> None:
     stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    _, documented_run = arguments(documented("tpformer-pretrain model=modernbert_tiny model.voc"))
+    model = [a for a in documented_run if not a.startswith(("parallel.", "launcher."))]
     cases = [
-        [*RUN, "parallel.tensor=2", "launcher.nproc_per_node=2", "trainer.exit_at_step=2",
-         f"hydra.run.dir={stopped}"],
-        [*RUN, "trainer.resume=auto", f"hydra.run.dir={stopped}"],
-        [*RUN, f"hydra.run.dir={whole}"],
-    ]  # fmt: skip
+        [*documented_run, *RUN, "trainer.exit_at_step=2", f"hydra.run.dir={stopped}"],
+        [*model, *RUN, "trainer.resume=auto", f"hydra.run.dir={stopped}"],
+        [*model, *RUN, f"hydra.run.dir={whole}"],
+    ]
     outcomes = run_cases([(PRETRAIN, argv, str(tmp_path)) for argv in cases])
     for code, _, stderr, _ in outcomes:
         assert code in (0, None), stderr[-3000:]

@@ -78,11 +78,6 @@ def _runs(cwd: Path) -> list[DocumentedRun]:
         ),
         # docs/modernbert.md
         DocumentedRun(
-            "tpformer-pretrain model=modernbert_tiny model.vocab_size=4000",
-            exists("{run}/metrics.jsonl"),
-            replace={"model.vocab_size=4000": "model.vocab_size=200", "length=64": "length=32"},
-        ),
-        DocumentedRun(
             "tpformer-convert from-hf path/to/modernbert",
             exists("runs/modernbert/checkpoints/step00000000/meta.json"),
             sizes=(),

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.docs.commands import arguments, documented
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 from tests.train.test_trainer import QUIET, REPO
 from tpformer.config.schema import GenerateConfig
@@ -55,45 +56,71 @@ def _run(module: str, *args: str, cwd: Path, check: bool = True) -> subprocess.C
 
 @pytest.mark.slow
 def test_pretrain_resume_export_generate_and_evaluate(tmp_path: Path) -> None:
+    """docs/generation.md's walkthrough and README's generate and eval-lm commands, in that
+    order, shrunk (the test's sizes below; 4 steps, then 2 more resumed): the TP=2 greedy
+    completion is transformers' on the exported model, and the one-process one the same; the
+    perplexity is transformers' over the same sliding windows."""
     import sentencepiece as spm
     import transformers
 
-    run = tmp_path / "run"
-    _run("pretrain", *TINY_GPT, "trainer.max_steps=4", "trainer.save_every=4",
-         f"hydra.run.dir={run}", cwd=tmp_path)  # fmt: skip
-    resumed = _run("pretrain", *TINY_GPT, "trainer.max_steps=6", "trainer.save_every=6",
-                   "trainer.resume=auto", f"hydra.run.dir={run}", cwd=tmp_path)  # fmt: skip
+    shrink = {
+        "model.num_layers=4": "model.num_layers=2",
+        "model.hidden_size=128": "model.hidden_size=64",
+        "model.intermediate_size=512": "model.intermediate_size=256",
+        "model.vocab_size=4000": "model.vocab_size=1000",
+        "trainer.micro_batch_size=16": "trainer.micro_batch_size=4",
+        "trainer.max_steps=400 trainer.save_every=400": "trainer.max_steps=4 trainer.save_every=4",
+    }
+    pretrain = documented("tpformer-pretrain model=gpt2_small model.num_layers=4")
+    quiet = ["trainer.progress=false", "trainer.log_every=2", *QUIET]
+    _run("pretrain", *arguments(pretrain, shrink)[1], *quiet, cwd=tmp_path)
+    resumed = _run("pretrain", *arguments(pretrain, shrink)[1], *quiet, "trainer.max_steps=6",
+                   "trainer.save_every=6", "trainer.resume=auto", cwd=tmp_path)  # fmt: skip
     assert "resumed from" in resumed.stderr
-    checkpoint = run / "checkpoints" / "step00000006"
-    _run("convert", "to-hf", str(checkpoint), str(tmp_path / "hf"), cwd=tmp_path)
+    step = {"step00000400": "step00000006"}
+    _run(
+        "convert", *arguments(documented("tpformer-convert to-hf runs/gpt"), step)[1], cwd=tmp_path
+    )
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "gpt").eval()
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "hf" / "gpt" / "tokenizer.model"))
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "hf" / "tokenizer.model"))
-    prompts = ["To be, or not to be", "whether 'tis nobler"]
-    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
-    _run("generate", f"init={checkpoint}", f"prompts={tmp_path / 'prompts.txt'}",
-         "max_new_tokens=12", "parallel.tensor=2", "launcher.nproc_per_node=2",
-         f"output={tmp_path / 'out.jsonl'}", f"hydra.run.dir={tmp_path / 'gen'}",
+    completions = {}
+    for name, command in (  # README's at TP=2, docs/generation.md's in one process
+        (
+            "tp2",
+            documented(
+                "tpformer-generate init=runs/gpt/checkpoints/step00000400 'prompt=\"ROMEO:\"' "
+                "max_new_tokens=40 parallel.tensor=2"
+            ),
+        ),
+        (
+            "one",
+            documented(
+                "tpformer-generate init=runs/gpt/checkpoints/step00000400 'prompt=\"ROMEO:\"' "
+                "max_new_tokens=40"
+            ),
+        ),
+    ):
+        _run("generate", *arguments(command, step)[1], f"hydra.run.dir={tmp_path / name}",
+             cwd=tmp_path)  # fmt: skip
+        completions[name] = json.loads((tmp_path / name / "completions.jsonl").read_text())
+    ids = sp.encode("ROMEO:")
+    want = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, pad_token_id=0)[
+        0, len(ids) :
+    ].tolist()
+    assert completions["tp2"]["output_ids"] == want, (completions["tp2"], want)
+    assert completions["one"]["output_ids"] == want
+    assert completions["tp2"]["text"] == sp.decode(ids + want)[len(sp.decode(ids)) :]
+
+    (tmp_path / "valid.txt").write_text(TEXT * 16)
+    evaluate = documented("tpformer-eval-lm init=runs/gpt")
+    _run("eval_lm", *arguments(evaluate, step)[1], f"hydra.run.dir={tmp_path / 'ppl'}",
          cwd=tmp_path)  # fmt: skip
-    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r["prompt"] for r in records] == prompts
-    for prompt, record in zip(prompts, records, strict=True):
-        ids = sp.encode(prompt)
-        want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)[
-            0, len(ids) :
-        ].tolist()
-        assert record["output_ids"] == want, (record, want)
-        assert record["text"] == sp.decode(ids + want)[len(sp.decode(ids)) :]
-
-    (tmp_path / "text.txt").write_text(TEXT * 4)
-    _run("eval_lm", f"init={checkpoint}", f"data_file={tmp_path / 'text.txt'}", "seq_length=32",
-         "stride=16", "parallel.tensor=2", "launcher.nproc_per_node=2",
-         f"hydra.run.dir={tmp_path / 'ppl'}", cwd=tmp_path)  # fmt: skip
     got = json.loads((tmp_path / "ppl" / "eval_lm.json").read_text())
-    stream = torch.tensor(sp.encode(TEXT * 4))
+    stream = torch.tensor(sp.encode(TEXT * 16))
     nll, count = 0.0, 0
     with torch.no_grad():
-        for w in sliding_windows(len(stream), 32, 16):
+        for w in sliding_windows(len(stream), 128, 64):
             logits = hf(stream[None, w.begin : w.end]).logits[0, :-1]
             targets = stream[w.begin + 1 : w.end].clone()
             targets[: w.scored_from - w.begin - 1] = -100

@@ -17,6 +17,7 @@ import torch
 
 from tests.data.test_glue import write_glue_file
 from tests.dist import run_distributed
+from tests.docs.commands import arguments, documented
 from tests.tolerances import FP32_MODEL_REL, assert_rel_close
 from tests.train.test_trainer import REPO
 from tpformer.config.schema import (
@@ -125,14 +126,15 @@ def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     hf = write_hf_bert(tmp_path / "hf")
     glue = write_sst2(tmp_path / "glue")
     run = tmp_path / "run"
+    _, finetune = arguments(  # docs/finetuning.md's (and README's) command, with this test's files
+        documented("tpformer-finetune task=sst2 init=path/to/bert data.glue_dir=glue parallel."
+                   "tensor=2 launcher"),
+        {"path/to/bert": str(hf), "data.glue_dir=glue": f"data.glue_dir={glue}"},
+    )  # fmt: skip
     result = _cli(
         [
-            "task=sst2",
-            f"init={hf}",
-            f"data.glue_dir={glue}",
+            *finetune,
             f"data.cache_dir={tmp_path}",
-            "parallel.tensor=2",
-            "launcher.nproc_per_node=2",
             "optim.lr=2e-3",
             "trainer.epochs=4",
             "trainer.batch_size=16",
@@ -165,10 +167,11 @@ def test_tp2_finetune_learns_a_synthetic_task(tmp_path: Path) -> None:
     exported = subprocess.run(
         [
             sys.executable,
-            str(REPO / "tools" / "convert_checkpoint.py"),
-            "to-hf",
-            str(best),
-            str(hf_out),
+            str(REPO / "tools" / "convert_checkpoint.py"),  # "the same command" (docs/hf.md)
+            *arguments(
+                documented("tpformer-convert to-hf runs/sst2/best/step00000630 hf/bert-sst2"),
+                {"runs/sst2/best/step00000630": str(best), "hf/bert-sst2": str(hf_out)},
+            )[1],
         ],
         capture_output=True,
         text=True,

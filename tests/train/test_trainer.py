@@ -153,13 +153,17 @@ def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_launcher_runs_two_ranks_in_one_run_directory(tmp_path: Path) -> None:
+    """README's laptop layout (its bert_mini shrunk to TINY's bert_tiny) through the launcher."""
+    _, laptop = arguments(
+        documented("tpformer-pretrain model=bert_mini parallel.tensor=2 launcher.nproc_per_node=2"),
+        {"model=bert_mini": "model=bert_tiny"},
+    )
     result = _cli(
         [
+            *laptop,
             *[x for x in TINY if x not in QUIET],  # the plot and TensorBoard: in one directory
             "trainer.max_steps=3",
             "trainer.log_every=1",
-            "parallel.tensor=2",
-            "launcher.nproc_per_node=2",
         ],
         tmp_path,
     )
