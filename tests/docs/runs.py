@@ -7,20 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from tests.cli.bad_input_cases import run_cases
 from tests.docs.commands import arguments, documented, with_sizes
 from tests.train.test_trainer import QUIET
 
-SCRIPTS = {
-    "tpformer-pretrain": "tpformer.cli.pretrain:main",
-    "tpformer-finetune": "tpformer.cli.finetune:main",
-    "tpformer-plan": "tpformer.cli.plan:main",
-    "tpformer-preprocess": "tpformer.cli.data:preprocess_main",
-    "tpformer-convert": "tpformer.cli.convert:main",
-    "tpformer-generate": "tpformer.cli.generate:main",
-    "tpformer-eval-lm": "tpformer.cli.eval_lm:main",
+SCRIPTS = {  # console script -> its entry point, as the installed package declares them
+    entry.name: entry.value
+    for entry in entry_points(group="console_scripts")
+    if entry.name.startswith("tpformer-")
 }
 MODEL_SIZES = [
     "model.num_layers=2",
