@@ -24,15 +24,16 @@ from pathlib import Path
 
 import pytest
 
-FULL_BUDGET = 410.0
-"""The whole suite in reference units: measured 331 (2026-11-29: 1,423 tests, 35.6 min on the
-development machine against a reference of 6.3 s before and 6.6 s after) plus 24%, the margin
-the 26-minute budget had over the 21 minutes CI measured when it was set, for nearly the same
-suite. Lower it as the suite gets faster, never raise it to make a slow change pass; the aim
-is 20 minutes on CI's machine at its usual speed."""
+FULL_BUDGET = 480.0
+"""The whole suite in reference units: measured 394 (2026-11-29: 1,437 tests, 40.4 min on the
+development machine against a reference of 6.0 s before and 6.2 s after) plus 22%, about the
+margin the 26-minute budget had over the 21 minutes CI measured when it was first set. Raised
+once from 410 (331 measured + 24%) by the submission that made every documented command a test
+(issue 68: +49 command runs, ~63 units; stated in its note), not to let a slow change pass.
+Lower it as the suite gets faster; the aim is 20 minutes on CI's machine at its usual speed."""
 QUICK_BUDGET = 65.0
-"""`-m "not slow"` in the same units: measured 52 (2026-11-29, 900 tests, 5.7 min) plus the
-same margin."""
+"""`-m "not slow"` in the same units: measured 52 (2026-11-29, 900 tests, 5.7 min) plus 24%
+(907 tests since: the 7 added take ~3 s)."""
 BUDGETS = {"": ("the full suite", FULL_BUDGET), "not slow": ("the quick tier", QUICK_BUDGET)}
 TESTS = Path(__file__).resolve().parent
 
