@@ -4,9 +4,9 @@ documented command is run by a test at tiny sizes, or marked with why it cannot 
 A command is a line of a ``bash``/``sh``/``shell``/``console`` fenced block (continuation lines
 joined, a trailing ``# comment`` and a ``$`` prompt dropped) or an inline code span in a table row
 that starts with an executable and has arguments. A test claims a command by taking its text from
-the docs through `documented` (or tests/docs/runs.py's `DocumentedRun`), so
-a changed command fails the test that ran the old one; a
-marker comment on the line before a block or table says why its commands do not run here:
+the docs through `documented` (or tests/docs/runs.py's `DocumentedRun`), so a changed command
+fails the test that ran the old one; a marker comment on the line before a block or table says
+why its commands do not run here:
 
     <!-- not run by the tests: needs 8 GPUs -->
     <!-- not run by the tests ("wandb sync"): uploads to wandb.ai -->
@@ -90,9 +90,10 @@ def _table_commands(line: str) -> list[str]:
     return [s for s in spans if s.startswith(EXECUTABLES) and " " in s.strip()]
 
 
-def page_commands(page: Path) -> list[DocCommand]:
-    """The commands of one page, each with the marker of the block or table it is in."""
-    name = str(page.relative_to(REPO))
+def page_commands(page: Path, root: Path = REPO) -> list[DocCommand]:
+    """The commands of one page (named relative to `root`), each with the marker of the block or
+    table it is in."""
+    name = str(page.relative_to(root))
     lines = page.read_text().splitlines()
     found: list[DocCommand] = []
     markers: list[tuple[str | None, str]] = []  # the markers of the coming block or table

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -99,8 +100,8 @@ def test_a_marked_command_is_not_also_claimed() -> None:
     assert not both, "\n".join(both)
 
 
-def test_the_reader_finds_blocks_tables_continuations_and_markers(tmp_path) -> None:
-    page = REPO / "docs" / "_reader_case.md"  # page_commands names pages relative to the repo
+def test_the_reader_finds_blocks_tables_continuations_and_markers(tmp_path: Path) -> None:
+    page = tmp_path / "docs" / "case.md"
     text = """Intro.
 
 ```bash
@@ -127,11 +128,9 @@ tpformer-pretrain not a shell block
 
 | y | `tpformer-pretrain model=bert_tiny` |
 """
-    try:
-        page.write_text(text)
-        found = page_commands(page)
-    finally:
-        page.unlink()
+    page.parent.mkdir()
+    page.write_text(text)
+    found = page_commands(page, root=tmp_path)
     assert [(c.line, c.text, c.not_run) for c in found] == [
         (4, "tpformer-pretrain a=1 b=2", None),
         (7, "tpformer-plan 'x=\"# kept\"'", None),
@@ -149,6 +148,6 @@ def test_a_claim_must_name_exactly_one_command(start: str) -> None:
         documented(start)
 
 
-def test_the_unrun_list_is_printed_with_its_place() -> None:
+def test_a_command_is_named_with_its_place() -> None:
     command = DocCommand("docs/x.md", 3, "tpformer-plan")
     assert command.where() == "docs/x.md:3: tpformer-plan"
