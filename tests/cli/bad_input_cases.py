@@ -53,6 +53,14 @@ def results(stdout: str) -> list:
 def run_cases(cases: list, env: dict[str, str] | None = None, timeout: float = 600) -> list:
     """Run the (script, argv, cwd) cases in one fresh process of this runner, with `env` over
     the environment (PYTHONPATH the repository, one thread); each case's result."""
+    return run_cases_with_children(cases, env, timeout)[0]
+
+
+def run_cases_with_children(
+    cases: list, env: dict[str, str] | None = None, timeout: float = 600
+) -> tuple[list, list[str]]:
+    """run_cases, and per case what its child processes (a launcher's ranks) wrote to the
+    runner's own stderr: a rank's traceback is there, not in the case's captured output."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[2]
@@ -66,10 +74,17 @@ def run_cases(cases: list, env: dict[str, str] | None = None, timeout: float = 6
         env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", **(env or {})},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return results(done.stdout)
+    children = done.stderr.split(CASE_MARK)[1:]
+    return results(done.stdout), children + [""] * (len(cases) - len(children))
+
+
+CASE_MARK = "\n== the next case's child processes ==\n"
 
 
 if __name__ == "__main__":
     cases = json.loads(sys.stdin.read())
-    results = [run_case(*case) for case in cases]
+    results = []
+    for case in cases:
+        print(CASE_MARK, end="", file=sys.stderr, flush=True)
+        results.append(run_case(*case))
     print("\nRESULTS " + json.dumps(results))  # after anything a handler wrote past the capture

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from tests.cli.bad_input_cases import run_cases
+from tests.cli.bad_input_cases import run_cases_with_children
 from tests.docs.commands import arguments, documented, with_sizes
 from tests.train.test_trainer import QUIET
 
@@ -91,13 +91,15 @@ def run_table(
     tmp_path: Path, cases: list[DocumentedRun], env: dict[str, str] | None = None
 ) -> None:
     """Every case in one process (with `env`: what libraries read once, at import), in order;
-    each failure named with its output's end."""
+    each failure named with its output's end and its ranks' (a launcher's children)."""
     runnables = [case.runnable(tmp_path, i) for i, case in enumerate(cases)]
-    outcomes = run_cases(runnables, env, timeout=900)
+    outcomes, children = run_cases_with_children(runnables, env, timeout=900)
     failed = []
     for i, (case, (code, stdout, stderr, _)) in enumerate(zip(cases, outcomes, strict=True)):
         try:
-            assert code in (0, None), f"exit {code}: {(stdout + stderr)[-1500:]}"
+            assert code in (0, None), (
+                f"exit {code}: {(stdout + stderr)[-1500:]}\nits ranks: {children[i][-3000:]}"
+            )
             case.check(tmp_path, stdout + stderr, f"outputs/{i}")
         except AssertionError as err:
             failed.append(f"{case.start}: {err}")

@@ -47,6 +47,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _listening(port: int) -> bool:
+    """Whether a socket of this host listens on `port` (the kernel's table, not a connection:
+    a probe would reach the store as a client)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
 def _agent(run_dir: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     with log.open("w") as out:
@@ -112,7 +123,13 @@ def test_a_lost_node_continues_the_same_curve_on_the_survivor(tmp_path: Path) ->
     run_dir, port = tmp_path / "elastic", _free_port()
     run_dir.mkdir()
     first = _agent(run_dir, port, tmp_path / "agent0.log")
-    time.sleep(0.5)  # the first agent hosts the rendezvous store
+    # The rendezvous store lives in the agent that binds its port first: the survivor must be
+    # that one (under load, a 0.5 s head start was not always enough: CI lost the store).
+    deadline = time.monotonic() + 60
+    while not _listening(port) and time.monotonic() < deadline:
+        assert first.poll() is None, (tmp_path / "agent0.log").read_text()[-3000:]
+        time.sleep(0.1)
+    assert _listening(port), (tmp_path / "agent0.log").read_text()[-3000:]
     second = _agent(run_dir, port, tmp_path / "agent1.log")
     try:
         checkpoint = run_dir / "checkpoints" / store.step_dir_name(4)
