@@ -128,7 +128,7 @@ def finetune_transformers(
                         logits.squeeze(-1) if task.labels is None else logits.argmax(-1)
                     ).tolist()
             model.train()
-            metrics = score(task_name, torch.tensor(preds), torch.tensor(dev["label"]))
+            metrics = score(task, torch.tensor(preds), torch.tensor(dev["label"]))
             print(f"  transformers step {step + 1}: {metrics}", flush=True)
             if not best or next(iter(metrics.values())) > next(iter(best.values())):
                 best = metrics

@@ -93,17 +93,17 @@ def test_metrics_match_hand_computed_values() -> None:
     pred = torch.tensor([1, 1, 0, 0, 1, 0, 1, 1])
     gold = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0])
     # tp=3 fp=2 tn=2 fn=1
-    assert score("sst2", pred, gold) == {"accuracy": 5 / 8}
-    assert score("mrpc", pred, gold)["f1"] == pytest.approx(2 * 3 / (2 * 3 + 2 + 1))
-    assert score("cola", pred, gold)["mcc"] == pytest.approx(
+    assert score(TASKS["sst2"], pred, gold) == {"accuracy": 5 / 8}
+    assert score(TASKS["mrpc"], pred, gold)["f1"] == pytest.approx(2 * 3 / (2 * 3 + 2 + 1))
+    assert score(TASKS["cola"], pred, gold)["mcc"] == pytest.approx(
         (3 * 2 - 2 * 1) / math.sqrt(5 * 4 * 4 * 3)
     )
     x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
     y = torch.tensor([2.0, 1.0, 4.0, 3.0, 5.0])
-    stsb = score("stsb", x, y)
+    stsb = score(TASKS["stsb"], x, y)
     assert stsb["pearson"] == pytest.approx(0.8)  # cov 8 / (sqrt(10) sqrt(10))
     assert stsb["spearman"] == pytest.approx(0.8)
-    ties = score("stsb", torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1.0, 2.0, 3.0]))
+    ties = score(TASKS["stsb"], torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1.0, 2.0, 3.0]))
     assert ties["spearman"] == pytest.approx(math.sqrt(3) / 2)  # ranks 1.5, 1.5, 3 vs 1, 2, 3
 
 
@@ -130,15 +130,15 @@ def test_csv_json_and_parquet_files_with_hub_columns(tmp_path: Path) -> None:
         "dev": str(tmp_path / "dev.parquet"),
         "test": str(tmp_path / "test.csv"),
     }
-    dev = load_split("", "mnli", "dev_matched", files)
+    dev = load_split("", TASKS["mnli"], "dev_matched", files)
     assert dev["text_a"] == rows["premise"] and dev["label"] == [1, 0]
-    assert load_split("", "mnli", "train", files)["label"] == [2, 0]  # label strings -> ids
-    test = load_split("", "mnli", "test_matched", files)
+    assert load_split("", TASKS["mnli"], "train", files)["label"] == [2, 0]  # label strings -> ids
+    test = load_split("", TASKS["mnli"], "test_matched", files)
     assert test["index"] == [7] and "label" not in test
     (tmp_path / "bad.csv").write_text("premise,hypothesis,label\na,b,5\n")
     with pytest.raises(
         ValueError, match=r"bad.csv: label 5 in column 'label' is not one of \[0, 1, 2\]"
     ):
-        read_file(tmp_path / "bad.csv", "mnli", labeled=True)
+        read_file(tmp_path / "bad.csv", TASKS["mnli"], labeled=True)
     with pytest.raises(ValueError, match=r"bad.csv has no column 'question'"):
-        read_file(tmp_path / "bad.csv", "qnli", labeled=True)
+        read_file(tmp_path / "bad.csv", TASKS["qnli"], labeled=True)

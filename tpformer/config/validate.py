@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tpformer.config.derive import apply_global_batch, apply_pair_recipe
 from tpformer.config.rules.choices import check_choices
-from tpformer.config.rules.data import validate_data, validate_packing
+from tpformer.config.rules.data import validate_data, validate_packing, validate_task_data
 from tpformer.config.rules.model import (
     validate_fp8,
     validate_model,
@@ -65,6 +65,7 @@ def validate_finetune(config: FinetuneConfig, layout: Layout, *, device_type: st
     validate_sequence_parallel(config.parallel, layout.tp, None)  # fine-tuning pads instead
     validate_context_parallel(layout, config.parallel, None)
     check_choices(config)
+    validate_task_data(config.task, config.data)
     t = config.trainer
     micro = t.micro_batch_size or t.batch_size // layout.dp
     if t.batch_size < 1 or micro < 1 or t.batch_size % (micro * layout.dp):

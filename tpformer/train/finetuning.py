@@ -1,7 +1,9 @@
-"""The fine-tuning task: BertForSequenceClassification on a GLUE task, for the one loop.
+"""The fine-tuning task: BertForSequenceClassification on a GLUE task or the user's own
+classification or regression files, for the one loop.
 
-The model starts from a tpformer checkpoint or a Hugging Face BERT; the GLUE specifics (features,
-the order of training examples, metrics, submission files) live in tpformer.data.glue. Dev is
+The model starts from a tpformer checkpoint or a Hugging Face BERT; the task's specifics
+(features, the order of training examples, metrics, submission files) live in
+tpformer.data.glue. Dev is
 evaluated after every epoch; the best epoch by the task's first metric is checkpointed in
 <run dir>/best with its test predictions; results.json holds every evaluation.
 """
@@ -28,9 +30,10 @@ from tpformer.config.rules.parallel import (
 )
 from tpformer.config.schema import FinetuneConfig, ModelConfig
 from tpformer.convert import load_classifier, read_model_source
-from tpformer.data.glue import get_task, score
+from tpformer.data.glue import GlueTask, score
 from tpformer.data.glue.batches import GlueTrainSteps, prediction_batch, prediction_order
 from tpformer.data.glue.features import dev_splits, load_examples, test_splits
+from tpformer.data.glue.own import finetune_task
 from tpformer.data.glue.submission import submission_name, write_submission
 from tpformer.data.tokenizer import Tokenizer
 from tpformer.engine.parallelize import Parallelized, parallelize
@@ -56,16 +59,16 @@ class GluePredictor:
         runner: StepRunner,
         splits: dict[str, list[dict]],
         *,
-        task_name: str,
+        task: GlueTask,
         token_budget: int,
         pad_id: int,
         ctx: ParallelContext,
         pad_multiple: int = 1,
     ) -> None:
-        self.runner, self.splits, self.task_name = runner, splits, task_name
+        self.runner, self.splits, self.task = runner, splits, task
         self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
         self.pad_multiple = pad_multiple
-        self.regression = get_task(task_name).labels is None
+        self.regression = task.labels is None
 
     @torch.no_grad()
     def predict(self, split: str) -> tuple[torch.Tensor, list[int]]:
@@ -100,7 +103,7 @@ class GlueDev:
 
     @property
     def main_metric(self) -> str:
-        first = get_task(self.predictor.task_name).metrics[0]
+        first = self.predictor.task.metrics[0]
         return first if len(self.dev_splits) == 1 else f"{self._prefix(self.dev_splits[0])}{first}"
 
     def _prefix(self, split: str) -> str:
@@ -114,7 +117,7 @@ class GlueDev:
             metrics.update(
                 {
                     self._prefix(split) + k: v
-                    for k, v in score(self.predictor.task_name, pred, gold).items()
+                    for k, v in score(self.predictor.task, pred, gold).items()
                 }
             )
         return metrics
@@ -148,10 +151,10 @@ def batch_width_multiple(
 
 
 def _checkpoint_meta(
-    config: FinetuneConfig, model: ModelConfig, ctx: ParallelContext
+    config: FinetuneConfig, task: GlueTask, model: ModelConfig, ctx: ParallelContext
 ) -> dict[str, Any]:
-    """What a fine-tuning checkpoint records: the model, the layout, the task and its labels."""
-    task = get_task(config.task)
+    """What a fine-tuning checkpoint records: the model, the layout, the task and its labels
+    (the HF export's id2label)."""
     return store.checkpoint_meta(
         model,
         config.parallel,
@@ -166,6 +169,7 @@ def _checkpoint_meta(
 
 def _train_steps(
     config: FinetuneConfig,
+    task: GlueTask,
     ctx: ParallelContext,
     examples: Any,
     pad_id: int,
@@ -182,13 +186,14 @@ def _train_steps(
         seed=config.parallel.seed,
         group_by_length=config.data.group_by_length,
         pad_id=pad_id,
-        regression=get_task(config.task).labels is None,
+        regression=task.labels is None,
         pad_multiple=pad_multiple,
     )
 
 
 def _evaluation(
     config: FinetuneConfig,
+    task: GlueTask,
     ctx: ParallelContext,
     splits: dict[str, Any],
     pad_id: int,
@@ -198,11 +203,11 @@ def _evaluation(
     run_dir: Path,
 ) -> tuple[GlueDev, Callable[[int], None]]:
     """The dev evaluator and what the best evaluation writes (the test splits' predictions)."""
-    task, data = get_task(config.task), config.data
+    data = config.data
     predictor = GluePredictor(
         runner,
         splits,
-        task_name=config.task,
+        task=task,
         # prediction keeps no activations for backward, so twice the training micro-batch's
         # worst case fits; measured on CPU (MiniLM, 2 cores, TP=1 and TP=2) faster than 1x or 4x
         token_budget=2 * micro * data.max_length,
@@ -216,8 +221,8 @@ def _evaluation(
         for split in test_splits(task, data):
             pred, index = predictor.predict(split)
             if ctx.is_main:
-                name = submission_name(config.task, split)
-                write_submission(run_dir / "predictions" / f"{name}.tsv", config.task, pred, index)
+                name = submission_name(task, split)
+                write_submission(run_dir / "predictions" / f"{name}.tsv", task, pred, index)
 
     return evaluator, write_predictions
 
@@ -269,13 +274,13 @@ def finetuning_workload(config: FinetuneConfig) -> Workload:
     source = read_model_source(Path(config.init), "init")
     overrides: dict[str, Any] = config.model.given()
     model = replace(source.config, **overrides)
-    return Workload.finetuning(config, model, get_task(config.task).num_labels)
+    return Workload.finetuning(config, model, finetune_task(config.task, config.data).num_labels)
 
 
 def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Path) -> Trainer:
     """Load the model and the task's splits, parallelize; the loop runs it."""
     t, data = config.trainer, config.data
-    task = get_task(config.task)
+    task = finetune_task(config.task, data)
     model, tokenizer_path = load_classifier(
         Path(config.init), ctx, num_labels=task.num_labels, overrides=config.model.given()
     )
@@ -284,16 +289,16 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
     tokenizer.check_bert_specials()
     tokenizer.check_vocab(model.config.vocab_size)
     splits = {
-        split: load_examples(config.task, data, split, tokenizer, rank=ctx.rank)
+        split: load_examples(task, data, split, tokenizer, rank=ctx.rank)
         for split in ("train", *dev_splits(task, data), *test_splits(task, data))
     }
     pad_multiple = batch_width_multiple(
         data.pad_to_multiple_of, data.max_length, ctx, model.config.max_position_embeddings
     )
-    train = _train_steps(config, ctx, splits["train"], tokenizer.pad_id, micro, pad_multiple)
+    train = _train_steps(config, task, ctx, splits["train"], tokenizer.pad_id, micro, pad_multiple)
     wrapped = _parallelized(config, ctx, model, train, micro)
     evaluator, write_predictions = _evaluation(
-        config, ctx, splits, tokenizer.pad_id, micro, pad_multiple, wrapped.runner, run_dir
+        config, task, ctx, splits, tokenizer.pad_id, micro, pad_multiple, wrapped.runner, run_dir
     )
     steps = math.ceil(t.epochs * train.steps_per_epoch)
     return Trainer(
@@ -308,7 +313,7 @@ def finetuning_trainer(config: FinetuneConfig, ctx: ParallelContext, run_dir: Pa
             global_batch=t.batch_size,
             peak_lr=scaled_lr(config.optim, t.batch_size),
             model_config=model.config,
-            meta=_checkpoint_meta(config, model.config, ctx),
+            meta=_checkpoint_meta(config, task, model.config, ctx),
             eval_every=train.steps_per_epoch,
             steps_per_epoch=train.steps_per_epoch,
             best=BestCheckpoint(evaluator.main_metric, write_predictions),

@@ -4,7 +4,7 @@ needs, and a blend's weights and labels are well formed."""
 from __future__ import annotations
 
 from tpformer.config.rules.choices import check_choices
-from tpformer.config.schema import CorpusConfig, DataConfig, SentencePairs
+from tpformer.config.schema import CorpusConfig, DataConfig, GlueDataConfig, SentencePairs
 
 
 def _validate_corpus(corpus: CorpusConfig, key: str, tokenizer: str) -> None:
@@ -77,3 +77,29 @@ def validate_packing(data: DataConfig, arch: str, context: int) -> None:
             f"data.pack=true packs MLM-only samples; data.sentence_pairs="
             f"{data.sentence_pairs.value} makes sentence pairs: set data.sentence_pairs=none"
         )
+
+
+OWN_TASK_KEYS = ("text_column", "text_pair_column", "label_column", "labels")
+
+
+def validate_task_data(task: str, data: GlueDataConfig) -> None:
+    """A GLUE task reads its own columns; classification/regression read the user's files by
+    the columns named in data.*."""
+    defaults = GlueDataConfig()
+    if task not in ("classification", "regression"):
+        given = [k for k in OWN_TASK_KEYS if getattr(data, k) != getattr(defaults, k)]
+        if given:
+            raise ValueError(
+                f"data.{given[0]} applies to task=classification or task=regression; "
+                f"task={task} reads GLUE's own columns"
+            )
+        return
+    missing = [k for k in ("train_file", "dev_file") if not getattr(data, k)]
+    if missing or data.glue_dir:
+        raise ValueError(
+            f"task={task} reads your own files: set data.train_file and data.dev_file (and "
+            "optionally data.test_file) to CSV/TSV/JSON(L)/parquet files"
+            + (f"; data.glue_dir={data.glue_dir} is for GLUE tasks" if data.glue_dir else "")
+        )
+    if task == "regression" and data.labels:
+        raise ValueError(f"data.labels={list(data.labels)} applies to task=classification")

@@ -160,7 +160,9 @@ class ClassifierPooling(Choice):
     mean = "mean"
 
 
-class GlueTaskName(Choice):
+class FinetuneTaskName(Choice):
+    """A GLUE task, or classification / regression on the user's own files."""
+
     cola = "cola"
     sst2 = "sst2"
     mrpc = "mrpc"
@@ -170,6 +172,8 @@ class GlueTaskName(Choice):
     qnli = "qnli"
     rte = "rte"
     wnli = "wnli"
+    classification = "classification"
+    regression = "regression"
 
 
 # OmegaConf looks a string value up by member name, so names must equal values; where a value

@@ -107,17 +107,32 @@ class DataConfig(LoaderConfig, CorpusConfig):
 
 @dataclass
 class GlueDataConfig(LoaderConfig):
-    """Where a GLUE task's files come from and how its rows become batches."""
+    """Where a fine-tuning task's files come from, which of their columns it reads, and how its
+    rows become batches."""
 
     glue_dir: str = ""
     """A directory in the original GLUE layout (<TASK>/train.tsv, dev.tsv, test.tsv); empty:
     the hub dataset nyu-mll/glue (online)."""
     train_file: str = ""
-    """A CSV/TSV/JSON(L)/parquet file with the hub's column names, instead of glue_dir/hub."""
+    """A CSV/TSV/JSON(L)/parquet file: a GLUE task's with the hub's column names (instead of
+    glue_dir/hub); task=classification/regression's with the columns named below."""
     dev_file: str = ""
     """Dev split file, as train_file."""
     test_file: str = ""
-    """Test split file, as train_file (predictions written in GLUE's submission format)."""
+    """Test split file, as train_file (predictions written in GLUE's submission format; for
+    your own task, index and predicted label)."""
+    text_column: str = "text"
+    """task=classification/regression: the column of the text (the first text of a pair)."""
+    text_pair_column: str = ""
+    """task=classification/regression: the column of a pair's second text (empty: single
+    texts)."""
+    label_column: str = "label"
+    """task=classification/regression: the column of the labels (strings or ints; numbers for
+    regression)."""
+    labels: list[str] = field(default_factory=list)
+    """task=classification: the label names in id order ([]: the distinct values of the
+    training file's label column, sorted, as transformers' run_glue takes them). Integer labels
+    in the files are ids into this list."""
     max_length: int = ranged(128, 8, 512)
     """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
     group_by_length: bool = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpformer.config.schema.choices import MISSING, GlueTaskName, SamplingMode, ranged
+from tpformer.config.schema.choices import MISSING, FinetuneTaskName, SamplingMode, ranged
 from tpformer.config.schema.cluster import ClusterConfig
 from tpformer.config.schema.data import DataConfig, GlueDataConfig
 from tpformer.config.schema.model import ModelConfig
@@ -86,10 +86,12 @@ class DryRunConfig:
 
 @dataclass
 class FinetuneConfig:
-    """tpformer-finetune: one GLUE task from a tpformer checkpoint or a Hugging Face BERT."""
+    """tpformer-finetune: a GLUE task, or a classifier or regressor on your own files, from a
+    tpformer checkpoint or a Hugging Face BERT."""
 
-    task: GlueTaskName = MISSING
-    """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli."""
+    task: FinetuneTaskName = MISSING
+    """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli (GLUE); classification or
+    regression on your own files (data.train_file, data.dev_file, data.text_column, ...)."""
     init: str = MISSING
     """A tpformer checkpoint directory (checkpoints/stepN), a Hugging Face BERT directory, or a
     Hugging Face Hub id (bert-base-uncased, org/name@revision; resolved through its cache)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tpformer.config.schema import GlueDataConfig
-from tpformer.data.glue.tasks import GlueTask, get_task, load_split
+from tpformer.data.glue.tasks import GlueTask, load_split
 from tpformer.data.tokenizer import Tokenizer
 
 FEATURES_VERSION = 2
@@ -86,15 +86,15 @@ def test_splits(task: GlueTask, data: GlueDataConfig) -> list[str]:
 
 
 def load_examples(
-    task_name: str, data: GlueDataConfig, split: str, tokenizer: Tokenizer, *, rank: int
+    task: GlueTask, data: GlueDataConfig, split: str, tokenizer: Tokenizer, *, rank: int
 ) -> list[dict]:
-    """Tokenized rows of a split, cached by file content, tokenizer and max_length."""
-    task = get_task(task_name)
+    """Tokenized rows of a split, cached by file content, the task (its columns and labels),
+    tokenizer and max_length."""
     key = hashlib.sha256(
         repr(
             (
                 FEATURES_VERSION,
-                task_name,
+                task,
                 split,
                 data.glue_dir,
                 data.max_length,
@@ -114,13 +114,11 @@ def load_examples(
     cache = (
         Path(data.cache_dir).expanduser()
         / "glue"
-        / f"{task_name}-{split}-{key.hexdigest()[:16]}.pt"
+        / f"{task.name}-{split}-{key.hexdigest()[:16]}.pt"
     )
     if cache.is_file():
         return torch.load(cache)
-    examples = encode(
-        tokenizer, load_split(data.glue_dir, task_name, split, files), data.max_length
-    )
+    examples = encode(tokenizer, load_split(data.glue_dir, task, split, files), data.max_length)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp{rank}")
     torch.save(examples, tmp)

@@ -1,4 +1,5 @@
-"""Test-set predictions in the GLUE benchmark's submission format (index<TAB>prediction)."""
+"""Test-set predictions in the GLUE benchmark's submission format (index<TAB>prediction); the
+user's own task's in the same format, in predictions/test.tsv."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tpformer.data.glue.tasks import get_task
+from tpformer.data.glue.tasks import GlueTask
 
 SUBMISSION = {
     "cola": ["CoLA"],
@@ -22,14 +23,19 @@ SUBMISSION = {
 """File names of the GLUE benchmark's submission format, one per test split."""
 
 
-def submission_name(task_name: str, split: str) -> str:
-    return SUBMISSION[task_name][get_task(task_name).test_splits.index(split)]
+def submission_name(task: GlueTask, split: str) -> str:
+    if task.own:
+        return split
+    return SUBMISSION[task.name][task.test_splits.index(split)]
 
 
-def write_submission(path: Path, task_name: str, pred: torch.Tensor, index: list[int]) -> None:
-    """Class names (or STS-B scores clipped to [0, 5]) per example index."""
-    labels = get_task(task_name).labels
-    if labels is None:
+def write_submission(path: Path, task: GlueTask, pred: torch.Tensor, index: list[int]) -> None:
+    """Class names (or STS-B scores clipped to [0, 5], a regression's as predicted) per example
+    index."""
+    labels = task.labels
+    if labels is None and task.own:
+        values = [f"{p:.6g}" for p in pred.tolist()]
+    elif labels is None:
         values = [f"{min(5.0, max(0.0, p)):.3f}" for p in pred.tolist()]
     else:
         values = [labels[int(p)] for p in pred.tolist()]

@@ -1,13 +1,13 @@
 """GLUE tasks: the original directory layout (<TASK>/train.tsv, dev.tsv, test.tsv with each task's
 own columns and header conventions) read through `datasets`, labels mapped to ids, and the
-official metrics. The fine-tuning loop builds on this.
+official metrics (scikit-learn's and SciPy's). The fine-tuning loop builds on this; a task on
+the user's own files (own.py) is a GlueTask too.
 """
 
 from __future__ import annotations
 
 import csv
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,25 @@ class GlueTask:
     test_splits: tuple[str, ...] = ("test",)
     columns: tuple[str, ...] | None = None
     """Column names of a file without a header row (CoLA's train/dev)."""
+    name: str = ""
+    """task=...: a GLUE task's name, or classification / regression."""
+    own: bool = False
+    """A task on the user's own files: text_a, text_b and label name their columns."""
 
     @property
     def num_labels(self) -> int:
         return 1 if self.labels is None else len(self.labels)
 
+    def file_columns(self) -> tuple[str, str | None, str]:
+        """The text, pair and label columns of a data.*_file: the hub's names for a GLUE task
+        (its TSVs name them otherwise), the given ones for the user's own task."""
+        if self.own:
+            return self.text_a, self.text_b, self.label
+        a, b = HUB_TEXT.get(self.name, ("sentence1", "sentence2"))
+        return a, b, "label"
 
-TASKS: dict[str, GlueTask] = {
+
+_GLUE: dict[str, GlueTask] = {
     "cola": GlueTask(
         "CoLA",
         "sentence",
@@ -71,6 +83,7 @@ TASKS: dict[str, GlueTask] = {
     ),
     "wnli": GlueTask("WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
 }
+TASKS: dict[str, GlueTask] = {name: replace(task, name=name) for name, task in _GLUE.items()}
 
 
 def get_task(name: str) -> GlueTask:
@@ -166,26 +179,30 @@ def read_hub_split(task_name: str, split: str) -> dict[str, Any]:
 BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, Any]:
-    """A split from one CSV/TSV/JSON(L)/parquet file with the hub's column names (sentence,
-    sentence1/sentence2, question/sentence, premise/hypothesis, question1/question2, label);
-    labels may be ids or the task's label strings."""
+def read_table(path: Path) -> Any:
+    """One CSV/TSV/JSON(L)/parquet file as a `datasets` table (TSV unquoted, as GLUE's)."""
     import datasets
 
     quiet_datasets_off_a_terminal()
 
-    task = get_task(task_name)
     path = Path(path).expanduser()
     if path.suffix not in BUILDERS:
         raise ValueError(f"{path}: use a {sorted(BUILDERS)} file")
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing")
     options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix == ".tsv" else {}
-    table = datasets.load_dataset(
+    return datasets.load_dataset(
         BUILDERS[path.suffix], data_files=str(path), split="train", **options
     )
-    a, b = HUB_TEXT.get(task_name, ("sentence1", "sentence2"))
-    wanted = [a, *([b] if b else []), *(["label"] if labeled else [])]
+
+
+def read_file(path: Path, task: GlueTask, *, labeled: bool) -> dict[str, Any]:
+    """A split from one CSV/TSV/JSON(L)/parquet file: a GLUE task's with the hub's column names
+    (sentence, sentence1/sentence2, question/sentence, premise/hypothesis, question1/question2,
+    label), the user's own task's with its named columns; labels may be ids or label strings."""
+    table = read_table(path)
+    a, b, label = task.file_columns()
+    wanted = [a, *([b] if b else []), *([label] if labeled else [])]
     missing = [c for c in wanted if c not in table.column_names]
     if missing:
         raise ValueError(f"{path} has no column {missing[0]!r} (columns: {table.column_names})")
@@ -195,100 +212,117 @@ def read_file(path: Path, task_name: str, *, labeled: bool) -> dict[str, Any]:
         "index": list(table["idx"]) if "idx" in table.column_names else list(range(len(table))),
     }
     if labeled:
-        values = table["label"]
-        if task.labels is not None and all(isinstance(v, int) for v in values):
-            bad = [v for v in values if not 0 <= v < task.num_labels]
-            if bad:
-                raise ValueError(
-                    f"{path}: label {bad[0]} in column 'label' is not one of "
-                    f"{list(range(task.num_labels))}"
-                )
-            rows["label"] = list(values)
-        else:
-            rows["label"] = _label_ids(task, [str(v) for v in values], path)
+        rows["label"] = _file_label_ids(task, list(table[label]), label, path)
     return rows
 
 
+def _file_label_ids(task: GlueTask, values: list, column: str, path: Path) -> list:
+    """A file's labels as ids: label strings by name; ints are ids unless they name a label
+    (the user's own task's labels may be the ints themselves)."""
+    names = set(task.labels or ())
+    ints = all(isinstance(v, int) for v in values)
+    if task.labels is not None and ints and not (task.own and {str(v) for v in values} <= names):
+        bad = [v for v in values if not 0 <= v < task.num_labels]
+        if bad:
+            raise ValueError(
+                f"{path}: label {bad[0]} in column {column!r} is not one of "
+                f"{list(range(task.num_labels))}"
+            )
+        return values
+    return _label_ids(task, [str(v) for v in values], path, column)
+
+
 def load_split(
-    glue_dir: str, task_name: str, split: str, files: dict[str, str] | None = None
+    glue_dir: str, task: GlueTask, split: str, files: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A split from its file in `files` ({"train"|"dev"|"test": path}), else data.glue_dir,
     else the hub."""
     kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
     if files and files.get(kind):
-        return read_file(Path(files[kind]), task_name, labeled=kind != "test")
+        return read_file(Path(files[kind]), task, labeled=kind != "test")
     return (
-        read_split(Path(glue_dir), task_name, split)
+        read_split(Path(glue_dir), task.name, split)
         if glue_dir
-        else read_hub_split(task_name, split)
+        else read_hub_split(task.name, split)
     )
 
 
-def _label_ids(task: GlueTask, values: list[str], path: Path) -> list:
+def _label_ids(task: GlueTask, values: list[str], path: Path, column: str = "") -> list:
+    column = column or task.label
     if task.labels is None:
         try:
             return [float(v) for v in values]
         except ValueError as err:
-            raise ValueError(f"{path}: column {task.label!r} must hold numbers ({err})") from None
+            raise ValueError(f"{path}: column {column!r} must hold numbers ({err})") from None
     ids = {label: i for i, label in enumerate(task.labels)}
     for row, value in enumerate(values):
         if value not in ids:
             raise ValueError(
-                f"{path} row {row + 1}: label {value!r} in column {task.label!r} is "
+                f"{path} row {row + 1}: label {value!r} in column {column!r} is "
                 f"not one of {list(task.labels)}"
             )
     return [ids[v] for v in values]
 
 
 def accuracy(pred: torch.Tensor, gold: torch.Tensor) -> float:
-    return float((pred == gold).double().mean())
+    from sklearn.metrics import accuracy_score
+
+    return float(accuracy_score(gold.numpy(), pred.numpy()))
 
 
 def f1(pred: torch.Tensor, gold: torch.Tensor) -> float:
-    """Binary F1 of class 1."""
-    tp = float(((pred == 1) & (gold == 1)).sum())
-    fp, fn = float(((pred == 1) & (gold == 0)).sum()), float(((pred == 0) & (gold == 1)).sum())
-    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+    """Binary F1 of class 1 (0 when nothing is predicted or gold positive)."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold.numpy(), pred.numpy(), zero_division=0.0))
+
+
+def macro_f1(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    """F1 averaged over the classes present in gold or predictions, each weighing alike."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold.numpy(), pred.numpy(), average="macro", zero_division=0.0))
 
 
 def mcc(pred: torch.Tensor, gold: torch.Tensor) -> float:
-    """Matthews correlation of binary predictions (0 when a marginal is empty)."""
-    tp = float(((pred == 1) & (gold == 1)).sum())
-    tn = float(((pred == 0) & (gold == 0)).sum())
-    fp, fn = float(((pred == 1) & (gold == 0)).sum()), float(((pred == 0) & (gold == 1)).sum())
-    denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    return 0.0 if denominator == 0 else (tp * tn - fp * fn) / denominator
+    """Matthews correlation (0 when a marginal is empty)."""
+    from sklearn.metrics import matthews_corrcoef
+
+    return float(matthews_corrcoef(gold.numpy(), pred.numpy()))
 
 
 def pearson(pred: torch.Tensor, gold: torch.Tensor) -> float:
-    x, y = pred.double() - pred.double().mean(), gold.double() - gold.double().mean()
-    return float((x * y).sum() / (x.norm() * y.norm()))
+    """NaN when either side is constant."""
+    from scipy.stats import pearsonr
 
-
-def _ranks(values: torch.Tensor) -> torch.Tensor:
-    """1-based ranks, ties sharing their average rank (as scipy.stats.rankdata)."""
-    order = values.double().argsort()
-    sorted_values = values.double()[order]
-    ranks = torch.empty_like(sorted_values)
-    i = 0
-    while i < len(sorted_values):
-        j = i
-        while j + 1 < len(sorted_values) and sorted_values[j + 1] == sorted_values[i]:
-            j += 1
-        ranks[i : j + 1] = (i + j) / 2 + 1
-        i = j + 1
-    out = torch.empty_like(ranks)
-    out[order] = ranks
-    return out
+    return _correlation(pearsonr, pred, gold)
 
 
 def spearman(pred: torch.Tensor, gold: torch.Tensor) -> float:
-    return pearson(_ranks(pred), _ranks(gold))
+    """Ties share their average rank. NaN when either side is constant."""
+    from scipy.stats import spearmanr
+
+    return _correlation(spearmanr, pred, gold)
 
 
-METRICS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spearman": spearman}
+def _correlation(function: Any, pred: torch.Tensor, gold: torch.Tensor) -> float:
+    import warnings
+
+    with warnings.catch_warnings():  # a constant side: NaN, said by the value
+        warnings.simplefilter("ignore")
+        return float(function(pred.double().numpy(), gold.double().numpy())[0])
 
 
-def score(task_name: str, pred: torch.Tensor, gold: torch.Tensor) -> dict[str, float]:
-    """The task's official metrics of predictions (class ids, or scores for STS-B)."""
-    return {m: METRICS[m](pred, gold) for m in get_task(task_name).metrics}
+METRICS = {
+    "accuracy": accuracy,
+    "f1": f1,
+    "macro_f1": macro_f1,
+    "mcc": mcc,
+    "pearson": pearson,
+    "spearman": spearman,
+}
+
+
+def score(task: GlueTask, pred: torch.Tensor, gold: torch.Tensor) -> dict[str, float]:
+    """The task's metrics of predictions (class ids, or scores for regression)."""
+    return {m: METRICS[m](pred, gold) for m in task.metrics}
