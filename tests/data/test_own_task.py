@@ -1,0 +1,148 @@
+"""task=classification / task=regression on the user's own files: the labels found or given,
+label values as strings or ints, the columns named by data.*, the errors a user meets early,
+and the metrics (scikit-learn's macro F1 against a count made here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tpformer.config.rules.data import validate_task_data
+from tpformer.config.schema import GlueDataConfig
+from tpformer.data.glue import TASKS, read_file, score
+from tpformer.data.glue.own import finetune_task
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_three_string_labels_of_single_sentences_are_found_sorted(tmp_path: Path) -> None:
+    """The issue's case: a three-class single-sentence file (GLUE's tasks refused label 2)."""
+    train = tmp_path / "train.csv"
+    train.write_text("review,stars\nfine,neutral\ngreat,positive\nawful,negative\nok,neutral\n")
+    data = GlueDataConfig(train_file=str(train), text_column="review", label_column="stars")
+    task = finetune_task("classification", data)
+    assert task.labels == ("negative", "neutral", "positive") and task.num_labels == 3
+    assert (task.text_a, task.text_b, task.metrics) == ("review", None, ("accuracy", "macro_f1"))
+    rows = read_file(train, task, labeled=True)
+    assert rows["text_a"] == ["fine", "great", "awful", "ok"] and rows["text_b"] is None
+    assert rows["label"] == [1, 2, 0, 1]
+
+
+def test_int_labels_are_names_when_found_and_ids_when_given_names(tmp_path: Path) -> None:
+    rows = [
+        {"q": "a", "p": "b", "y": 5},
+        {"q": "c", "p": "d", "y": 0},
+        {"q": "e", "p": "f", "y": 2},
+    ]
+    train = _jsonl(tmp_path / "train.jsonl", rows)
+    data = GlueDataConfig(
+        train_file=str(train), text_column="q", text_pair_column="p", label_column="y"
+    )
+    task = finetune_task("classification", data)
+    assert task.labels == ("0", "2", "5")
+    assert read_file(train, task, labeled=True)["label"] == [2, 0, 1]
+    assert read_file(train, task, labeled=True)["text_b"] == ["b", "d", "f"]
+    ids = _jsonl(
+        tmp_path / "ids.jsonl", [{"q": "a", "p": "b", "y": 1}, {"q": "c", "p": "d", "y": 0}]
+    )
+    named = finetune_task(
+        "classification", GlueDataConfig(**{**vars(data), "labels": ["no", "yes"]})
+    )
+    assert named.labels == ("no", "yes")
+    assert read_file(ids, named, labeled=True)["label"] == [1, 0]  # ints index data.labels
+    many = _jsonl(
+        tmp_path / "many.jsonl", [{"q": "a", "p": "b", "y": 10}, {"q": "c", "p": "d", "y": 9}]
+    )
+    assert finetune_task(  # ints sorted by value, not as strings
+        "classification", GlueDataConfig(**{**vars(data), "train_file": str(many)})
+    ).labels == ("9", "10")
+
+
+def test_regression_reads_numbers_from_its_column(tmp_path: Path) -> None:
+    train = tmp_path / "train.tsv"
+    train.write_text("a\tb\tscore\nx y\tz\t0.25\nw\tv\t3\n")
+    data = GlueDataConfig(
+        train_file=str(train), text_pair_column="b", text_column="a", label_column="score"
+    )
+    task = finetune_task("regression", data)
+    assert (task.labels, task.num_labels, task.metrics) == (None, 1, ("pearson", "spearman"))
+    assert read_file(train, task, labeled=True)["label"] == [0.25, 3.0]
+    train.write_text("a\tb\tscore\nx\tz\thigh\n")
+    with pytest.raises(ValueError, match=r"train.tsv: column 'score' must hold numbers"):
+        read_file(train, task, labeled=True)
+
+
+def test_bad_labels_and_columns_are_named(tmp_path: Path) -> None:
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\nfine,pos\nbad,neg\n")
+    task = finetune_task("classification", GlueDataConfig(train_file=str(train)))
+    dev = tmp_path / "dev.csv"
+    dev.write_text("text,label\nmeh,neutral\n")
+    with pytest.raises(
+        ValueError,
+        match=r"dev.csv row 1: label 'neutral' in column 'label' is not one of \['neg', 'pos'\]",
+    ):
+        read_file(dev, task, labeled=True)
+    one = tmp_path / "one.csv"
+    one.write_text("text,label\nfine,pos\ngood,pos\n")
+    with pytest.raises(
+        ValueError, match=r"needs at least 2 labels; .*one.csv column 'label' holds only \['pos'\]"
+    ):
+        finetune_task("classification", GlueDataConfig(train_file=str(one)))
+    with pytest.raises(
+        ValueError, match=r"train.csv has no column 'stars' .*set data.label_column"
+    ):
+        finetune_task("classification", GlueDataConfig(train_file=str(train), label_column="stars"))
+    with pytest.raises(ValueError, match=r"train.csv has no column 'review'"):
+        read_file(
+            train, finetune_task("regression", GlueDataConfig(text_column="review")), labeled=False
+        )
+
+
+@pytest.mark.parametrize(
+    ("task", "data", "message"),
+    [
+        (
+            "classification",
+            {"dev_file": "d.csv"},
+            r"task=classification reads your own files: set data.train_file and data.dev_file",
+        ),
+        (
+            "regression",
+            {"train_file": "t.csv", "dev_file": "d.csv", "glue_dir": "glue"},
+            r"data.glue_dir=glue is for GLUE tasks",
+        ),
+        (
+            "sst2",
+            {"text_column": "review"},
+            r"data.text_column applies to task=classification or task=regression; task=sst2 reads GLUE's own columns",
+        ),
+        (
+            "regression",
+            {"train_file": "t.csv", "dev_file": "d.csv", "labels": ["a", "b"]},
+            r"data.labels=\['a', 'b'\] applies to task=classification",
+        ),
+    ],
+)
+def test_the_task_and_its_data_keys_must_agree(task: str, data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_task_data(task, GlueDataConfig(**data))
+
+
+def test_macro_f1_is_the_mean_of_the_classes_f1() -> None:
+    pred = torch.tensor([0, 1, 2, 2, 1, 0])
+    gold = torch.tensor([0, 1, 1, 2, 2, 2])
+    # class 0: tp 1 fp 1 fn 0 -> 2/3; class 1: tp 1 fp 1 fn 1 -> 1/2; class 2: tp 1 fp 1 fn 2 -> 2/5
+    own = finetune_task("classification", GlueDataConfig(labels=["a", "b", "c"]))
+    got = score(own, pred, gold)
+    assert got["accuracy"] == pytest.approx(3 / 6)
+    assert got["macro_f1"] == pytest.approx((2 / 3 + 1 / 2 + 2 / 5) / 3)
+    assert score(TASKS["mrpc"], pred.clamp(max=1), gold.clamp(max=1))["f1"] == pytest.approx(
+        2 * 4 / (2 * 4 + 0 + 1)  # class 1 of the clamped rows: tp 4, fp 0, fn 1
+    )
