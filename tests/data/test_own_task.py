@@ -121,7 +121,8 @@ def test_bad_labels_and_columns_are_named(tmp_path: Path) -> None:
         (
             "sst2",
             {"text_column": "review"},
-            r"data.text_column applies to task=classification or task=regression; task=sst2 reads GLUE's own columns",
+            r"data.text_column applies to task=classification or task=regression; task=sst2 "
+            r"reads GLUE.s own columns",
         ),
         (
             "regression",
