@@ -131,8 +131,8 @@ class GlueDataConfig(LoaderConfig):
     regression)."""
     labels: list[str] = field(default_factory=list)
     """task=classification: the label names in id order ([]: the distinct values of the
-    training file's label column, sorted, as transformers' run_glue takes them). Integer labels
-    in the files are ids into this list."""
+    training file's label column, sorted, as transformers' run_glue takes them). An int label
+    that names no label is an id into this list."""
     max_length: int = ranged(128, 8, 512)
     """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
     group_by_length: bool = True
