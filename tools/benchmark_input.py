@@ -64,7 +64,7 @@ def glue_source(batch: int) -> GlueTrainSteps:
         seed=1,
         group_by_length=True,
         pad_id=0,
-        regression=False,
+        float_labels=False,
     )
 
 

@@ -60,7 +60,14 @@ def to_hf(checkpoint: Path, out: Path) -> Path:
     id2label = {int(k): v for k, v in labels.items()} if isinstance(labels, dict) else None
     tokenizer = checkpoint / store.TOKENIZER_DIR
     special_ids = export_tokenizer(tokenizer, out, model.config.arch)
-    save_hf_checkpoint(model, ctx, out, id2label=id2label, special_ids=special_ids)
+    save_hf_checkpoint(
+        model,
+        ctx,
+        out,
+        id2label=id2label,
+        special_ids=special_ids,
+        problem_type=meta.get("problem_type"),
+    )
     return out
 
 

@@ -74,7 +74,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (FINETUNE, ["task=sst2", "init={truncated}", "launcher.nproc_per_node=2"], "init={truncated}: {truncated}/__0_0.distcp has 100 bytes but"),
     (FINETUNE, ["task=sst2", "init={tmp}/none"], "init={tmp}/none is not a directory"),
     (FINETUNE, ["task=classification", "init={bert}"], "task=classification reads your own files: set data.train_file and data.dev_file"),
-    (FINETUNE, ["task=sst2", "init={bert}", "data.label_column=stars"], "data.label_column applies to task=classification or task=regression; task=sst2 reads GLUE's own columns"),
+    (FINETUNE, ["task=sst2", "init={bert}", "data.label_column=stars"], "data.label_column applies to task=classification, regression or multilabel; task=sst2 reads GLUE's own columns"),
     (FINETUNE, ["task=sst2", "init=nobody/no-such-bert@v1"], "init=nobody/no-such-bert@v1 is not a local directory, and the Hugging Face Hub model nobody/no-such-bert@v1 is not in the cache"),
     (FINETUNE, ["task=sst2", "init={bert}", "data.train_file={tmp}/none.tsv"], "data.train_file={tmp}/none.tsv: no such file"),
     (GENERATE, ["init={tmp}/none", "prompt=a"], "init={tmp}/none is not a directory"),

@@ -45,7 +45,7 @@ def test_the_global_batches_do_not_depend_on_the_layout(dp: int, micro: int) -> 
         seed=3,
         group_by_length=True,
         pad_id=0,
-        regression=False,
+        float_labels=False,
     )
     ranks = [
         GlueTrainSteps(
@@ -57,7 +57,7 @@ def test_the_global_batches_do_not_depend_on_the_layout(dp: int, micro: int) -> 
             seed=3,
             group_by_length=True,
             pad_id=0,
-            regression=False,
+            float_labels=False,
         )
         for r in range(dp)
     ]
@@ -90,7 +90,7 @@ def _padded_tokens(group: bool, examples: list[dict]) -> tuple[int, int]:
         seed=1,
         group_by_length=group,
         pad_id=0,
-        regression=False,
+        float_labels=False,
     )
     batches = [steps(s)[0][1] for s in range(steps.steps_per_epoch)]
     return (
@@ -143,7 +143,7 @@ def test_mask_width_is_the_widest_micro_batch_of_every_rank(
             seed=5,
             group_by_length=False,
             pad_id=0,
-            regression=False,
+            float_labels=False,
             pad_multiple=multiple,
         )
         for r in range(dp)

@@ -121,13 +121,13 @@ def test_bad_labels_and_columns_are_named(tmp_path: Path) -> None:
         (
             "sst2",
             {"text_column": "review"},
-            r"data.text_column applies to task=classification or task=regression; task=sst2 "
+            r"data.text_column applies to task=classification, regression or multilabel; task=sst2 "
             r"reads GLUE.s own columns",
         ),
         (
             "regression",
             {"train_file": "t.csv", "dev_file": "d.csv", "labels": ["a", "b"]},
-            r"data.labels=\['a', 'b'\] applies to task=classification",
+            r"data.labels=\['a', 'b'\] applies to task=classification or multilabel",
         ),
     ],
 )
@@ -147,3 +147,51 @@ def test_macro_f1_is_the_mean_of_the_classes_f1() -> None:
     assert score(TASKS["mrpc"], pred.clamp(max=1), gold.clamp(max=1))["f1"] == pytest.approx(
         2 * 4 / (2 * 4 + 0 + 1)  # class 1 of the clamped rows: tp 4, fp 0, fn 1
     )
+
+
+def test_multilabel_rows_are_multi_hot_over_the_labels_found(tmp_path: Path) -> None:
+    rows = [
+        {"text": "a", "topics": ["sport", "news"]},
+        {"text": "b", "topics": []},
+        {"text": "c", "topics": ["art"]},
+    ]
+    train = _jsonl(tmp_path / "train.jsonl", rows)
+    data = GlueDataConfig(train_file=str(train), label_column="topics")
+    task = finetune_task("multilabel", data)
+    assert (task.labels, task.multilabel, task.float_labels) == (
+        ("art", "news", "sport"),
+        True,
+        True,
+    )
+    assert task.metrics == ("micro_f1", "macro_f1", "exact_match")
+    assert read_file(train, task, labeled=True)["label"] == [[0, 1, 1], [0, 0, 0], [1, 0, 0]]
+    bad = _jsonl(
+        tmp_path / "bad.jsonl",
+        [{"text": "a", "topics": ["art"]}, {"text": "b", "topics": ["art", "food"]}],
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"bad.jsonl row 2: label 'food' in column 'topics' is not one of "
+        r"\['art', 'news', 'sport'\]",
+    ):
+        read_file(bad, task, labeled=True)
+    csv = tmp_path / "flat.csv"
+    csv.write_text("text,topics\na,art\n")
+    with pytest.raises(
+        ValueError,
+        match=r"flat.csv row 1: column 'topics' holds 'art'; task=multilabel reads a list of "
+        r"labels per row",
+    ):
+        read_file(csv, task, labeled=True)
+
+
+def test_multilabel_metrics_pool_or_average_the_labels() -> None:
+    gold = torch.tensor([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]]).float()
+    pred = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1], [0, 0, 1]]).float()
+    # label 0: tp 2 -> F1 1; label 1: tp 1 fn 1 -> 2/3; label 2: tp 1 fp 1 fn 1 -> 1/2
+    # pooled: tp 4, fp 1, fn 2 -> 8 / 11; whole rows right: 2 of 4
+    own = finetune_task("multilabel", GlueDataConfig(labels=["a", "b", "c"]))
+    got = score(own, pred, gold)
+    assert got["micro_f1"] == pytest.approx(8 / 11)
+    assert got["macro_f1"] == pytest.approx((1 + 2 / 3 + 1 / 2) / 3)
+    assert got["exact_match"] == pytest.approx(2 / 4)

@@ -274,9 +274,11 @@ def save_hf_checkpoint(
     *,
     id2label: dict[int, str] | None = None,
     special_ids: dict[str, int | None] | None = None,
+    problem_type: str | None = None,
 ) -> None:
     """Write `model` as a HF directory that transformers' from_pretrained loads; a classifier
-    records num_labels, `id2label` (and label2id) and the regression problem type (1 label);
+    records num_labels, `id2label` (and label2id) and its problem type (regression for 1
+    label, or `problem_type`: multi_label_classification);
     `special_ids` (pad/bos/eos_token_id, from the exported tokenizer) replace the config's
     defaults (GPT-2's 50256 lies outside a smaller vocabulary).
 
@@ -294,6 +296,8 @@ def save_hf_checkpoint(
         extra["num_labels"] = model.num_labels
         if model.num_labels == 1:
             extra["problem_type"] = "regression"
+        elif problem_type is not None:
+            extra["problem_type"] = problem_type
         if id2label is not None:
             extra["id2label"] = id2label
             extra["label2id"] = {v: k for k, v in id2label.items()}

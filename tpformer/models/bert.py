@@ -329,7 +329,8 @@ class ClassificationOutput:
 class BertForSequenceClassification(_PipelinedBert):
     """BERT: the tanh pooler -> dropout -> linear. ModernBERT (model.pooler=head): the first
     token or the mean over the tokens (model.classifier_pooling) -> dense, activation, norm ->
-    dropout -> linear. Cross-entropy, or MSE regression when num_labels == 1."""
+    dropout -> linear. Cross-entropy; MSE regression when num_labels == 1; binary cross-entropy
+    for float (multi-hot) labels, as transformers infers the problem type."""
 
     def __init__(self, config: ModelConfig, ctx: ParallelContext, *, num_labels: int = 2) -> None:
         super().__init__()
@@ -386,6 +387,8 @@ class BertForSequenceClassification(_PipelinedBert):
             return ClassificationOutput(logits)
         if self.num_labels == 1:
             loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+        elif labels.dtype.is_floating_point:  # multi-hot rows: transformers' multi-label loss
+            loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
         else:
             loss = F.cross_entropy(logits.float(), labels)
         return ClassificationOutput(logits, loss * self.bert.rows.first_token_weight())

@@ -69,25 +69,27 @@ class GluePredictor:
         self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
         self.pad_multiple = pad_multiple
         self.regression = task.labels is None
+        self.multilabel = task.multilabel
 
     @torch.no_grad()
     def predict(self, split: str) -> tuple[torch.Tensor, list[int]]:
-        """Predictions in the split's order, made in length-sorted batches of up to
-        `token_budget` padded tokens. Call with the model in eval mode and its parameters
-        gathered (the loop's evaluate does)."""
+        """Predictions in the split's order (class ids, scores, or multi-hot rows), made in
+        length-sorted batches of up to `token_budget` padded tokens. Call with the model in
+        eval mode and its parameters gathered (the loop's evaluate does)."""
         examples, dp = self.splits[split], self.ctx.dp
-        done: list[tuple[int, float]] = []
+        done: list[tuple[int, Any]] = []
         for indices in prediction_order(
             examples, token_budget=self.token_budget, dp_size=dp.size, dp_rank=dp.rank
         ):
             batch = prediction_batch(examples, indices, self.pad_id, self.pad_multiple)
             logits = self.logits({k: v.to(self.ctx.device) for k, v in batch.items()})
-            out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
+            if self.multilabel:  # each label on when its sigmoid passes 0.5
+                out = (logits > 0).float()
+            else:
+                out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
             done += zip(indices, out.float().cpu().tolist())
-        preds = torch.empty(len(examples))
-        for part in all_gather_object(done, dp):
-            for i, p in part:
-                preds[i] = p
+        by_index = dict(p for part in all_gather_object(done, dp) for p in part)
+        preds = torch.tensor([by_index[i] for i in range(len(examples))], dtype=torch.float)
         return preds, [e["index"] for e in examples]
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -164,6 +166,7 @@ def _checkpoint_meta(
         num_labels=task.num_labels,
         glue_task=config.task,
         id2label=dict(enumerate(task.labels)) if task.labels else {0: "score"},
+        **({"problem_type": "multi_label_classification"} if task.multilabel else {}),
     )
 
 
@@ -186,7 +189,7 @@ def _train_steps(
         seed=config.parallel.seed,
         group_by_length=config.data.group_by_length,
         pad_id=pad_id,
-        regression=task.labels is None,
+        float_labels=task.float_labels,
         pad_multiple=pad_multiple,
     )
 

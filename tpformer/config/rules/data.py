@@ -83,14 +83,14 @@ OWN_TASK_KEYS = ("text_column", "text_pair_column", "label_column", "labels")
 
 
 def validate_task_data(task: str, data: GlueDataConfig) -> None:
-    """A GLUE task reads its own columns; classification/regression read the user's files by
-    the columns named in data.*."""
+    """A GLUE task reads its own columns; classification, regression and multilabel read the
+    user's files by the columns named in data.*."""
     defaults = GlueDataConfig()
-    if task not in ("classification", "regression"):
+    if task not in ("classification", "regression", "multilabel"):
         given = [k for k in OWN_TASK_KEYS if getattr(data, k) != getattr(defaults, k)]
         if given:
             raise ValueError(
-                f"data.{given[0]} applies to task=classification or task=regression; "
+                f"data.{given[0]} applies to task=classification, regression or multilabel; "
                 f"task={task} reads GLUE's own columns"
             )
         return
@@ -102,4 +102,6 @@ def validate_task_data(task: str, data: GlueDataConfig) -> None:
             + (f"; data.glue_dir={data.glue_dir} is for GLUE tasks" if data.glue_dir else "")
         )
     if task == "regression" and data.labels:
-        raise ValueError(f"data.labels={list(data.labels)} applies to task=classification")
+        raise ValueError(
+            f"data.labels={list(data.labels)} applies to task=classification or multilabel"
+        )

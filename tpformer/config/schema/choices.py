@@ -161,7 +161,7 @@ class ClassifierPooling(Choice):
 
 
 class FinetuneTaskName(Choice):
-    """A GLUE task, or classification / regression on the user's own files."""
+    """A GLUE task, or classification / regression / multilabel on the user's own files."""
 
     cola = "cola"
     sst2 = "sst2"
@@ -174,6 +174,7 @@ class FinetuneTaskName(Choice):
     wnli = "wnli"
     classification = "classification"
     regression = "regression"
+    multilabel = "multilabel"
 
 
 # OmegaConf looks a string value up by member name, so names must equal values; where a value

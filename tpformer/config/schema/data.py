@@ -115,24 +115,25 @@ class GlueDataConfig(LoaderConfig):
     the hub dataset nyu-mll/glue (online)."""
     train_file: str = ""
     """A CSV/TSV/JSON(L)/parquet file: a GLUE task's with the hub's column names (instead of
-    glue_dir/hub); task=classification/regression's with the columns named below."""
+    glue_dir/hub); your own task's (task=classification, regression, multilabel) with the
+    columns named below."""
     dev_file: str = ""
     """Dev split file, as train_file."""
     test_file: str = ""
     """Test split file, as train_file (predictions written in GLUE's submission format; for
     your own task, index and predicted label)."""
     text_column: str = "text"
-    """task=classification/regression: the column of the text (the first text of a pair)."""
+    """Your own task: the column of the text (the first text of a pair)."""
     text_pair_column: str = ""
-    """task=classification/regression: the column of a pair's second text (empty: single
+    """Your own task: the column of a pair's second text (empty: single
     texts)."""
     label_column: str = "label"
-    """task=classification/regression: the column of the labels (strings or ints; numbers for
-    regression)."""
+    """Your own task: the column of the labels (strings or ints; numbers for regression; a
+    list of them per row for multilabel)."""
     labels: list[str] = field(default_factory=list)
-    """task=classification: the label names in id order ([]: the distinct values of the
-    training file's label column, sorted, as transformers' run_glue takes them). An int label
-    that names no label is an id into this list."""
+    """task=classification or multilabel: the label names in id order ([]: the distinct values
+    of the training file's label column, sorted, as transformers' run_glue takes them). An int
+    label that names no label is an id into this list."""
     max_length: int = ranged(128, 8, 512)
     """Tokens per example at most ([CLS] a [SEP] b [SEP], longest segment truncated first)."""
     group_by_length: bool = True

@@ -90,8 +90,9 @@ class FinetuneConfig:
     tpformer checkpoint or a Hugging Face BERT."""
 
     task: FinetuneTaskName = MISSING
-    """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli (GLUE); classification or
-    regression on your own files (data.train_file, data.dev_file, data.text_column, ...)."""
+    """cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli (GLUE); classification,
+    regression or multilabel on your own files (data.train_file, data.dev_file,
+    data.text_column, ...)."""
     init: str = MISSING
     """A tpformer checkpoint directory (checkpoints/stepN), a Hugging Face BERT directory, or a
     Hugging Face Hub id (bert-base-uncased, org/name@revision; resolved through its cache)."""

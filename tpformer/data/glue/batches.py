@@ -67,12 +67,13 @@ class GlueTrainSteps:
         seed: int,
         group_by_length: bool,
         pad_id: int,
-        regression: bool,
+        float_labels: bool,
         pad_multiple: int = 1,
     ) -> None:
         self.examples, self.batch_size, self.micro = examples, batch_size, micro_batch_size
         self.dp_size, self.dp_rank, self.seed = dp_size, dp_rank, seed
-        self.group_by_length, self.pad_id, self.regression = group_by_length, pad_id, regression
+        self.group_by_length, self.pad_id = group_by_length, pad_id
+        self.float_labels = float_labels
         self.pad_multiple = pad_multiple
         self.lengths = [len(e["input_ids"]) for e in examples]
         self.steps_per_epoch = math.ceil(len(examples) / batch_size)
@@ -110,7 +111,7 @@ class GlueTrainSteps:
                 collate(
                     [self.examples[i] for i in mine[m : m + self.micro]],
                     self.pad_id,
-                    self.regression,
+                    self.float_labels,
                     self.pad_multiple,
                 ),
             )

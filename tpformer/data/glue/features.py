@@ -43,9 +43,10 @@ def encode(tokenizer: Tokenizer, rows: dict[str, list], max_length: int) -> list
 
 
 def collate(
-    examples: list[dict], pad_id: int, regression: bool, multiple: int = 1
+    examples: list[dict], pad_id: int, float_labels: bool, multiple: int = 1
 ) -> dict[str, torch.Tensor]:
-    """Pad to the longest row of this micro-batch (rounded up to `multiple`), not to max_length."""
+    """Pad to the longest row of this micro-batch (rounded up to `multiple`), not to max_length.
+    Labels: class ids, or floats (regression scores, multi-hot rows)."""
     width = max(len(e["input_ids"]) for e in examples)
     width += -width % multiple
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -59,7 +60,7 @@ def collate(
     batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
     if "label" in examples[0]:
         batch["labels"] = torch.tensor(
-            [e["label"] for e in examples], dtype=torch.float if regression else torch.long
+            [e["label"] for e in examples], dtype=torch.float if float_labels else torch.long
         )
     return batch
 

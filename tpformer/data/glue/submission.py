@@ -30,10 +30,12 @@ def submission_name(task: GlueTask, split: str) -> str:
 
 
 def write_submission(path: Path, task: GlueTask, pred: torch.Tensor, index: list[int]) -> None:
-    """Class names (or STS-B scores clipped to [0, 5], a regression's as predicted) per example
-    index."""
+    """Class names (or STS-B scores clipped to [0, 5], a regression's as predicted, a
+    multi-label row's names joined by commas) per example index."""
     labels = task.labels
-    if labels is None and task.own:
+    if labels is not None and task.multilabel:
+        values = [",".join(labels[i] for i, on in enumerate(p) if on) for p in pred.tolist()]
+    elif labels is None and task.own:
         values = [f"{p:.6g}" for p in pred.tolist()]
     elif labels is None:
         values = [f"{min(5.0, max(0.0, p)):.3f}" for p in pred.tolist()]

@@ -35,10 +35,17 @@ class GlueTask:
     """task=...: a GLUE task's name, or classification / regression."""
     own: bool = False
     """A task on the user's own files: text_a, text_b and label name their columns."""
+    multilabel: bool = False
+    """Each example holds any subset of the labels (a multi-hot row, binary cross-entropy)."""
 
     @property
     def num_labels(self) -> int:
         return 1 if self.labels is None else len(self.labels)
+
+    @property
+    def float_labels(self) -> bool:
+        """Regression scores or multi-hot rows (else class ids)."""
+        return self.labels is None or self.multilabel
 
     def file_columns(self) -> tuple[str, str | None, str]:
         """The text, pair and label columns of a data.*_file: the hub's names for a GLUE task
@@ -218,7 +225,10 @@ def read_file(path: Path, task: GlueTask, *, labeled: bool) -> dict[str, Any]:
 
 def _file_label_ids(task: GlueTask, values: list, column: str, path: Path) -> list:
     """A file's labels as ids: label strings by name; ints are ids unless they name a label
-    (the user's own task's labels may be the ints themselves)."""
+    (the user's own task's labels may be the ints themselves). Multi-label rows: lists of
+    them, as multi-hot rows."""
+    if task.multilabel:
+        return _multi_hot(task, values, column, path)
     names = set(task.labels or ())
     ints = all(isinstance(v, int) for v in values)
     if task.labels is not None and ints and not (task.own and {str(v) for v in values} <= names):
@@ -245,6 +255,32 @@ def load_split(
         if glue_dir
         else read_hub_split(task.name, split)
     )
+
+
+def _multi_hot(task: GlueTask, values: list, column: str, path: Path) -> list[list[float]]:
+    for row, value in enumerate(values):
+        if not isinstance(value, list):
+            raise ValueError(
+                f"{path} row {row + 1}: column {column!r} holds {value!r}; task=multilabel "
+                f'reads a list of labels per row (JSON lines: {{{column!r}: ["a", "b"]}})'
+            )
+    names = set(task.labels or ())
+    for row, value in enumerate(values):
+        unknown = [v for v in value if isinstance(v, str) and v not in names]
+        if unknown:
+            raise ValueError(
+                f"{path} row {row + 1}: label {unknown[0]!r} in column {column!r} is not one "
+                f"of {list(task.labels or ())}"
+            )
+    flat = [v for value in values for v in value]
+    ids = iter(_file_label_ids(replace(task, multilabel=False), flat, column, path))
+    rows = []
+    for value in values:
+        hot = [0.0] * task.num_labels
+        for _ in value:
+            hot[next(ids)] = 1.0
+        rows.append(hot)
+    return rows
 
 
 def _label_ids(task: GlueTask, values: list[str], path: Path, column: str = "") -> list:
@@ -278,10 +314,28 @@ def f1(pred: torch.Tensor, gold: torch.Tensor) -> float:
 
 
 def macro_f1(pred: torch.Tensor, gold: torch.Tensor) -> float:
-    """F1 averaged over the classes present in gold or predictions, each weighing alike."""
+    """F1 averaged over the classes (multi-label: over the labels), each weighing alike."""
     from sklearn.metrics import f1_score
 
-    return float(f1_score(gold.numpy(), pred.numpy(), average="macro", zero_division=0.0))
+    return float(
+        f1_score(gold.long().numpy(), pred.long().numpy(), average="macro", zero_division=0.0)
+    )
+
+
+def micro_f1(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    """Multi-label: F1 of every (example, label) decision pooled."""
+    from sklearn.metrics import f1_score
+
+    return float(
+        f1_score(gold.long().numpy(), pred.long().numpy(), average="micro", zero_division=0.0)
+    )
+
+
+def exact_match(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    """Multi-label: the share of examples whose whole label set is right (subset accuracy)."""
+    from sklearn.metrics import accuracy_score
+
+    return float(accuracy_score(gold.long().numpy(), pred.long().numpy()))
 
 
 def mcc(pred: torch.Tensor, gold: torch.Tensor) -> float:
@@ -317,6 +371,8 @@ METRICS = {
     "accuracy": accuracy,
     "f1": f1,
     "macro_f1": macro_f1,
+    "micro_f1": micro_f1,
+    "exact_match": exact_match,
     "mcc": mcc,
     "pearson": pearson,
     "spearman": spearman,
