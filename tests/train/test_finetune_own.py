@@ -2,7 +2,7 @@
 string labels over sentence pairs in CSV files, the documented command at TP=2 on 2 processes
 against the same job in one process (losses within FP32_MODEL_REL, the same dev predictions),
 the labels stored in the checkpoint and exported as id2label (transformers predicts the label
-names tpformer wrote); a regression on JSON lines in one process."""
+names tpformer wrote); a regression on JSON lines in one process; multi-label rows at TP=2.
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.train.test_finetune import FILLER, _cli, _predictions, lines_of, writ
 from tpformer.api import compose_config
 from tpformer.parallel.context import ParallelContext
 
-pytestmark = pytest.mark.slow  # console-script runs on 2 ranks
+pytestmark = pytest.mark.slow  # console-script runs, 2 ranks
 
 SENTIMENT = {"good": "positive", "bad": "negative", "sleeps": "neutral"}
 TRAINER = {"epochs": 1, "batch_size": 8}
@@ -132,3 +132,68 @@ def test_own_regression_on_json_lines_runs_the_documented_command(tmp_path: Path
     assert {"pearson", "spearman"} <= set(results["best"]), results
     meta = json.loads(next((tmp_path / "run" / "best").glob("step*/meta.json")).read_text())
     assert (meta["num_labels"], meta["id2label"]) == (1, {"0": "score"})
+
+
+TOPICS = {"good": "mood", "sleeps": "rest", "bad": "mood"}
+
+
+def _topic_rows(n: int, seed: int) -> list[dict]:
+    """The topics are those of the marker words in the text (none, one or two of them)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = rng.choices(FILLER, k=rng.randint(3, 6))
+        markers = rng.sample(sorted(TOPICS), k=rng.randint(0, 2))
+        for word in markers:
+            words.insert(rng.randrange(len(words) + 1), word)
+        rows.append({"text": " ".join(words), "topics": sorted({TOPICS[m] for m in markers})})
+    return rows
+
+
+def test_multilabel_at_tp2_gives_the_one_process_run_and_exports_its_problem_type(
+    tmp_path: Path,
+) -> None:
+    """The documented command in one process, the same composed job at TP=2 through the
+    Python API (run_distributed): the same losses and dev rows; the export is a
+    multi_label_classification model whose sigmoids give tpformer's rows."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tests.dist import run_distributed
+    from tpformer.convert import to_hf
+
+    topics = tmp_path / "topics"
+    topics.mkdir()
+    dev = _topic_rows(12, 6)
+    for split, rows in (("train", _topic_rows(32, 5)), ("dev", dev)):
+        (topics / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, argv = arguments(
+        documented("tpformer-finetune task=multilabel"),
+        {"path/to/bert": str(write_hf_bert(tmp_path / "hf", dropout=0.1))},
+    )
+    job = [*argv, "trainer.epochs=1", "trainer.batch_size=8", f"optim.lr={LR}",
+           f"data.cache_dir={tmp_path}", "trainer.progress=false", "trainer.loggers=[]",
+           "trainer.plot=false"]  # fmt: skip
+    done = _cli([*job, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = compose_config("finetune", *job)
+    config.data.train_file = str(topics / "train.jsonl")  # the job ran in tmp_path
+    config.data.dev_file = str(topics / "dev.jsonl")
+    config.parallel.tensor = 2
+    for pred, loss in run_distributed(_predictions, 2, config, str(tmp_path / "tp2"), tensor=2):
+        records = [json.loads(line) for line in lines_of(tmp_path / "run" / "metrics.jsonl")]
+        assert loss == pytest.approx(
+            [r["loss"] for r in records if not r.get("eval")], rel=FP32_MODEL_REL
+        )
+        rows = pred
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert {"micro_f1", "macro_f1", "exact_match"} <= set(results["best"]), results
+    to_hf(next((tmp_path / "run" / "best").glob("step*")), tmp_path / "exported")
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
+    assert model.config.problem_type == "multi_label_classification"
+    assert model.config.id2label == {0: "mood", 1: "rest"}
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "exported")
+    with torch.no_grad():
+        logits = model(
+            **tokenizer([r["text"] for r in dev], padding=True, return_tensors="pt")
+        ).logits
+    assert torch.equal((logits.sigmoid() > 0.5).float(), rows)
