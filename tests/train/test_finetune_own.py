@@ -2,7 +2,7 @@
 string labels over sentence pairs in CSV files, the documented command at TP=2 on 2 processes
 against the same job in one process (losses within FP32_MODEL_REL, the same dev predictions),
 the labels stored in the checkpoint and exported as id2label (transformers predicts the label
-names tpformer wrote); a regression on JSON lines in one process; multi-label rows at TP=2.
+names tpformer wrote); a regression on JSON lines in one process; multi-label rows at TP=2."""
 
 from __future__ import annotations
 
