@@ -114,6 +114,11 @@ def test_bad_labels_and_columns_are_named(tmp_path: Path) -> None:
             r"task=classification reads your own files: set data.train_file and data.dev_file",
         ),
         (
+            "classification",
+            {"dataset": "imdb", "train_file": "t.csv"},
+            r"data.dataset=imdb and data.train_file both name the data: give one",
+        ),
+        (
             "regression",
             {"train_file": "t.csv", "dev_file": "d.csv", "glue_dir": "glue"},
             r"data.glue_dir=glue is for GLUE tasks",
@@ -195,3 +200,34 @@ def test_multilabel_metrics_pool_or_average_the_labels() -> None:
     assert got["micro_f1"] == pytest.approx(8 / 11)
     assert got["macro_f1"] == pytest.approx((1 + 2 / 3 + 1 / 2) / 3)
     assert got["exact_match"] == pytest.approx(2 / 4)
+
+
+def test_a_hugging_face_dataset_serves_the_splits_by_name(tmp_path: Path) -> None:
+    """data.dataset as load_dataset takes it (here a local directory of split files; a hub id
+    goes the same way through the hub's cache): train, validation as dev, test if present;
+    the labels found in its train split; its fingerprint keys the tokenized cache."""
+    from tests.train.test_finetune import write_hf_bert
+    from tpformer.data.glue.features import load_examples, test_splits
+    from tpformer.data.tokenizer import Tokenizer
+
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    (folder / "train.csv").write_text("text,label\ngood,pos\nbad,neg\nfine,pos\n")
+    (folder / "validation.csv").write_text("text,label\nbad,neg\n")
+    data = GlueDataConfig(dataset=str(folder), cache_dir=str(tmp_path / "cache"))
+    task = finetune_task("classification", data)
+    assert task.labels == ("neg", "pos") and test_splits(task, data) == []
+    tokenizer = Tokenizer(write_hf_bert(tmp_path / "hf"))
+    train = load_examples(task, data, "train", tokenizer, rank=0)
+    assert [e["label"] for e in train] == [1, 0, 1]
+    assert [e["label"] for e in load_examples(task, data, "dev", tokenizer, rank=0)] == [0]
+    (folder / "test.csv").write_text("text\nfine\n")
+    assert test_splits(task, data) == ["test"]
+    assert "label" not in load_examples(task, data, "test", tokenizer, rank=0)[0]
+    (folder / "validation.csv").unlink()
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"data.dataset=.*reviews has no validation or dev split "
+        r"\(splits: \['test', 'train'\]\)",
+    ):
+        load_examples(task, data, "dev", tokenizer, rank=0)

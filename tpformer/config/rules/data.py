@@ -79,7 +79,14 @@ def validate_packing(data: DataConfig, arch: str, context: int) -> None:
         )
 
 
-OWN_TASK_KEYS = ("text_column", "text_pair_column", "label_column", "labels")
+OWN_TASK_KEYS = (
+    "dataset",
+    "dataset_config",
+    "text_column",
+    "text_pair_column",
+    "label_column",
+    "labels",
+)
 
 
 def validate_task_data(task: str, data: GlueDataConfig) -> None:
@@ -94,11 +101,17 @@ def validate_task_data(task: str, data: GlueDataConfig) -> None:
                 f"task={task} reads GLUE's own columns"
             )
         return
-    missing = [k for k in ("train_file", "dev_file") if not getattr(data, k)]
-    if missing or data.glue_dir:
+    files = [k for k in ("train_file", "dev_file", "test_file") if getattr(data, k)]
+    if data.dataset and files:
+        raise ValueError(
+            f"data.dataset={data.dataset} and data.{files[0]} both name the data: give one"
+        )
+    missing = [k for k in ("train_file", "dev_file") if k not in files]
+    if (missing and not data.dataset) or data.glue_dir:
         raise ValueError(
             f"task={task} reads your own files: set data.train_file and data.dev_file (and "
-            "optionally data.test_file) to CSV/TSV/JSON(L)/parquet files"
+            "optionally data.test_file) to CSV/TSV/JSON(L)/parquet files, or data.dataset to "
+            "a Hugging Face dataset"
             + (f"; data.glue_dir={data.glue_dir} is for GLUE tasks" if data.glue_dir else "")
         )
     if task == "regression" and data.labels:

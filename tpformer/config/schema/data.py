@@ -122,6 +122,13 @@ class GlueDataConfig(LoaderConfig):
     test_file: str = ""
     """Test split file, as train_file (predictions written in GLUE's submission format; for
     your own task, index and predicted label)."""
+    dataset: str = ""
+    """Your own task: a Hugging Face dataset instead of the files, as `datasets.load_dataset`
+    takes it: a hub id (its cache; HF_HUB_OFFLINE=1 reads only the cache) or a local directory
+    of split files (train.csv, validation.csv, test.csv, ...). Splits: train, validation (or
+    dev), and test when it has one."""
+    dataset_config: str = ""
+    """The dataset's configuration (load_dataset's second argument; empty: its default)."""
     text_column: str = "text"
     """Your own task: the column of the text (the first text of a pair)."""
     text_pair_column: str = ""

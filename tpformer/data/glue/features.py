@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from tpformer.config.schema import GlueDataConfig
+from tpformer.data.glue.own import dataset_rows, dataset_splits
 from tpformer.data.glue.tasks import GlueTask, load_split
 from tpformer.data.tokenizer import Tokenizer
 
@@ -75,7 +76,10 @@ def dev_splits(task: GlueTask, data: GlueDataConfig) -> tuple[str, ...]:
 
 
 def test_splits(task: GlueTask, data: GlueDataConfig) -> list[str]:
-    """The test splits predicted: those present in glue_dir (or the given test file)."""
+    """The test splits predicted: those present in glue_dir (or the given test file, or the
+    dataset's test split)."""
+    if data.dataset:
+        return ["test"] if "test" in dataset_splits(data) else []
     if data.test_file:
         return list(task.test_splits[:1])
     if data.train_file or data.dev_file:
@@ -104,13 +108,17 @@ def load_examples(
         ).encode()
     )
     kind = "train" if split == "train" else "test" if split.startswith("test") else "dev"
+    rows = None
+    if data.dataset:  # the user's task on a Hugging Face dataset: keyed by its fingerprint
+        rows, fingerprint = dataset_rows(data, task, kind)
+        key.update(f"{data.dataset} {data.dataset_config} {fingerprint}".encode())
     files = split_files(data)
     source = (
         Path(files[kind])
         if files[kind]
         else Path(data.glue_dir).expanduser() / task.directory / f"{split}.tsv"
     )
-    if source.is_file():  # a missing file fails in load_split, by name
+    if rows is None and source.is_file():  # a missing file fails in load_split, by name
         key.update(source.read_bytes())
     cache = (
         Path(data.cache_dir).expanduser()
@@ -119,7 +127,9 @@ def load_examples(
     )
     if cache.is_file():
         return torch.load(cache)
-    examples = encode(tokenizer, load_split(data.glue_dir, task, split, files), data.max_length)
+    if rows is None:
+        rows = load_split(data.glue_dir, task, split, files)
+    examples = encode(tokenizer, rows, data.max_length)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp{rank}")
     torch.save(examples, tmp)

@@ -7,9 +7,11 @@ the same code."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tpformer.config.schema import GlueDataConfig
-from tpformer.data.glue.tasks import GlueTask, get_task, read_table
+from tpformer.data.glue.tasks import GlueTask, get_task, read_table, table_rows
+from tpformer.progress import quiet_datasets_off_a_terminal
 
 OWN_TASKS = ("classification", "regression", "multilabel")
 OWN_METRICS = {
@@ -28,10 +30,10 @@ def finetune_task(name: str, data: GlueDataConfig) -> GlueTask:
         return get_task(name)
     labels = None
     if name != "regression":
-        labels = tuple(data.labels) or labels_in(Path(data.train_file), data.label_column)
+        labels = tuple(data.labels) or labels_in(*source_table(data, "train"), data.label_column)
         if len(labels) < 2:
             raise ValueError(
-                f"task={name} needs at least 2 labels; {data.train_file} column "
+                f"task={name} needs at least 2 labels; {source_table(data, 'train')[1]} column "
                 f"{data.label_column!r} holds only {list(labels)} (set data.labels=[...] to "
                 "name them all)"
             )
@@ -50,13 +52,12 @@ def finetune_task(name: str, data: GlueDataConfig) -> GlueTask:
     )
 
 
-def labels_in(path: Path, column: str) -> tuple[str, ...]:
-    """The distinct values of a file's label column (of its lists' items), sorted (ints by
+def labels_in(table: Any, source: Path | str, column: str) -> tuple[str, ...]:
+    """The distinct values of a table's label column (of its lists' items), sorted (ints by
     value), as strings."""
-    table = read_table(path)
     if column not in table.column_names:
         raise ValueError(
-            f"{path} has no column {column!r} (columns: {table.column_names}); set "
+            f"{source} has no column {column!r} (columns: {table.column_names}); set "
             "data.label_column"
         )
     values = {v for x in table[column] for v in (x if isinstance(x, list) else [x])}
@@ -64,3 +65,37 @@ def labels_in(path: Path, column: str) -> tuple[str, ...]:
         sorted(values) if all(isinstance(v, int) for v in values) else sorted(map(str, values))
     )
     return tuple(str(v) for v in ordered)
+
+
+DATASET_SPLITS = {"train": ("train",), "dev": ("validation", "dev"), "test": ("test",)}
+"""Which split of data.dataset serves each of the job's splits (the first present)."""
+
+
+def source_table(data: GlueDataConfig, kind: str) -> tuple[Any, str]:
+    """The table of the job's `kind` split (train, dev, test) and its name for messages: from
+    data.dataset, else data.<kind>_file. FileNotFoundError when the dataset lacks the split."""
+    if not data.dataset:
+        path = getattr(data, f"{kind}_file")
+        return read_table(Path(path)), path
+    splits = dataset_splits(data)
+    for name in DATASET_SPLITS[kind]:
+        if name in splits:
+            return splits[name], f"data.dataset={data.dataset} split {name}"
+    raise FileNotFoundError(
+        f"data.dataset={data.dataset} has no {' or '.join(DATASET_SPLITS[kind])} split "
+        f"(splits: {sorted(splits)})"
+    )
+
+
+def dataset_splits(data: GlueDataConfig) -> Any:
+    """data.dataset's splits (datasets caches them after the first load)."""
+    import datasets
+
+    quiet_datasets_off_a_terminal()
+    return datasets.load_dataset(data.dataset, data.dataset_config or None)
+
+
+def dataset_rows(data: GlueDataConfig, task: GlueTask, kind: str) -> tuple[dict[str, Any], str]:
+    """A split's rows from data.dataset, and the table's fingerprint (the features' cache key)."""
+    table, source = source_table(data, kind)
+    return table_rows(table, task, labeled=kind != "test", source=source), table._fingerprint

@@ -207,7 +207,12 @@ def read_file(path: Path, task: GlueTask, *, labeled: bool) -> dict[str, Any]:
     """A split from one CSV/TSV/JSON(L)/parquet file: a GLUE task's with the hub's column names
     (sentence, sentence1/sentence2, question/sentence, premise/hypothesis, question1/question2,
     label), the user's own task's with its named columns; labels may be ids or label strings."""
-    table = read_table(path)
+    return table_rows(read_table(path), task, labeled=labeled, source=path)
+
+
+def table_rows(table: Any, task: GlueTask, *, labeled: bool, source: Path | str) -> dict[str, Any]:
+    """A split's rows from a `datasets` table (`source` names it in errors)."""
+    path = source
     a, b, label = task.file_columns()
     wanted = [a, *([b] if b else []), *([label] if labeled else [])]
     missing = [c for c in wanted if c not in table.column_names]
@@ -223,7 +228,7 @@ def read_file(path: Path, task: GlueTask, *, labeled: bool) -> dict[str, Any]:
     return rows
 
 
-def _file_label_ids(task: GlueTask, values: list, column: str, path: Path) -> list:
+def _file_label_ids(task: GlueTask, values: list, column: str, path: Path | str) -> list:
     """A file's labels as ids: label strings by name; ints are ids unless they name a label
     (the user's own task's labels may be the ints themselves). Multi-label rows: lists of
     them, as multi-hot rows."""
@@ -257,7 +262,7 @@ def load_split(
     )
 
 
-def _multi_hot(task: GlueTask, values: list, column: str, path: Path) -> list[list[float]]:
+def _multi_hot(task: GlueTask, values: list, column: str, path: Path | str) -> list[list[float]]:
     for row, value in enumerate(values):
         if not isinstance(value, list):
             raise ValueError(
@@ -283,7 +288,7 @@ def _multi_hot(task: GlueTask, values: list, column: str, path: Path) -> list[li
     return rows
 
 
-def _label_ids(task: GlueTask, values: list[str], path: Path, column: str = "") -> list:
+def _label_ids(task: GlueTask, values: list[str], path: Path | str, column: str = "") -> list:
     column = column or task.label
     if task.labels is None:
         try:
