@@ -124,9 +124,9 @@ class GlueDataConfig(LoaderConfig):
     your own task, index and predicted label)."""
     dataset: str = ""
     """Your own task: a Hugging Face dataset instead of the files, as `datasets.load_dataset`
-    takes it: a hub id (its cache; HF_HUB_OFFLINE=1 reads only the cache) or a local directory
-    of split files (train.csv, validation.csv, test.csv, ...). Splits: train, validation (or
-    dev), and test when it has one."""
+    takes it: a local directory of split files (train.csv, validation.csv, test.csv, ...) or a
+    hub id (datasets' own cache and resolution). Splits: train, validation (or dev), and test
+    when it has one."""
     dataset_config: str = ""
     """The dataset's configuration (load_dataset's second argument; empty: its default)."""
     text_column: str = "text"
