@@ -5,7 +5,9 @@ with --seeds N the mean and standard deviation of each over N seeds.
 
     python tools/make_genre_task.py --out glue_genre         # single sentences (SST-2 layout)
     python tools/make_genre_task.py --out glue_pairs --pairs         # sentence pairs (MRPC layout)
+    python tools/make_genre_task.py --out genre3 --three         # 3 label names, your own files
     python tools/benchmark_finetune.py --task sst2=glue_genre --task mrpc=glue_pairs
+    python tools/benchmark_finetune.py --task classification=genre3 --tp 1
     python tools/benchmark_finetune.py --task sst2=glue_genre --seeds 5 --tp 1 \
         --variant "old=optim.eps=1e-6 optim.weight_decay=0.01 optim.warmup_ratio=0.1 \
 optim.warmup_style=megatron"
@@ -37,7 +39,24 @@ from pathlib import Path
 
 import torch
 
-from tpformer.data.glue import get_task, read_split, score
+from tpformer.config.schema import GlueDataConfig
+from tpformer.data.glue import GlueTask, get_task, read_file, read_split, score
+from tpformer.data.glue.own import OWN_TASKS, finetune_task
+
+
+def task_of(task_name: str, data_dir: str) -> GlueTask:
+    """A GLUE task (data_dir in GLUE's layout), or your own (data_dir/{train,dev}.csv with
+    columns text and label)."""
+    if task_name not in OWN_TASKS:
+        return get_task(task_name)
+    return finetune_task(task_name, GlueDataConfig(train_file=f"{data_dir}/train.csv"))
+
+
+def read_rows(task: GlueTask, data_dir: str, split: str) -> dict:
+    """train or dev rows of the task, as tpformer reads them."""
+    if task.own:
+        return read_file(Path(data_dir) / f"{split}.csv", task, labeled=True)
+    return read_split(Path(data_dir), task.name, task.dev_splits[0] if split == "dev" else split)
 
 
 def default_init() -> str:
@@ -61,10 +80,14 @@ def finetune_transformers(
     torch.set_num_threads(2)
     torch.manual_seed(seed)
     start = time.perf_counter()
-    task = get_task(task_name)
-    train, dev = (read_split(Path(glue_dir), task_name, s) for s in ("train", task.dev_splits[0]))
+    task = task_of(task_name, glue_dir)
+    train, dev = (read_rows(task, glue_dir, s) for s in ("train", "dev"))
     tok = AutoTokenizer.from_pretrained(args.init)
-    model = BertForSequenceClassification.from_pretrained(args.init, num_labels=task.num_labels)
+    model = BertForSequenceClassification.from_pretrained(
+        args.init,
+        num_labels=task.num_labels,
+        problem_type="multi_label_classification" if task.multilabel else None,
+    )
     no_decay = {n for n, _ in model.named_parameters() if "bias" in n or "LayerNorm" in n}
     opt = torch.optim.AdamW(
         [
@@ -108,7 +131,7 @@ def finetune_transformers(
         idx, order = order[: args.batch_size], order[args.batch_size :]
         labels = torch.tensor(
             [train["label"][i] for i in idx],
-            dtype=torch.float if task.labels is None else torch.long,
+            dtype=torch.float if task.float_labels else torch.long,
         )
         loss = model(**encode(train, idx), labels=labels).loss
         loss.backward()
@@ -124,9 +147,12 @@ def finetune_transformers(
                     logits = model(
                         **encode(dev, list(range(s, min(s + 64, len(dev["text_a"])))))
                     ).logits
-                    preds += (
-                        logits.squeeze(-1) if task.labels is None else logits.argmax(-1)
-                    ).tolist()
+                    if task.multilabel:
+                        preds += (logits > 0).float().tolist()
+                    else:
+                        preds += (
+                            logits.squeeze(-1) if task.labels is None else logits.argmax(-1)
+                        ).tolist()
             model.train()
             metrics = score(task, torch.tensor(preds), torch.tensor(dev["label"]))
             print(f"  transformers step {step + 1}: {metrics}", flush=True)
@@ -151,7 +177,11 @@ def finetune_tpformer(
         "tpformer.cli.finetune",
         f"task={task_name}",
         f"init={args.init}",
-        f"data.glue_dir={glue_dir}",
+        *(
+            [f"data.train_file={glue_dir}/train.csv", f"data.dev_file={glue_dir}/dev.csv"]
+            if task_name in OWN_TASKS
+            else [f"data.glue_dir={glue_dir}"]
+        ),
         f"data.max_length={args.max_length}",
         f"data.cache_dir={run / 'cache'}",
         f"optim.lr={args.lr}",
@@ -172,7 +202,7 @@ def finetune_tpformer(
         for line in (run / "metrics.jsonl").read_text().splitlines()
         if "pad_fraction" in line
     ]
-    best = {k: results["best"][k] for k in get_task(task_name).metrics}
+    best = {k: results["best"][k] for k in task_of(task_name, glue_dir).metrics}
     print(
         f"  tpformer TP={tp} {' '.join(overrides)}: best {best}, "
         f"mean pad_fraction {sum(pads) / max(1, len(pads)):.3f}",
@@ -189,7 +219,9 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
-def seed_table(runs: dict[tuple[str, str], list[tuple[dict, float]]], reference: str) -> None:
+def seed_table(
+    runs: dict[tuple[str, str], list[tuple[dict, float]]], reference: str, metrics: dict
+) -> None:
     """Per task and run: the main dev metric's mean +- std over seeds, the difference of means
     against the reference with its standard error, and the mean wall-time ratio."""
     print(
@@ -198,7 +230,7 @@ def seed_table(runs: dict[tuple[str, str], list[tuple[dict, float]]], reference:
     )
     print("|---|---|---|---|---|---|---|")
     for (task_name, run), results in runs.items():
-        metric = get_task(task_name).metrics[0]
+        metric = metrics[task_name]
         values = [metrics[metric] for metrics, _ in results]
         times = [seconds for _, seconds in results]
         ref = runs[(task_name, reference)]
@@ -263,7 +295,8 @@ def main() -> None:
                     runs.setdefault((task_name, label), []).append((ours, our_time))
                     rows.append((task_name, label, ours, our_time, ref_time, whole))
     if args.seeds > 1:
-        seed_table(runs, reference)
+        firsts = {t.split("=")[0]: task_of(*t.split("=", 1)).metrics[0] for t in args.task}
+        seed_table(runs, reference, firsts)
         return
     print("\n| task | run | dev metrics | train + eval | vs transformers | whole run |")
     print("|---|---|---|---|---|---|")

