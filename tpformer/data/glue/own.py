@@ -29,13 +29,17 @@ def finetune_task(name: str, data: GlueDataConfig) -> GlueTask:
     if name not in OWN_TASKS:
         return get_task(name)
     labels = None
-    if name != "regression":
-        labels = tuple(data.labels) or labels_in(*source_table(data, "train"), data.label_column)
+    if name != "regression" and data.labels:
+        labels = tuple(data.labels)
+        if len(labels) < 2:
+            raise ValueError(f"data.labels={list(labels)}: task={name} needs at least 2 labels")
+    elif name != "regression":
+        table, source = source_table(data, "train")
+        labels = labels_in(table, source, data.label_column)
         if len(labels) < 2:
             raise ValueError(
-                f"task={name} needs at least 2 labels; {source_table(data, 'train')[1]} column "
-                f"{data.label_column!r} holds only {list(labels)} (set data.labels=[...] to "
-                "name them all)"
+                f"task={name} needs at least 2 labels; {source} column {data.label_column!r} "
+                f"holds only {list(labels)} (set data.labels=[...] to name them all)"
             )
     return GlueTask(
         directory="",
