@@ -89,7 +89,7 @@ def _keys(cls: type, prefix: str, width: int, node: Any = None) -> list[str]:
         head = f"  {prefix}{f.name} = {shown}"
         values = "a group or null" if record else allowed_values(cls, f).replace("`", "")
         meaning = " ".join(docs.get(f.name, "").split())
-        lines.append(f"{head}  ({values})")
+        lines += textwrap.wrap(f"{head}  ({values})", width, subsequent_indent="        ")
         lines += textwrap.wrap(meaning, width, initial_indent="      ", subsequent_indent="      ")
         if record is not None:  # a variant group (model.rotary): its keys in line
             lines += _keys(record, f"{prefix}{f.name}.", width, child)
