@@ -40,8 +40,9 @@ from pathlib import Path
 import torch
 
 from tpformer.config.schema import GlueDataConfig
+from tpformer.config.schema.choices import OWN_TASKS
 from tpformer.data.glue import GlueTask, get_task, read_file, read_split, score
-from tpformer.data.glue.own import OWN_TASKS, finetune_task
+from tpformer.data.glue.own import finetune_task
 
 
 def task_of(task_name: str, data_dir: str) -> GlueTask:

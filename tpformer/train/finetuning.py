@@ -1,5 +1,5 @@
 """The fine-tuning task: BertForSequenceClassification on a GLUE task or the user's own
-classification or regression files, for the one loop.
+classification, regression or multi-label files, for the one loop.
 
 The model starts from a tpformer checkpoint or a Hugging Face BERT; the task's specifics
 (features, the order of training examples, metrics, submission files) live in
@@ -68,8 +68,6 @@ class GluePredictor:
         self.runner, self.splits, self.task = runner, splits, task
         self.token_budget, self.pad_id, self.ctx = token_budget, pad_id, ctx
         self.pad_multiple = pad_multiple
-        self.regression = task.labels is None
-        self.multilabel = task.multilabel
 
     @torch.no_grad()
     def predict(self, split: str) -> tuple[torch.Tensor, list[int]]:
@@ -83,10 +81,10 @@ class GluePredictor:
         ):
             batch = prediction_batch(examples, indices, self.pad_id, self.pad_multiple)
             logits = self.logits({k: v.to(self.ctx.device) for k, v in batch.items()})
-            if self.multilabel:  # each label on when its sigmoid passes 0.5
+            if self.task.multilabel:  # each label on when its sigmoid passes 0.5
                 out = (logits > 0).float()
             else:
-                out = logits.squeeze(-1) if self.regression else logits.argmax(-1)
+                out = logits.squeeze(-1) if self.task.labels is None else logits.argmax(-1)
             done += zip(indices, out.float().cpu().tolist())
         by_index = dict(p for part in all_gather_object(done, dp) for p in part)
         preds = torch.tensor([by_index[i] for i in range(len(examples))], dtype=torch.float)

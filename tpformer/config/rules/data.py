@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tpformer.config.rules.choices import check_choices
 from tpformer.config.schema import CorpusConfig, DataConfig, GlueDataConfig, SentencePairs
+from tpformer.config.schema.choices import OWN_TASKS
 
 
 def _validate_corpus(corpus: CorpusConfig, key: str, tokenizer: str) -> None:
@@ -93,7 +94,7 @@ def validate_task_data(task: str, data: GlueDataConfig) -> None:
     """A GLUE task reads its own columns; classification, regression and multilabel read the
     user's files by the columns named in data.*."""
     defaults = GlueDataConfig()
-    if task not in ("classification", "regression", "multilabel"):
+    if task not in OWN_TASKS:
         given = [k for k in OWN_TASK_KEYS if getattr(data, k) != getattr(defaults, k)]
         if given:
             raise ValueError(

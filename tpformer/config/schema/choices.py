@@ -177,6 +177,10 @@ class FinetuneTaskName(Choice):
     multilabel = "multilabel"
 
 
+OWN_TASKS = ("classification", "regression", "multilabel")
+"""The FinetuneTaskName values that read the user's own files (data.text_column, ...)."""
+
+
 # OmegaConf looks a string value up by member name, so names must equal values; where a value
 # is no identifier ("1f1b", "optimizer+params", 0) the functional API makes the Enum, and mypy,
 # which cannot read those names, sees the base class.

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from tpformer.config.schema import GlueDataConfig
+from tpformer.config.schema.choices import OWN_TASKS
 from tpformer.data.glue.tasks import GlueTask, get_task, read_table, table_rows
 from tpformer.progress import quiet_datasets_off_a_terminal
 
-OWN_TASKS = ("classification", "regression", "multilabel")
 OWN_METRICS = {
     "classification": ("accuracy", "macro_f1"),
     "regression": ("pearson", "spearman"),

@@ -32,7 +32,7 @@ class GlueTask:
     columns: tuple[str, ...] | None = None
     """Column names of a file without a header row (CoLA's train/dev)."""
     name: str = ""
-    """task=...: a GLUE task's name, or classification / regression."""
+    """task=...: a GLUE task's name, or classification / regression / multilabel."""
     own: bool = False
     """A task on the user's own files: text_a, text_b and label name their columns."""
     multilabel: bool = False
@@ -212,19 +212,18 @@ def read_file(path: Path, task: GlueTask, *, labeled: bool) -> dict[str, Any]:
 
 def table_rows(table: Any, task: GlueTask, *, labeled: bool, source: Path | str) -> dict[str, Any]:
     """A split's rows from a `datasets` table (`source` names it in errors)."""
-    path = source
     a, b, label = task.file_columns()
     wanted = [a, *([b] if b else []), *([label] if labeled else [])]
     missing = [c for c in wanted if c not in table.column_names]
     if missing:
-        raise ValueError(f"{path} has no column {missing[0]!r} (columns: {table.column_names})")
+        raise ValueError(f"{source} has no column {missing[0]!r} (columns: {table.column_names})")
     rows = {
         "text_a": [str(x) for x in table[a]],
         "text_b": [str(x) for x in table[b]] if b else None,
         "index": list(table["idx"]) if "idx" in table.column_names else list(range(len(table))),
     }
     if labeled:
-        rows["label"] = _file_label_ids(task, list(table[label]), label, path)
+        rows["label"] = _file_label_ids(task, list(table[label]), label, source)
     return rows
 
 
