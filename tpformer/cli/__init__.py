@@ -7,3 +7,8 @@ tpformer-convert (convert.py): tpformer checkpoints <-> Hugging Face directories
 
 Nothing below this package imports it.
 """
+
+from tpformer.startup import defer_full_collections, is_console_script
+
+if is_console_script():  # before torch is imported: start-up without full collections
+    defer_full_collections()

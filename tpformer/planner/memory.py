@@ -5,6 +5,7 @@ what the engine allocates by dry runs (tests/train/test_dry_run.py)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -115,18 +116,18 @@ def held_at_backward(
     if c.pp == 1:
         return split[0] * layer + locals_[0] * local + embedding + head
 
-    def kept(vs: int) -> float:
-        ends = (embedding if vs == 0 else 0) + (head if vs == last else boundary)
-        return split[vs] * layer + locals_[vs] * local + ends
+    def ends(vs: int) -> float:
+        return (embedding if vs == 0 else 0) + (head if vs == last else boundary)
 
+    # what a micro-batch in flight keeps on each virtual stage
+    kept = [split[vs] * layer + locals_[vs] * local + ends(vs) for vs in range(last + 1)]
     held = peak = 0.0
-    for action, versions in _walk(work, c, stage):
-        vs = virtual_stage(action.chunk, stage, c.pp)
-        if action.kind == "F":
-            held += kept(vs)
+    for forward, vs, versions in _events(work, c, stage):
+        if forward:
+            held += kept[vs]
         else:
             peak = max(peak, held + (boundary if vs < last else 0) + versions * stash)
-            held -= kept(vs)
+            held -= kept[vs]
     return peak
 
 
@@ -163,21 +164,38 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     return float(area * (work.itemsize if fused else 1))
 
 
-def _walk(work: Workload, c: Candidate, stage: int) -> list[tuple[Action, int]]:
-    """The stage's actions, each with the weight versions stashed when it runs. PipeDream's
-    stream carries micro-batches over from step to step: its steps are walked until the stream
-    is full (p - r in flight), past its first steps from an empty pipeline."""
+def _events(work: Workload, c: Candidate, stage: int) -> tuple[tuple[bool, int, int], ...]:
+    """The stage's actions as (forward?, virtual stage, weight versions stashed when it runs).
+    PipeDream's stream carries micro-batches over from step to step: its steps are walked until
+    the stream is full (p - r in flight), past its first steps from an empty pipeline. The
+    search prices thousands of layouts sharing a few schedules: each is walked once."""
     if c.schedule != "pipedream":
-        return [(a, 0) for a in actions_for(c.schedule, c.pp, c.grad_accum, stage, c.chunks)]
+        return _schedule_events(c.schedule, c.pp, c.grad_accum, stage, c.chunks)
     every = c.grad_accum if work.pipedream_every_step else 1
     steps = 2 + -(-c.pp // c.grad_accum)
-    return pipedream_stash_counts(
-        c.pp,
-        stage,
-        c.grad_accum,
-        steps,
-        every=every,
-        vertical_sync=work.pipedream_vertical_sync,
+    return _pipedream_events(c.pp, stage, c.grad_accum, steps, every, work.pipedream_vertical_sync)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule_events(
+    schedule: str, pp: int, micro: int, stage: int, chunks: int
+) -> tuple[tuple[bool, int, int], ...]:
+    return _as_events([(a, 0) for a in actions_for(schedule, pp, micro, stage, chunks)], stage, pp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipedream_events(
+    pp: int, stage: int, micro: int, steps: int, every: int, vertical_sync: bool
+) -> tuple[tuple[bool, int, int], ...]:
+    walk = pipedream_stash_counts(pp, stage, micro, steps, every=every, vertical_sync=vertical_sync)
+    return _as_events(walk, stage, pp)
+
+
+def _as_events(
+    walk: list[tuple[Action, int]], stage: int, pp: int
+) -> tuple[tuple[bool, int, int], ...]:
+    return tuple(
+        (a.kind == "F", virtual_stage(a.chunk, stage, pp), versions) for a, versions in walk
     )
 
 

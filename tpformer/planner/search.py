@@ -3,6 +3,7 @@ the ones that fit ranked by step time, and for the rest why they lose."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tpformer.config.families import family_of
@@ -44,7 +45,7 @@ class PlanResult:
     def best(self) -> Evaluated:
         return self.ranked[0]
 
-    @property
+    @functools.cached_property  # `tied` asks it of every ranked layout
     def fastest(self) -> float:
         """The fastest predicted step (seconds)."""
         return min(e.time.step for e in self.ranked)  # type: ignore[union-attr]

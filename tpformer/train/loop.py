@@ -33,6 +33,7 @@ from tpformer.parallel.context import ParallelContext
 from tpformer.parallel.control import StopAgreement, agree_any
 from tpformer.parallel.regions import region
 from tpformer.progress import Progress, progress
+from tpformer.startup import end_start_up
 from tpformer.train.callbacks import Callback, Run
 from tpformer.train.checkpointing import STOP_RECORD, Checkpointer
 from tpformer.train.metrics import MetricsWriter
@@ -192,6 +193,7 @@ class Trainer:
             self.loop.profile, self.run_dir, self.ctx.rank, self.ctx.device, first
         )
         self.run.step = first
+        end_start_up()  # a console script's start-up is over: full collections as usual again
         for callback in self.callbacks:
             callback.on_train_begin(self.run)
         step, reason, saved = first - 1, "done", None
