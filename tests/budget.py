@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.quick_tier import mark_over_the_limit
+
 FULL_BUDGET = 480.0
 """The whole suite in reference units: measured 394 (2026-11-29: 1,437 tests, 40.4 min on the
 development machine against a reference of 6.0 s before and 6.2 s after) plus 22%, about the
@@ -146,6 +148,7 @@ def pytest_terminal_summary(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked `sweep` (a layout or case sweep) runs its first case in the quick tier and
     the rest in the slow tier: the inner loop still meets every sweep once."""
+    mark_over_the_limit(config, items)  # tests/quick_tier.py: over the quick tier's limit
     seen: set[tuple[str, str]] = set()
     for item in items:
         if item.get_closest_marker("sweep") is None:

@@ -5,7 +5,6 @@ what the engine allocates by dry runs (tests/train/test_dry_run.py)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -21,16 +20,11 @@ from tpformer.models.costs import (
     layer_params,
     word_embedding_params,
 )
-from tpformer.parallel.pipeline.schedule import (
-    Action,
-    actions_for,
-    pipedream_stash_counts,
-    virtual_stage,
-)
 from tpformer.parallel.random import resolve_rng_mode
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
 from tpformer.planner.layer_memory import LayerShape, fp8_linear_change, layer_activation_bytes
+from tpformer.planner.stage_events import stage_events
 
 
 def rng_mode(work: Workload, cluster: Cluster) -> str:
@@ -122,7 +116,7 @@ def held_at_backward(
     # what a micro-batch in flight keeps on each virtual stage
     kept = [split[vs] * layer + locals_[vs] * local + ends(vs) for vs in range(last + 1)]
     held = peak = 0.0
-    for forward, vs, versions in _events(work, c, stage):
+    for forward, vs, versions in stage_events(work, c, stage):
         if forward:
             held += kept[vs]
         else:
@@ -162,41 +156,6 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
         return 0.0
     area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
     return float(area * (work.itemsize if fused else 1))
-
-
-def _events(work: Workload, c: Candidate, stage: int) -> tuple[tuple[bool, int, int], ...]:
-    """The stage's actions as (forward?, virtual stage, weight versions stashed when it runs).
-    PipeDream's stream carries micro-batches over from step to step: its steps are walked until
-    the stream is full (p - r in flight), past its first steps from an empty pipeline. The
-    search prices thousands of layouts sharing a few schedules: each is walked once."""
-    if c.schedule != "pipedream":
-        return _schedule_events(c.schedule, c.pp, c.grad_accum, stage, c.chunks)
-    every = c.grad_accum if work.pipedream_every_step else 1
-    steps = 2 + -(-c.pp // c.grad_accum)
-    return _pipedream_events(c.pp, stage, c.grad_accum, steps, every, work.pipedream_vertical_sync)
-
-
-@functools.lru_cache(maxsize=4096)
-def _schedule_events(
-    schedule: str, pp: int, micro: int, stage: int, chunks: int
-) -> tuple[tuple[bool, int, int], ...]:
-    return _as_events([(a, 0) for a in actions_for(schedule, pp, micro, stage, chunks)], stage, pp)
-
-
-@functools.lru_cache(maxsize=4096)
-def _pipedream_events(
-    pp: int, stage: int, micro: int, steps: int, every: int, vertical_sync: bool
-) -> tuple[tuple[bool, int, int], ...]:
-    walk = pipedream_stash_counts(pp, stage, micro, steps, every=every, vertical_sync=vertical_sync)
-    return _as_events(walk, stage, pp)
-
-
-def _as_events(
-    walk: list[tuple[Action, int]], stage: int, pp: int
-) -> tuple[tuple[bool, int, int], ...]:
-    return tuple(
-        (a.kind == "F", virtual_stage(a.chunk, stage, pp), versions) for a, versions in walk
-    )
 
 
 @dataclass(frozen=True)
