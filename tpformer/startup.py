@@ -10,9 +10,11 @@ launch pays it, on a laptop and on each GPU of a node.
 `defer_full_collections` (called where a console script's package is imported, before torch)
 leaves the young generations collected as usual and makes full collections rare;
 `end_start_up` (called when training begins) freezes what start-up built, so later full
-collections skip the imported modules and the built model, and restores the thresholds. Neither
-does anything in a process that did not defer: a library user's or a test's own process keeps
-its collector untouched."""
+collections skip the imported modules and the built model, and restores the thresholds. The
+scripts that do not train (plan, convert, generate) keep the deferral to their end: young
+generations are still collected, full collections every FULL_COLLECTIONS_EVERY passes of the
+middle one. Neither call does anything in a process that did not defer: a library user's or a
+test's own process keeps its collector untouched."""
 
 from __future__ import annotations
 
