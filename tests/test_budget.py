@@ -53,3 +53,22 @@ def test_the_budget_is_in_units_of_the_reference_timed_before_and_after() -> Non
 @pytest.mark.slow  # a fresh interpreter importing torch: about 6 s
 def test_the_reference_workload_runs_in_seconds() -> None:
     assert 0.5 < reference_seconds() < 120
+
+
+def test_the_quick_tiers_list_names_tests_that_exist_and_no_sweep() -> None:
+    """Every id in tests/quick_tier.py names a test function of its file, and none is a sweep's
+    (a sweep's first case stays in the quick tier: tests/budget.py)."""
+    import ast
+
+    from tests.quick_tier import OVER_THE_LIMIT
+
+    root = TESTS.parent
+    wrong = []
+    for nodeid in sorted(OVER_THE_LIMIT):
+        path, name = nodeid.split("::")[0], nodeid.split("::")[1].split("[")[0]
+        tree = ast.parse((root / path).read_text()) if (root / path).is_file() else ast.Module()
+        found = [n for n in getattr(tree, "body", []) if isinstance(n, ast.FunctionDef)]
+        test = next((n for n in found if n.name == name), None)
+        if test is None or any("sweep" in ast.unparse(d) for d in test.decorator_list):
+            wrong.append(nodeid)
+    assert not wrong, wrong

@@ -2,10 +2,11 @@
 
 Every console script and every rank it launches imports torch, dynamo, Hydra and often
 transformers first: millions of long-lived objects, and CPython's cyclic collector runs full
-collections over the growing heap meanwhile that free almost nothing (importing torch, dynamo,
-Hydra and transformers on the 2-core development machine: 8.4 -> 7.1 s of CPU with the full
-collections deferred; a tiny one-process `tpformer-pretrain` run 8.0 -> 6.6 s). Every rank of every
-launch pays it, on a laptop and on each GPU of a node.
+collections over the growing heap meanwhile that free almost nothing (on the 2-core development
+machine, importing torch, dynamo, Hydra and transformers: 8.4 -> 7.1 s of CPU with the full
+collections deferred; a tiny one-process `tpformer-pretrain` run, three of each back to back:
+9.3 -> 6.3 s of wall time, 8.0 -> 5.4 s of CPU). Every rank of every launch pays it, on a laptop
+and on each GPU of a node.
 
 `defer_full_collections` (called where a console script's package is imported, before torch)
 leaves the young generations collected as usual and makes full collections rare;

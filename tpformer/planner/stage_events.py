@@ -20,8 +20,7 @@ Events = tuple[tuple[bool, int, int], ...]
 def stage_events(work: Workload, c: Candidate, stage: int) -> Events:
     """The stage's actions as (forward?, virtual stage, weight versions stashed when it runs).
     PipeDream's stream carries micro-batches over from step to step: its steps are walked until
-    the stream is full (p - r in flight), past its first steps from an empty pipeline. The
-    search prices thousands of layouts sharing a few schedules: each is walked once."""
+    the stream is full (p - r in flight), past its first steps from an empty pipeline."""
     if c.schedule != "pipedream":
         return _schedule_events(c.schedule, c.pp, c.grad_accum, stage, c.chunks)
     every = c.grad_accum if work.pipedream_every_step else 1
