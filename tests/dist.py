@@ -72,13 +72,16 @@ def _worker(
         os._exit(1)
 
 
-def _context() -> mp.context.BaseContext:
+def forkserver_context() -> mp.context.BaseContext:
+    """The suite's forkserver: ranks (here) and console scripts (tests/cli/forked.py) fork
+    from it with what they import already loaded."""
     ctx = mp.get_context("forkserver")
     # the training stack too (torch.distributed.checkpoint alone is 0.7 s of imports): every
     # rank is forked with it loaded (measured: 45 s -> 37 s over 12 two-rank training tests);
     # torch._dynamo, which torch.optim imports when the first optimizer is built (about 1 s a
     # rank: 137 s -> 107 s over the checkpoint and ZeRO tests), transformers (the HF tests), and
-    # the suite's inductor settings (tests/inductor_settings.py)
+    # the suite's inductor settings (tests/inductor_settings.py), Hydra and the console
+    # scripts the tests run (tests/cli/forked.py)
     ctx.set_forkserver_preload(
         [
             "torch",
@@ -88,6 +91,9 @@ def _context() -> mp.context.BaseContext:
             "tests.dist",
             "tests.inductor_settings",
             "tpformer.train.pretraining",
+            "tests.cli.forked",
+            "tpformer.cli.pretrain",
+            "tpformer.cli.finetune",
         ]
     )
     return ctx
@@ -122,7 +128,7 @@ def start_ranks(
         pipeline_replicas=list(replicas or []),
     )
     workdir = tempfile.mkdtemp(prefix="tpformer-dist-")
-    mpctx = _context()
+    mpctx = forkserver_context()
     procs = [
         mpctx.Process(target=_worker, args=(fn, args, r, world_size, workdir, config, timeout_s))
         for r in range(world_size)

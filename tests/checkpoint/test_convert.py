@@ -1,7 +1,5 @@
 """tpformer-convert (tpformer.cli.convert): tpformer checkpoint <-> Hugging Face directory."""
 
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,13 +7,12 @@ import pytest
 import torch
 import transformers
 
+from tests.cli.forked import convert
 from tests.tolerances import assert_rel_close
 from tests.train.test_trainer import tiny_config
 from tpformer.parallel.comm import gather_from_tp
 from tpformer.parallel.context import ParallelContext
 from tpformer.train.pretraining import pretraining_trainer
-
-CONVERT = [sys.executable, "-m", "tpformer.cli.convert"]
 
 
 @pytest.mark.slow
@@ -26,7 +23,7 @@ def test_checkpoint_to_hf_and_back(tmp_path: Path) -> None:
     trainer = pretraining_trainer(config, ctx, tmp_path / "run")
     trainer.train()
     checkpoint = tmp_path / "run" / "checkpoints" / "step00000002"
-    subprocess.run([*CONVERT, "to-hf", str(checkpoint), str(tmp_path / "hf")], check=True)
+    convert("to-hf", str(checkpoint), str(tmp_path / "hf"))
 
     hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     ids = torch.randint(5, 128, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -36,9 +33,9 @@ def test_checkpoint_to_hf_and_back(tmp_path: Path) -> None:
         theirs = hf(input_ids=ids).prediction_logits
     assert_rel_close(ours, theirs, 1e-5, "logits after to-hf")
 
-    subprocess.run([*CONVERT, "from-hf", str(tmp_path / "hf"), str(tmp_path / "back")], check=True)
+    convert("from-hf", str(tmp_path / "hf"), str(tmp_path / "back"))
     back = tmp_path / "back" / "checkpoints" / "step00000000"
-    subprocess.run([*CONVERT, "to-hf", str(back), str(tmp_path / "hf2")], check=True)
+    convert("to-hf", str(back), str(tmp_path / "hf2"))
     again = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf2").state_dict()
     for key, tensor in hf.state_dict().items():
         assert torch.equal(again[key], tensor), key

@@ -61,14 +61,13 @@ def run_cases_with_children(
 ) -> tuple[list, list[str]]:
     """run_cases, and per case what its child processes (a launcher's ranks) wrote to the
     runner's own stderr: a rank's traceback is there, not in the case's captured output."""
-    import subprocess
+    from tests.cli.forked import run_script
 
     repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.cli.bad_input_cases"],
+    done = run_script(
+        "tests.cli.bad_input_cases",
+        [],
         input=json.dumps(cases),
-        capture_output=True,
-        text=True,
         timeout=timeout,
         cwd=repo,
         env={**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", **(env or {})},

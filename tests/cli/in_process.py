@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.cli.forked import run_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,11 +70,10 @@ def _run_table(
         cwd = root / str(i)
         cwd.mkdir()
         cases.append([script, [a.replace("{cwd}", str(cwd)) for a in argv], str(cwd)])
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.cli.bad_input_cases"],
+    result = run_script(
+        "tests.cli.bad_input_cases",
+        [],
         input=json.dumps(cases),
-        capture_output=True,
-        text=True,
         timeout=60 + 30 * len(cases),
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "COLUMNS": "100"},

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
+from tests.cli.forked import run_script
 from tests.data.common import write_corpus
 from tests.docs.commands import arguments, documented
 from tests.train.test_trainer import QUIET, REPO
@@ -130,10 +130,8 @@ def _named(command: str, names: dict[str, str]) -> dict[str, str]:
     return {name: here for name, here in names.items() if name in command}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", *args], env=ENV, capture_output=True, text=True, timeout=600
-    )
+def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return run_script(module, args, cwd=Path.cwd(), env=ENV, timeout=600)
 
 
 @pytest.mark.slow  # over ~5 s: the slow tier

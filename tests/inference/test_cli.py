@@ -9,13 +9,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.cli.forked import run_script
 from tests.docs.commands import arguments, documented
 from tests.inference.tiny_gpt2 import save_tiny_gpt2
 from tests.train.test_trainer import QUIET, REPO
@@ -41,14 +41,7 @@ TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mi
 
 
 def _run(module: str, *args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", f"tpformer.cli.{module}", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_script(f"tpformer.cli.{module}", args, cwd=cwd, env=ENV, timeout=600)
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done

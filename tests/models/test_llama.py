@@ -3,14 +3,13 @@ untied LM head) as options of the GPT decoder: Hugging Face `LlamaForCausalLM` c
 written by save_pretrained load at TP=1, 2 and 4 with HF's logits, export back unchanged, and
 refused shapes are named."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
+from tests.cli.forked import convert
 from tests.dist import run_distributed
 from tests.tolerances import assert_rel_close
 from tpformer.interop.families import model_config_from_hf
@@ -200,12 +199,11 @@ def test_the_kv_cache_holds_the_key_value_heads_unexpanded(llama_dir: Path) -> N
 def test_tpformer_convert_takes_a_llama_both_ways(tmp_path: Path) -> None:
     """`tpformer-convert from-hf` makes a tpformer checkpoint of a LlamaForCausalLM directory
     and `to-hf` writes it back: the same tensors, and HF's logits from the round trip."""
-    convert = [sys.executable, "-m", "tpformer.cli.convert"]
     hf = _hf_llama("llama3", kv_heads=2)
     hf.save_pretrained(tmp_path / "hf")
-    subprocess.run([*convert, "from-hf", str(tmp_path / "hf"), str(tmp_path / "ours")], check=True)
+    convert("from-hf", str(tmp_path / "hf"), str(tmp_path / "ours"))
     checkpoint = tmp_path / "ours" / "checkpoints" / "step00000000"
-    subprocess.run([*convert, "to-hf", str(checkpoint), str(tmp_path / "back")], check=True)
+    convert("to-hf", str(checkpoint), str(tmp_path / "back"))
     back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
     for key, tensor in hf.state_dict().items():
         assert torch.equal(back.state_dict()[key], tensor), key

@@ -7,8 +7,6 @@ model fine-tuned by tpformer-finetune and exported predicts like tpformer."""
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from tests.cli.forked import run_script
 from tests.dist import run_distributed
 from tests.docs.commands import arguments, documented
 from tests.tolerances import assert_rel_close
@@ -265,12 +264,12 @@ def test_a_modernbert_finetuned_at_tp2_and_exported_predicts_like_tpformer(
     best = run / "best" / f"step{results['best']['step']:08d}"
     out = tmp_path / "exported"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    converted = subprocess.run(
-        [sys.executable, "-m", "tpformer.cli.convert", *arguments(
+    converted = run_script(
+        "tpformer.cli.convert", arguments(
             documented("tpformer-convert to-hf runs/sst2/best/step00000630 hf/modernbert-sst2"),
             {"runs/sst2/best/step00000630": str(best), "hf/modernbert-sst2": str(out)},
-        )[1]],
-        capture_output=True, text=True, env=env, timeout=300,
+        )[1],
+        cwd=tmp_path, env=env, timeout=300,
     )  # fmt: skip
     assert converted.returncode == 0, converted.stderr[-2000:]
     model, info = transformers.ModernBertForSequenceClassification.from_pretrained(

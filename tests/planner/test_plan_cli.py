@@ -7,11 +7,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli.forked import run_script
 from tests.cli.in_process import outcome, selected_cases
 from tests.docs.commands import arguments, documented
 
@@ -20,14 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def plan(*args: str, cwd: Path | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "tpformer.cli.plan", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_script("tpformer.cli.plan", args, cwd=cwd or Path.cwd(), env=env, timeout=timeout)
 
 
 @pytest.mark.slow  # over 5 s (the quick tier leaves single cases that long to the full run)

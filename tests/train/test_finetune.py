@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cli.forked import run_script
 from tests.data.test_glue import write_glue_file
 from tests.dist import run_distributed
 from tests.docs.commands import arguments, documented
@@ -111,14 +112,7 @@ def write_sst2(root: Path, train: int = 256, dev: int = 64) -> Path:
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "tpformer.cli.finetune", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_script("tpformer.cli.finetune", args, cwd=cwd, env=env, timeout=600)
 
 
 @pytest.mark.slow

@@ -4,12 +4,12 @@ the memory model against measured accounting."""
 import json
 import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.cli.forked import run_script
 from tests.cli.in_process import outcome, selected_cases
 from tests.dist import run_distributed
 from tests.docs.commands import arguments, documented
@@ -141,14 +141,7 @@ def test_memory_model_matches_measured_accounting(stage: int, tmp_path: Path) ->
 
 def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "tpformer.cli.pretrain", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_script("tpformer.cli.pretrain", args, cwd=cwd, env=env, timeout=timeout)
 
 
 @pytest.mark.slow

@@ -38,7 +38,6 @@ def launch_local(
     checkpoint of where they stopped (or finished), else 143 with what was lost."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
 
     from tpformer.cli.failures import collected_failures, failure_line
 
@@ -50,20 +49,13 @@ def launch_local(
             devices,
             kind,
         )
-    args = [
-        "--standalone",
-        f"--nproc-per-node={nproc_per_node}",
-        f"--max-restarts={max_restarts}",
-        "-m",
-        module,
-        *overrides,
-    ]
+    args = [f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}", "-m", module]
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     started = time.time()
     with collected_failures() as folder, _quiet_launcher(restarts=max_restarts > 0):
         os.environ[FAILURE_DIR_VAR] = str(folder)
         try:
-            torchrun(args)
+            _run_torch_launcher(args, module, overrides)
         except ChildFailedError as err:
             failed = {rank: _ending(failure) for rank, failure in err.failures.items()}
             print(f"error: {failure_line(folder, failed)}", file=sys.stderr, flush=True)
@@ -73,6 +65,33 @@ def launch_local(
         finally:
             os.environ.pop(FAILURE_DIR_VAR, None)
     return 0
+
+
+def _run_torch_launcher(args: list[str], module: str, overrides: list[str]) -> None:
+    """torch's launcher (`torchrun --standalone ARGS`) over `module`'s console script: its ranks
+    forked from this process on the CPU (cli/forked_ranks.py), fresh interpreters on GPUs."""
+    import uuid
+
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    from tpformer.cli.forked_ranks import can_fork_ranks, run_rank
+
+    parsed = parse_args([*args, *overrides])
+    # --standalone: a c10d rendezvous on a free local port
+    parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.rdzv_id = (
+        "c10d",
+        "localhost:0",
+        str(uuid.uuid4()),
+    )
+    config, command, command_args = config_from_args(parsed)
+    if not can_fork_ranks():
+        elastic_launch(config, entrypoint=command)(*command_args)
+        return
+    config.start_method = "fork"
+    sys.stdout.flush()  # what this process printed must not be printed again by each rank
+    sys.stderr.flush()
+    elastic_launch(config, entrypoint=run_rank)(module, *overrides)
 
 
 def _ending(failure: ProcessFailure) -> str:

@@ -121,6 +121,11 @@ class _JobState:
     started = False
 
 
+def reset_job_state() -> None:
+    """A rank forked from its launcher (cli/forked_ranks.py) starts its own Hydra run."""
+    _JobState.started = False
+
+
 USAGE_ERRORS = (
     ValueError,
     FileNotFoundError,
