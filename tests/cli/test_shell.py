@@ -1,5 +1,6 @@
 """The one shell of every console script: bad input exits 2 with one line, a bug exits 1 with
-its traceback, and every console script of pyproject.toml is built on it."""
+its traceback, every console script of pyproject.toml is built on it, and the local launcher
+forks its CPU ranks (fresh interpreters where a GPU is in use)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,50 @@ def test_only_an_empty_default_run_directory_is_forgotten(
     (kept / "notes.txt").write_text("mine")
     _forget_run_dir(kept)
     assert (kept / "notes.txt").exists()
+
+
+def test_ranks_are_forked_only_where_no_gpu_is_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that has looked for GPUs must not fork ranks that use them: with CUDA each
+    rank is a fresh interpreter, as under torchrun (tests/faults/test_processes.py sees forked
+    ranks on the CPU)."""
+    import torch
+
+    from tpformer.cli.forked_ranks import can_fork_ranks
+
+    assert can_fork_ranks()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not can_fork_ranks()
+
+
+@pytest.mark.slow  # a 2-rank launch of fresh interpreters
+def test_without_fork_the_ranks_are_fresh_interpreters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU path on the CPU: torch's launcher starts `python -u -m tpformer.cli.pretrain`
+    per rank (each rank's own command line), and the run trains as a forked one does."""
+    import json
+
+    from torch.distributed.launcher import api
+
+    from tests.train.test_trainer import TINY
+    from tpformer.cli import forked_ranks
+    from tpformer.cli.launch import launch_local
+
+    entry_points: list[object] = []
+    launch = api.elastic_launch
+
+    def recorded(config: api.LaunchConfig, entrypoint: object) -> api.elastic_launch:
+        entry_points.append((config.start_method, entrypoint))
+        return launch(config, entrypoint)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "elastic_launch", recorded)
+    monkeypatch.setattr(forked_ranks, "can_fork_ranks", lambda: False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    overrides = [*TINY, "trainer.max_steps=2", "trainer.log_every=1", f"hydra.run.dir={tmp_path}"]
+    code = launch_local(
+        "tpformer.cli.pretrain", overrides, nproc_per_node=2, max_restarts=0, run_dir=tmp_path
+    )
+    assert code == 0
+    assert entry_points == [("spawn", sys.executable)]  # a command: `python -u -m ...` a rank
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r and not r.get("eval")] == [1, 2]

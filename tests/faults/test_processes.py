@@ -25,6 +25,11 @@ def test_killed_rank_without_restarts_fails_the_job_quickly(tmp_path: Path) -> N
     with Job(tmp_path, "trainer.max_steps=100000") as job:
         ranks = job.wait_ranks()
         job.wait_for(lambda: _training(job))
+        # on the CPU the ranks are forked from the launcher (cli/forked_ranks.py), each in a
+        # session of its own: the launcher's command line, not `python -u -m ...` of their own
+        launcher = Path(f"/proc/{job.proc.pid}/cmdline").read_bytes()
+        assert all(Path(f"/proc/{r}/cmdline").read_bytes() == launcher for r in ranks)
+        assert all(os.getsid(r) == r for r in ranks), "a forked rank shares the launcher's session"
         os.kill(ranks[1], signal.SIGKILL)
         code, seconds = job.finish(timeout=240)
     assert code == 1, job.output()[-3000:]
