@@ -3,7 +3,7 @@ barrier and process-group creation goes through it (docs/architecture.md, "The r
 hold": the only package that creates process groups or calls a collective). Elsewhere a module may
 use torch.distributed's libraries that are not communication calls: DCP
 (`torch.distributed.checkpoint`), DTensor (`torch.distributed.tensor`) and the launcher
-(`torch.distributed.run`, `.elastic`)."""
+(`torch.distributed.run`, `.elastic`, `.launcher`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tpformer"
 ALLOWED = ("torch.distributed.checkpoint", "torch.distributed.tensor", "torch.distributed.run")
-ALLOWED_PREFIXES = (*ALLOWED, "torch.distributed.elastic")
+ALLOWED_PREFIXES = (*ALLOWED, "torch.distributed.elastic", "torch.distributed.launcher")
 
 
 def _allowed(module: str) -> bool:

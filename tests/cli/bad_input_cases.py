@@ -14,8 +14,6 @@ import os
 import sys
 from pathlib import Path
 
-from tpformer.cli import shell
-
 
 def run_case(
     script: str, argv: list[str], cwd: str, env: dict[str, str] | None = None
@@ -27,7 +25,6 @@ def run_case(
     os.environ.update(env or {})
     os.chdir(cwd)
     sys.argv = [script, *argv]
-    shell._JobState.started = False
     out, err = io.StringIO(), io.StringIO()
     code: object = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -91,8 +91,6 @@ def _script_main(
     argv; then the module as `python -m` runs it. Its exit code is the script's."""
     import torch
 
-    from tpformer.cli.shell import reset_job_state
-
     os.setsid()  # one group with the ranks it forks: a timeout kills them all
     os.chdir(cwd)
     os.environ.clear()
@@ -107,7 +105,6 @@ def _script_main(
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's own)
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
-    reset_job_state()
     sys.argv = [module, *args]
     with warnings.catch_warnings():  # the forkserver imported it: run it as __main__ anyway
         warnings.filterwarnings("ignore", f"'{module}' found in sys.modules", RuntimeWarning)

@@ -34,8 +34,6 @@ def run_rank(module: str, *overrides: str) -> None:
     import torch
     from hydra.core.global_hydra import GlobalHydra
 
-    from tpformer.cli.shell import reset_job_state
-
     os.setsid()  # a session of its own, as torch's launcher gives a rank it starts
     sys.stdout = _unbuffered(1, sys.__stdout__)
     sys.stderr = _unbuffered(2, sys.__stderr__)
@@ -43,7 +41,6 @@ def run_rank(module: str, *overrides: str) -> None:
     if threads.isdigit() and int(threads) > 0:  # libgomp read the variable when torch loaded
         torch.set_num_threads(int(threads))
     GlobalHydra.instance().clear()  # the launcher's own Hydra run composed in this interpreter
-    reset_job_state()
     sys.argv = [sys.argv[0], *overrides]
     with warnings.catch_warnings():  # the launcher imported the module: run it as __main__ anyway
         warnings.filterwarnings("ignore", f"'{module}' found in sys.modules", RuntimeWarning)

@@ -121,11 +121,6 @@ class _JobState:
     started = False
 
 
-def reset_job_state() -> None:
-    """A rank forked from its launcher (cli/forked_ranks.py) starts its own Hydra run."""
-    _JobState.started = False
-
-
 USAGE_ERRORS = (
     ValueError,
     FileNotFoundError,
@@ -147,6 +142,7 @@ def console_script(main: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(main)
     def wrapped(*args: Any, **kwargs: Any) -> None:
+        _JobState.started = False  # a call of its own (a rank forked from its launcher is one)
         try:
             check_renamed(sys.argv[1:])
             main(*args, **kwargs)
