@@ -14,18 +14,16 @@ real subprocess: the forkserver imported those libraries under the suite's own e
 from __future__ import annotations
 
 import contextlib
-import io
 import os
-import runpy
 import signal
 import subprocess
 import sys
 import tempfile
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.dist import forkserver_context
+from tpformer.cli.forked_ranks import as_a_fresh_process, run_module_as_main
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_READ_AT_RUN_TIME = frozenset({"PYTHONPATH", "OMP_NUM_THREADS", "COLUMNS"})
@@ -87,35 +85,16 @@ def _kill_session(pid: int) -> None:
 def _script_main(
     module: str, args: list[str], cwd: str, env: dict[str, str], streams: tuple[str, str, str]
 ) -> None:
-    """In the forked process: the subprocess's session, directory, environment, streams and
-    argv; then the module as `python -m` runs it. Its exit code is the script's."""
-    import torch
-
+    """In the forked process: the subprocess's session, directory, environment and standard
+    streams; then the module as `python -m` runs it. Its exit code is the script's."""
     os.setsid()  # one group with the ranks it forks: a timeout kills them all
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
     for fd, path in enumerate(streams):
         opened = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_TRUNC)
         os.dup2(opened, fd)
         os.close(opened)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's own)
-    sys.stdout = _text_stream(1)
-    sys.stderr = _text_stream(2)
-    sys.argv = [module, *args]
-    with warnings.catch_warnings():  # the forkserver imported it: run it as __main__ anyway
-        warnings.filterwarnings("ignore", f"'{module}' found in sys.modules", RuntimeWarning)
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
-def _text_stream(fd: int) -> io.TextIOWrapper:
-    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", write_through=True)
-
-
-def convert(*args: str) -> None:
-    """`tpformer-convert *args`, which must succeed (its stderr in the failure)."""
-    done = run_script("tpformer.cli.convert", args, cwd=Path.cwd())
-    assert done.returncode == 0, done.stderr[-3000:]
+    as_a_fresh_process()
+    run_module_as_main(module, args)

@@ -27,29 +27,41 @@ import os
 import runpy
 import sys
 import warnings
+from collections.abc import Sequence
 
 
 def run_rank(module: str, *overrides: str) -> None:
     """The body of one forked rank: `python -u -m module overrides...` in this process."""
+    os.setsid()  # a session of its own, as torch's launcher gives a rank it starts
+    as_a_fresh_process()
+    run_module_as_main(module, overrides)
+
+
+def as_a_fresh_process() -> None:
+    """What a forked process inherited and a fresh interpreter would not have: the parent's
+    Python-level streams (a redirection of its own, or unwritten text), the intra-op threads
+    libgomp set from OMP_NUM_THREADS when torch loaded, and the parent's Hydra run."""
     import torch
     from hydra.core.global_hydra import GlobalHydra
 
-    os.setsid()  # a session of its own, as torch's launcher gives a rank it starts
     sys.stdout = _unbuffered(1, sys.__stdout__)
     sys.stderr = _unbuffered(2, sys.__stderr__)
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:  # libgomp read the variable when torch loaded
+    if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    GlobalHydra.instance().clear()  # the launcher's own Hydra run composed in this interpreter
-    sys.argv = [sys.argv[0], *overrides]
-    with warnings.catch_warnings():  # the launcher imported the module: run it as __main__ anyway
+    GlobalHydra.instance().clear()
+
+
+def run_module_as_main(module: str, args: Sequence[str]) -> None:
+    """`python -m module args...` in this process (the module may be imported already)."""
+    sys.argv = [sys.argv[0], *args]
+    with warnings.catch_warnings():  # imported by the parent: run it as __main__ anyway
         warnings.filterwarnings("ignore", f"'{module}' found in sys.modules", RuntimeWarning)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def _unbuffered(fd: int, inherited: object) -> io.TextIOWrapper:
-    """A text stream over `fd` as `python -u` makes it (no buffer, every write passed through):
-    the launcher's own sys.stdout may be a redirection of its own or hold unwritten text."""
+    """A text stream over `fd` as `python -u` makes it (no buffer, every write passed through)."""
     encoding = getattr(inherited, "encoding", None) or "utf-8"
     errors = getattr(inherited, "errors", None) or "backslashreplace"
     raw = io.FileIO(fd, "w", closefd=False)
