@@ -98,3 +98,9 @@ def _script_main(
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's own)
     as_a_fresh_process()
     run_module_as_main(module, args)
+
+
+def convert(*args: str) -> None:
+    """`tpformer-convert *args`, which must succeed (its stderr in the failure)."""
+    done = run_script("tpformer.cli.convert", args, cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr[-3000:]
