@@ -25,7 +25,6 @@ from pathlib import Path
 from tests.dist import forkserver_context
 from tpformer.cli.forked_ranks import as_a_fresh_process, run_module_as_main
 
-REPO = Path(__file__).resolve().parents[2]
 ENV_READ_AT_RUN_TIME = frozenset({"PYTHONPATH", "OMP_NUM_THREADS", "COLUMNS"})
 """Variables that may differ from the suite's own: read when the script runs, not at import."""
 
@@ -67,7 +66,7 @@ def run_script(
 
 
 def _text(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
+    return path.read_text(errors="replace")
 
 
 def _read_at_import(env: Mapping[str, str]) -> bool:

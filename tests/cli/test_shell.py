@@ -124,11 +124,12 @@ def test_without_fork_the_ranks_are_fresh_interpreters(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GPU path on the CPU: torch's launcher starts `python -u -m tpformer.cli.pretrain`
-    per rank (each rank's own command line), and the run trains as a forked one does."""
+    per rank, and the run gives the forked ranks' losses to the last bit (dropout on)."""
     import json
 
     from torch.distributed.launcher import api
 
+    from tests.cli.forked import run_script
     from tests.train.test_trainer import TINY
     from tpformer.cli import forked_ranks
     from tpformer.cli.launch import launch_local
@@ -143,11 +144,28 @@ def test_without_fork_the_ranks_are_fresh_interpreters(
     monkeypatch.setattr(api, "elastic_launch", recorded)
     monkeypatch.setattr(forked_ranks, "can_fork_ranks", lambda: False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    overrides = [*TINY, "trainer.max_steps=2", "trainer.log_every=1", f"hydra.run.dir={tmp_path}"]
+    overrides = [*TINY, "parallel.tensor=2", "trainer.max_steps=2", "trainer.log_every=1"]
+    fresh, forked = tmp_path / "fresh", tmp_path / "forked"
     code = launch_local(
-        "tpformer.cli.pretrain", overrides, nproc_per_node=2, max_restarts=0, run_dir=tmp_path
+        "tpformer.cli.pretrain",
+        [*overrides, f"hydra.run.dir={fresh}"],
+        nproc_per_node=2,
+        max_restarts=0,
+        run_dir=fresh,
     )
     assert code == 0
     assert entry_points == [("spawn", sys.executable)]  # a command: `python -u -m ...` a rank
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r and not r.get("eval")] == [1, 2]
+    done = run_script(  # the CPU path: forked ranks
+        "tpformer.cli.pretrain",
+        [*overrides, "launcher.nproc_per_node=2", f"hydra.run.dir={forked}"],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def losses(run: Path) -> list[tuple[int, float]]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [(r["step"], r["loss"]) for r in map(json.loads, lines) if not r.get("eval")]
+
+    assert [step for step, _ in losses(fresh)] == [1, 2]
+    assert losses(forked) == losses(fresh)

@@ -49,13 +49,12 @@ def launch_local(
             devices,
             kind,
         )
-    args = [f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}", "-m", module]
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     started = time.time()
     with collected_failures() as folder, _quiet_launcher(restarts=max_restarts > 0):
         os.environ[FAILURE_DIR_VAR] = str(folder)
         try:
-            _run_torch_launcher(args, module, overrides)
+            _run_torch_launcher(module, overrides, nproc_per_node, max_restarts)
         except ChildFailedError as err:
             failed = {rank: _ending(failure) for rank, failure in err.failures.items()}
             print(f"error: {failure_line(folder, failed)}", file=sys.stderr, flush=True)
@@ -67,9 +66,12 @@ def launch_local(
     return 0
 
 
-def _run_torch_launcher(args: list[str], module: str, overrides: list[str]) -> None:
-    """torch's launcher (`torchrun --standalone ARGS`) over `module`'s console script: its ranks
-    forked from this process on the CPU (cli/forked_ranks.py), fresh interpreters on GPUs."""
+def _run_torch_launcher(
+    module: str, overrides: list[str], nproc_per_node: int, max_restarts: int
+) -> None:
+    """torch's launcher, as `torchrun --standalone` takes it, over `module`'s console script: its
+    ranks forked from this process on the CPU (cli/forked_ranks.py), fresh interpreters on
+    GPUs."""
     import uuid
 
     from torch.distributed.launcher.api import elastic_launch
@@ -77,7 +79,8 @@ def _run_torch_launcher(args: list[str], module: str, overrides: list[str]) -> N
 
     from tpformer.cli.forked_ranks import can_fork_ranks, run_rank
 
-    parsed = parse_args([*args, *overrides])
+    launch = [f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}"]
+    parsed = parse_args([*launch, "-m", module, *overrides])
     # --standalone: a c10d rendezvous on a free local port
     parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.rdzv_id = (
         "c10d",
