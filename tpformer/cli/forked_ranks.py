@@ -3,13 +3,14 @@ already imported instead of paying the interpreter's start-up again.
 
 `launcher.nproc_per_node=N` on the CPU used to start N fresh `python -u -m <module>` processes,
 each importing torch, dynamo, Hydra and transformers before its first line of work, while the
-launcher that starts them has every one of those modules loaded (a tiny 2-rank
-`tpformer-pretrain` on the 2-core development machine: 8.3-10.3 -> 6.5-6.9 s of CPU forked).
-torch's launcher (`torch.distributed.launcher.elastic_launch`) also takes a function as the entry point and starts it under a multiprocessing start method:
-`fork` gives each rank a copy of the launcher's interpreter, modules and all. The rank then runs
-the console script's module as `python -m` would (`runpy`, `__main__`, its overrides as argv),
-composing its config through Hydra like a fresh process; torch's launcher sets RANK, WORLD_SIZE
-and the rest in it, restarts and watches it as any rank.
+launcher that starts them has every one of those modules loaded (a tiny 2-rank `tpformer-pretrain`
+on the 2-core development machine: 8.3-10.3 -> 6.5-6.9 s of CPU forked). torch's launcher
+(`torch.distributed.launcher.elastic_launch`) also takes a function as the entry point and starts
+it under a multiprocessing start method: `fork` gives each rank a copy of the launcher's
+interpreter, modules and all. The rank then runs the console script's module as `python -m` would
+(`runpy`, `__main__`, its overrides as argv), composing its config through Hydra like a fresh
+process; torch's launcher sets RANK, WORLD_SIZE and the rest in it, restarts and watches it as any
+rank.
 
 Only without CUDA: a process that has touched the CUDA driver (the launcher counts the GPUs)
 must not fork ranks that use it, so on GPUs each rank stays a fresh interpreter, as under
