@@ -106,12 +106,14 @@ def _ending(failure: ProcessFailure) -> str:
 @contextmanager
 def _quiet_launcher(*, restarts: bool) -> Iterator[None]:
     """Without restarts, torch's launcher's own log lines about a failure (the signals it sends,
-    the exit codes, a pointer to its traceback docs) say less than the one line printed after
-    it; with restarts they are the only word of a restarted attempt, and stay."""
+    the exit codes, the forked ranks it terminates, a pointer to its traceback docs) say less
+    than the one line printed after it; with restarts they are the only word of a restarted
+    attempt, and stay."""
     loggers = [
         logging.getLogger(name)
         for name in list(logging.Logger.manager.loggerDict)
-        if name.startswith("torch.distributed.elastic") and not restarts
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing"))
+        and not restarts
     ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:

@@ -9,6 +9,7 @@ import functools
 import logging
 import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -265,6 +266,8 @@ def run_entry_point(
         record_failure(env, ctx.rank, " ".join(str(err).split()) or type(err).__name__)
         sys.exit(1)
     except RuntimeError as err:
+        if lost_a_peer(err):
+            _after_a_lost_peer(ctx.rank, err)
         if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
             raise
         report_collective_timeout(ctx, shared, err, config.launcher.timeout_s)
@@ -324,6 +327,34 @@ def report_collective_timeout(
     if ctx.rank == 0:  # reports of this hang: written within one timeout of this rank's
         since = report.stat().st_mtime - timeout_s
         log.error("%s", gather_summary(run_dir, ctx.layout.world_size, since))
+
+
+PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe")
+"""What gloo says when a peer rank's process is gone (killed, crashed) mid-collective."""
+
+PEER_LOST_GRACE_S = 2.0
+"""How long a rank that lost a peer waits before it exits: the local launcher reports the first
+rank it sees end (every 0.1 s it looks), which must be the peer that ended first, not this one."""
+
+
+def lost_a_peer(err: BaseException) -> bool:
+    """Whether a collective failed because another rank's process ended."""
+    text = str(err).lower()
+    return any(words in text for words in PEER_LOST)
+
+
+def _after_a_lost_peer(rank: int, err: RuntimeError) -> NoReturn:
+    """A consequence, not a cause: one line instead of a traceback, and an exit after the
+    peer's (the launcher ends this rank sooner when it sees the peer gone)."""
+    reason = str(err).strip().splitlines()[0].split(". This is")[0]  # gloo's advice cut
+    log.error(
+        "rank %d lost its connection to another rank, whose process ended first; the launcher "
+        "names it [%s]",
+        rank,
+        reason,
+    )
+    time.sleep(PEER_LOST_GRACE_S)
+    sys.exit(1)
 
 
 JOB_ERRORS = (ValueError, FileNotFoundError, OSError, FloatingPointError)
