@@ -112,8 +112,7 @@ def _quiet_launcher(*, restarts: bool) -> Iterator[None]:
     loggers = [
         logging.getLogger(name)
         for name in list(logging.Logger.manager.loggerDict)
-        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing"))
-        and not restarts
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")) and not restarts
     ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
