@@ -7,10 +7,13 @@ srun) every rank logs its message as before; there is nobody else to print it.""
 from __future__ import annotations
 
 import logging
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from tpformer.parallel.env import LaunchEnv
 
@@ -57,3 +60,31 @@ def _ranks(ranks: list[int]) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe")
+"""What gloo says when a peer rank's process is gone (killed, crashed) mid-collective."""
+
+PEER_LOST_GRACE_S = 2.0
+"""How long a rank that lost a peer waits before it exits: the local launcher reports the first
+rank it sees end (every 0.1 s it looks), which must be the peer that ended first, not this one."""
+
+
+def lost_a_peer(err: BaseException) -> bool:
+    """Whether a collective failed because another rank's process ended."""
+    text = str(err).lower()
+    return any(words in text for words in PEER_LOST)
+
+
+def after_a_lost_peer(rank: int, err: RuntimeError) -> NoReturn:
+    """A consequence, not a cause: one line instead of a traceback, and an exit after the
+    peer's (the launcher ends this rank sooner when it sees the peer gone)."""
+    reason = str(err).strip().splitlines()[0].split(". This is")[0]  # gloo's advice cut
+    log.error(
+        "rank %d lost its connection to another rank, whose process ended first; the launcher "
+        "names it [%s]",
+        rank,
+        reason,
+    )
+    time.sleep(PEER_LOST_GRACE_S)
+    sys.exit(1)

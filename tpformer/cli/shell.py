@@ -9,7 +9,6 @@ import functools
 import logging
 import shutil
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -19,7 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tpformer.cli.failures import record_failure
+from tpformer.cli.failures import after_a_lost_peer, lost_a_peer, record_failure
 from tpformer.cli.launch import launch_local
 from tpformer.config.renamed import check_renamed
 from tpformer.config.rules.choices import check_choices
@@ -267,7 +266,7 @@ def run_entry_point(
         sys.exit(1)
     except RuntimeError as err:
         if lost_a_peer(err):
-            _after_a_lost_peer(ctx.rank, err)
+            after_a_lost_peer(ctx.rank, err)
         if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
             raise
         report_collective_timeout(ctx, shared, err, config.launcher.timeout_s)
@@ -327,34 +326,6 @@ def report_collective_timeout(
     if ctx.rank == 0:  # reports of this hang: written within one timeout of this rank's
         since = report.stat().st_mtime - timeout_s
         log.error("%s", gather_summary(run_dir, ctx.layout.world_size, since))
-
-
-PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe")
-"""What gloo says when a peer rank's process is gone (killed, crashed) mid-collective."""
-
-PEER_LOST_GRACE_S = 2.0
-"""How long a rank that lost a peer waits before it exits: the local launcher reports the first
-rank it sees end (every 0.1 s it looks), which must be the peer that ended first, not this one."""
-
-
-def lost_a_peer(err: BaseException) -> bool:
-    """Whether a collective failed because another rank's process ended."""
-    text = str(err).lower()
-    return any(words in text for words in PEER_LOST)
-
-
-def _after_a_lost_peer(rank: int, err: RuntimeError) -> NoReturn:
-    """A consequence, not a cause: one line instead of a traceback, and an exit after the
-    peer's (the launcher ends this rank sooner when it sees the peer gone)."""
-    reason = str(err).strip().splitlines()[0].split(". This is")[0]  # gloo's advice cut
-    log.error(
-        "rank %d lost its connection to another rank, whose process ended first; the launcher "
-        "names it [%s]",
-        rank,
-        reason,
-    )
-    time.sleep(PEER_LOST_GRACE_S)
-    sys.exit(1)
 
 
 JOB_ERRORS = (ValueError, FileNotFoundError, OSError, FloatingPointError)
