@@ -16,22 +16,30 @@ from tpformer.layers.attention import ParallelSelfAttention
 from tpformer.layers.dropout import assign_dropout_sites
 from tpformer.parallel.comm import all_reduce, count_collectives
 from tpformer.parallel.context import ParallelContext
-from tpformer.parallel.sequence_chunks import context_positions
+from tpformer.parallel.sequence_chunks import context_positions, within_reach
 
 B, HEADS, SEQ, HIDDEN = 2, 4, 16, 32
 DIM = HIDDEN // HEADS
 
 
-def _inputs() -> dict[str, torch.Tensor]:
+def _inputs(window: int = 0) -> dict[str, torch.Tensor]:
+    """q, k, v, the output's gradient and a padding mask: the second sample has 5 padding
+    positions, or with a `window` as many as keep every query a token within its reach (a
+    padding query out of every token's reach attends to nothing: the ring and SDPA give it
+    zeros, the explicit core HF's uniform row; in a model it carries no loss either way)."""
     gen = seeded(7)
     q, k, v, grad = (torch.randn(B, HEADS, SEQ, DIM, generator=gen) for _ in range(4))
-    lengths = torch.tensor([SEQ, SEQ - 5])
+    lengths = torch.tensor([SEQ, SEQ - (min(5, window // 2) if window else 5)])
     padding = torch.arange(SEQ)[None, :] < lengths[:, None]  # [b, s], True = token
     return {"q": q, "k": k, "v": v, "grad": grad, "padding": padding}
 
 
-def _layer(ctx: ParallelContext, causal: bool, dropout: float) -> ParallelSelfAttention:
-    layer = ParallelSelfAttention(HIDDEN, HEADS, ctx, attention_dropout=dropout, causal=causal)
+def _layer(
+    ctx: ParallelContext, causal: bool, dropout: float, window: int = 0
+) -> ParallelSelfAttention:
+    layer = ParallelSelfAttention(
+        HIDDEN, HEADS, ctx, attention_dropout=dropout, causal=causal, window=window
+    )
     assign_dropout_sites(layer)
     ctx.rng.set_position(step=3, sample_offset=5)
     return layer.train()
@@ -46,9 +54,9 @@ def _masks(padding: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Ten
     return full, keys
 
 
-def _run(ctx: ParallelContext, causal: bool, dropout: float) -> dict[str, object]:
-    data = _inputs()
-    layer = _layer(ctx, causal, dropout)
+def _run(ctx: ParallelContext, causal: bool, dropout: float, window: int = 0) -> dict[str, object]:
+    data = _inputs(window)
+    layer = _layer(ctx, causal, dropout, window)
     heads = slice(layer.head_offset, layer.head_offset + layer.local_heads)
     rows = context_positions(SEQ, ctx.cp.rank, ctx.cp.size, torch.device("cpu"))
     q, k, v = (data[n][:, heads][:, :, rows].clone().requires_grad_() for n in "qkv")
@@ -66,9 +74,9 @@ def _run(ctx: ParallelContext, causal: bool, dropout: float) -> dict[str, object
     }
 
 
-def _reference(causal: bool, dropout: float) -> dict[str, object]:
-    data = _inputs()
-    layer = _layer(ParallelContext.single(rng="exact", device="cpu"), causal, dropout)
+def _reference(causal: bool, dropout: float, window: int = 0) -> dict[str, object]:
+    data = _inputs(window)
+    layer = _layer(ParallelContext.single(rng="exact", device="cpu"), causal, dropout, window)
     q, k, v = (data[n].clone().requires_grad_() for n in "qkv")
     full, _ = _masks(data["padding"], causal)
     out = layer.core(q, k, v, full, causal)
@@ -87,8 +95,46 @@ def _reference(causal: bool, dropout: float) -> dict[str, object]:
     ],
 )
 def test_ring_attention_matches_one_process(cp: int, tp: int, causal: bool, dropout: float) -> None:
-    expected = _reference(causal, dropout)
-    results = run_distributed(_run, cp * tp, causal, dropout, context=cp, tensor=tp)
+    _check_against_one_process(cp, tp, causal, dropout, window=0)
+
+
+@pytest.mark.parametrize(
+    ("cp", "tp", "window", "dropout"),
+    [(2, 1, 4, 0.2), (4, 1, 4, 0.2), (4, 1, 10, 0.0), (2, 2, 6, 0.2)],
+)
+def test_a_local_layer_over_the_ring_matches_one_process(
+    cp: int, tp: int, window: int, dropout: float
+) -> None:
+    """A sliding window (ModernBERT's local layers) over the ring: the one-process core bands
+    its mask, the ring builds the band from positions and skips the blocks out of reach (at
+    CP=4 with window 4, ranks 0 and 2 hold no pair within 2 positions: chunks of 2)."""
+    n = SEQ // cp
+    skipped = [
+        (r, src)
+        for r in range(cp)
+        for src in range(cp)
+        if not within_reach(n, cp, r, src, window // 2)
+    ]
+    assert bool(skipped) == (cp == 4 and window == 4), skipped
+    _check_against_one_process(cp, tp, False, dropout, window=window)
+
+
+def test_within_reach_is_the_positions_closest_distance() -> None:
+    """The host's arithmetic against the positions themselves, for every pair of CP ranks."""
+    for cp in (2, 3, 4):
+        for seq in (4 * cp, 12 * cp):
+            n = seq // cp
+            held = [context_positions(seq, r, cp, torch.device("cpu")) for r in range(cp)]
+            for rank in range(cp):
+                for src in range(cp):
+                    closest = int((held[rank][:, None] - held[src][None, :]).abs().min())
+                    for reach in range(1, seq):
+                        assert within_reach(n, cp, rank, src, reach) == (closest <= reach)
+
+
+def _check_against_one_process(cp: int, tp: int, causal: bool, dropout: float, window: int) -> None:
+    expected = _reference(causal, dropout, window)
+    results = run_distributed(_run, cp * tp, causal, dropout, window, context=cp, tensor=tp)
     for rank, got in enumerate(results):
         rows, heads = got["rows"], got["heads"]
         assert_rel_close(
@@ -99,6 +145,7 @@ def test_ring_attention_matches_one_process(cp: int, tp: int, causal: bool, drop
                 actual, whole[:, heads][:, :, rows], FP32_LAYER_REL, f"rank {rank} grad {name}"
             )
         # forward: (cp - 1) key/value blocks; backward: as many again plus cp gradient blocks
+        # (a window skips blocks' work, not their passage around the ring)
         block = 2 * B * (HEADS // tp) * (SEQ // cp) * DIM * 4  # stacked k and v, fp32 bytes
         assert got["sent"] == (2 * (cp - 1) + cp) * block
 

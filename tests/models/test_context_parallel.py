@@ -3,8 +3,9 @@ CP ranks' losses are shares of the micro-batch's and their gradients partial sum
 over the ring must equal the one-process loss and gradients. Covers the heads on position 0
 (NSP, classification: run on every CP rank, counted on CP rank 0), GPT's shifted targets, a
 Llama-style decoder's rotary positions (each CP rank rotates its own chunks' positions) and a
-ModernBERT-style classifier's mean over the tokens (its sums reduced over the ring, without
-local attention, which context parallelism refuses)."""
+ModernBERT-style classifier's mean over the tokens (its sums reduced over the ring), with every
+layer global and with ModernBERT's local layers, whose window the ring builds from positions
+(skipping the blocks out of its reach)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from tpformer.parallel.context import ParallelContext
         ("llama", 0.2, 2),
         ("modernbert_global_cls", 0.0, 1),
         ("modernbert_global_cls", 0.2, 2),
+        ("modernbert_cls", 0.0, 1),
+        ("modernbert_cls", 0.2, 2),
     ],
 )
 def test_model_at_cp2_sums_to_the_single_process_step(task: str, dropout: float, tp: int) -> None:

@@ -167,7 +167,6 @@ def test_a_modernbert_shape_tpformer_does_not_build_is_refused_by_name(
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["parallel.context=2"], r"model.local_attention \(window 32\) with parallel.context=2"),
         (["data.sentence_pairs=nsp"], "model.pooler=head has no pair head"),
         (["model=bert_tiny", "data.sentence_pairs=none"], "data.sentence_pairs=none trains no"),
         (
@@ -185,9 +184,8 @@ def test_a_layout_or_recipe_modernbert_cannot_run_is_refused_before_start(
     from tpformer.parallel.layout import Layout
 
     config = compose_config("model=modernbert_tiny", "data.sentence_pairs=none", *overrides)
-    cp = 2 if "parallel.context=2" in overrides else 1
     with pytest.raises(ValueError, match=named):
-        validate(config, Layout(dp=1, tp=1, cp=cp))
+        validate(config, Layout(dp=1, tp=1))
 
 
 @pytest.mark.parametrize(

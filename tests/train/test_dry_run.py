@@ -114,9 +114,7 @@ def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
 def test_a_ranks_memory_and_traffic_are_the_planners(
     arch: str, world: int, rank: int, layers: int, keys: dict
 ) -> None:
-    """ModernBERT's local attention has no context-parallel form (refused by validation)."""
-    if arch == "modernbert" and "context" in keys:
-        pytest.skip("model.local_attention with parallel.context is refused")
+    """ModernBERT's local layers under context parallelism: the ring builds their window."""
     config = _config(arch, layers, **keys)
     p = config.parallel
     layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)  # type: ignore[arg-type]

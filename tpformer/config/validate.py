@@ -11,7 +11,6 @@ from tpformer.config.rules.data import validate_data, validate_packing, validate
 from tpformer.config.rules.model import (
     validate_fp8,
     validate_model,
-    validate_model_layout,
     validate_pair_head,
 )
 from tpformer.config.rules.parallel import (
@@ -47,7 +46,6 @@ def validate(config: Config, layout: Layout, *, device_type: str = "cpu") -> Non
         )
     validate_sequence_parallel(config.parallel, layout.tp, config.data.seq_length)
     validate_context_parallel(layout, config.parallel, config.data.seq_length)
-    validate_model_layout(config.model, layout)
     apply_pair_recipe(config.model, config.data)
     validate_pair_head(config.model, config.data)
     t = config.trainer

@@ -9,7 +9,8 @@ its projections with one core instead of dispatching among kernels at every call
   materialized and dropped with the TP=1 model's masks (layers/dropout.py); in evaluation,
   with nothing to draw, the fused kernel.
 - `RingCore`: context parallelism: this rank's queries over the whole sequence, keys and values
-  passed around the CP ring (layers/ring_attention.py).
+  passed around the CP ring (layers/ring_attention.py); a local layer's window is built per
+  block from positions, and blocks out of its reach are skipped.
 
 A local (sliding-window) layer gives its core a reach: keys at most that many positions away.
 Where flash can run it (an accelerator, 16-bit, no padding mask, no attention dropout to draw)
@@ -96,7 +97,7 @@ class AttentionCore(nn.Module):
     def _banded(self, mask: Tensor | None, s: int, device: torch.device) -> Tensor:
         """`mask` and the band |query - key| <= reach over the whole sequence of s positions:
         one bool mask for SDPA's fused kernels (memory-efficient on CUDA: flash takes no mask).
-        Context parallelism is refused for local layers (config/rules/model.py)."""
+        Under context parallelism the ring builds the window itself (RingCore)."""
         index = torch.arange(s, device=device)
         band = (index[:, None] - index[None, :]).abs() <= self.reach
         return band if mask is None else mask & band
@@ -163,16 +164,31 @@ class RingCore(AttentionCore):
     kernel = "ring"
 
     def __init__(
-        self, dropout: ParallelDropout, head_dim: int, head_offset: int, ctx: ParallelContext
+        self,
+        dropout: ParallelDropout,
+        head_dim: int,
+        head_offset: int,
+        ctx: ParallelContext,
+        reach: int = 0,
     ):
-        super().__init__(dropout, head_dim, head_offset, reach=0)
+        super().__init__(dropout, head_dim, head_offset, reach=reach)
         self.cp = ctx.cp
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """The window is the ring's own (built per block from positions), not a band mask."""
+        return self.attend(q, k, v, mask, causal)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         return self._ring(q, *expanded_kv(q, k, v), mask, causal)
 
     def describe(self) -> str:
-        return f"{self.kernel} over parallel.context={self.cp.size}"
+        ring = f"{self.kernel} over parallel.context={self.cp.size}"
+        if not self.reach:
+            return ring
+        return (
+            f"{ring}, window {2 * self.reach} (blocks out of its reach skipped; keys and values "
+            "still pass the whole ring)"
+        )
 
     @eager_island
     def _ring(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
@@ -197,6 +213,7 @@ class RingCore(AttentionCore):
             scale=self.scale,
             keep=keep,
             held=held,
+            reach=self.reach,
         )
         return ring_attention(q, k, v, spec)
 
@@ -210,11 +227,11 @@ def choose_core(
     window: int,
     grouped: bool = False,
 ) -> AttentionCore:
-    """The layer's core: the ring under context parallelism (local windows are refused there),
-    the explicit core where exact dropout must draw the TP=1 masks, otherwise SDPA (which reads
-    `grouped` key/value heads in place where its kernel can: fused_sdpa)."""
+    """The layer's core: the ring under context parallelism (a local layer's window built in
+    it), the explicit core where exact dropout must draw the TP=1 masks, otherwise SDPA (which
+    reads `grouped` key/value heads in place where its kernel can: fused_sdpa)."""
     if ctx.cp.size > 1:
-        return RingCore(dropout, head_dim, head_offset, ctx)
+        return RingCore(dropout, head_dim, head_offset, ctx, reach=window // 2)
     exact = dropout.p > 0 and not dropout.rng.fast
     core = ExactCore if exact else FusedCore
     return core(dropout, head_dim, head_offset, reach=window // 2, grouped=grouped)

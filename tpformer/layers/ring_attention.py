@@ -15,11 +15,13 @@ block's probabilities from L (as flash attention does), sends the keys and value
 and, beside them, the gradients of each block's keys and values, which every rank adds its part
 to and which arrive back at their owner after cp hops.
 
-Masks are built per block from global positions: causal (key position <= query position) and
-the key padding mask of the whole sequence [b, s] (every rank has it). A query row that no key
-may attend to anywhere gets a zero output (rows like that carry no loss). Dropout masks come
-from the caller's `keep(src)`: the same mask in forward and backward, keyed by global query and
-key positions in exact mode (layers/dropout.py).
+Masks are built per block from global positions: causal (key position <= query position), a
+sliding window (|query - key| <= reach: a local layer) and the key padding mask of the whole
+sequence [b, s] (every rank has it). A block whose keys all lie out of the window's reach is
+skipped (its keys and values still pass through on their way around the ring). A query row
+that no key may attend to anywhere gets a zero output (rows like that carry no loss). Dropout
+masks come from the caller's `keep(src)`: the same mask in forward and backward, keyed by
+global query and key positions in exact mode (layers/dropout.py).
 
 The block core is written in plain tensor ops (two matmuls, exp, one reduction per block), so
 the CPU proves it exact; on GPUs the fused flash kernels with log-sum-exp outputs are what it
@@ -36,7 +38,7 @@ from torch import Tensor
 
 from tpformer.parallel.comm import ring_shift_async
 from tpformer.parallel.handle import GroupHandle
-from tpformer.parallel.sequence_chunks import causal_block
+from tpformer.parallel.sequence_chunks import causal_block, within_reach
 
 KV_TAG, GRAD_TAG = 0x4B56, 0x4456
 """gloo tags of the two rings in flight (keys/values and their gradients)."""
@@ -59,6 +61,8 @@ class RingSpec:
     held: tuple[Tensor, ...] = ()
     """Tensors `keep` holds until backward (exact-mode masks): saved with the Function's own,
     so they count as its saved activations."""
+    reach: int = 0
+    """Sliding-window attention: keys at most this many positions from the query (0: all)."""
 
 
 @dataclass(frozen=True)
@@ -70,21 +74,27 @@ class _Block:
     src: int
     rows: int
     cols: int
+    skipped: bool = False
+    """Out of the window's reach: nothing of it is computed."""
 
     @classmethod
     def of(cls, spec: RingSpec, n: int, src: int) -> _Block:
+        skipped = not within_reach(n, spec.cp.size, spec.cp.rank, src, spec.reach)
         if not spec.causal:
-            return cls(src, 0, n)
-        return cls(src, *causal_block(n, spec.cp.rank, src))
+            return cls(src, 0, n, skipped)
+        return cls(src, *causal_block(n, spec.cp.rank, src), skipped)
 
 
 def _allowed(spec: RingSpec, block: _Block) -> Tensor | None:
     """bool [b | 1, 1, rows, cols]: which (query, key) pairs of the block may attend."""
     allowed = None
     k_pos = spec.positions[block.src][: block.cols]
+    q_pos = spec.positions[spec.cp.rank][block.rows :]
     if spec.causal:
-        q_pos = spec.positions[spec.cp.rank][block.rows :]
         allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if spec.reach:
+        band = ((q_pos[:, None] - k_pos[None, :]).abs() <= spec.reach)[None, None]
+        allowed = band if allowed is None else allowed & band
     if spec.key_padding is not None:
         pad = spec.key_padding.index_select(1, k_pos)[:, None, None, :]
         allowed = pad if allowed is None else allowed & pad
@@ -142,10 +152,10 @@ class RingAttention(torch.autograd.Function):
         for step in range(cp.size):
             block = _Block.of(spec, n, (cp.rank - step) % cp.size)
             pending = ring_shift_async(kv, cp, tag=KV_TAG) if step + 1 < cp.size else None
-            part, part_lse = _block_forward(q, kv[0], kv[1], spec, block)
             if out is None or lse is None:  # step 0: this rank's own block, whole
-                out, lse = part, part_lse
-            else:
+                out, lse = _block_forward(q, kv[0], kv[1], spec, block)
+            elif not block.skipped:
+                part, part_lse = _block_forward(q, kv[0], kv[1], spec, block)
                 rows = slice(block.rows, None)
                 out[..., rows, :], lse[..., rows] = _merge(
                     out[..., rows, :], lse[..., rows], part, part_lse
@@ -172,20 +182,9 @@ class RingAttention(torch.autograd.Function):
         for step in range(cp.size):
             block = _Block.of(spec, n, (cp.rank - step) % cp.size)
             pending_kv = ring_shift_async(kv, cp, tag=KV_TAG) if step + 1 < cp.size else None
-            rows, cols = slice(block.rows, None), slice(None, block.cols)
-            k_j, v_j = kv[0, ..., cols, :], kv[1, ..., cols, :]
-            q_i, grad_out_i = q[..., rows, :], grad_out[..., rows, :]
-            probs = torch.exp(_scores(q, kv[0], spec, block) - finite[..., rows, :])
-            keep = _keep(spec, block)
-            dropped = probs if keep is None else probs * keep
-            grad_v = torch.matmul(dropped.to(grad_out.dtype).transpose(-1, -2), grad_out_i)
-            grad_dropped = torch.matmul(grad_out_i, v_j.transpose(-1, -2)).float()
-            grad_probs = grad_dropped if keep is None else grad_dropped * keep
-            grad_scores = probs * (grad_probs - delta[..., rows, :]) * spec.scale
-            grad_q[..., rows, :] += torch.matmul(grad_scores.to(k_j.dtype), k_j).float()
-            grad_k = torch.matmul(grad_scores.to(q.dtype).transpose(-1, -2), q_i)
             grads = torch.zeros_like(kv, dtype=torch.float32)
-            grads[0, ..., cols, :], grads[1, ..., cols, :] = grad_k, grad_v
+            if not block.skipped:
+                _block_backward(q, kv, grad_out, spec, block, (finite, delta, grad_q), grads)
             if pending_grads is not None:  # the earlier holders' parts of src's gradients
                 grads += pending_grads.wait()
             pending_grads = ring_shift_async(grads, cp, tag=GRAD_TAG)  # on to src's next holder
@@ -194,6 +193,34 @@ class RingAttention(torch.autograd.Function):
         assert pending_grads is not None
         own = pending_grads.wait()  # the last hop brings this rank's own keys' gradients home
         return grad_q.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype), None
+
+
+def _block_backward(
+    q: Tensor,
+    kv: Tensor,
+    grad_out: Tensor,
+    spec: RingSpec,
+    block: _Block,
+    rowwise: tuple[Tensor, Tensor, Tensor],
+    grads: Tensor,
+) -> None:
+    """One block's backward: its part of grad_q added in place, src's key and value gradients
+    written into `grads` [2, b, h, n, d] (rowwise: the forward's finite lse, rowsum(dO * O) and
+    grad_q, each [b, h, n, ...])."""
+    finite, delta, grad_q = rowwise
+    rows, cols = slice(block.rows, None), slice(None, block.cols)
+    k_j, v_j = kv[0, ..., cols, :], kv[1, ..., cols, :]
+    q_i, grad_out_i = q[..., rows, :], grad_out[..., rows, :]
+    probs = torch.exp(_scores(q, kv[0], spec, block) - finite[..., rows, :])
+    keep = _keep(spec, block)
+    dropped = probs if keep is None else probs * keep
+    grad_v = torch.matmul(dropped.to(grad_out.dtype).transpose(-1, -2), grad_out_i)
+    grad_dropped = torch.matmul(grad_out_i, v_j.transpose(-1, -2)).float()
+    grad_probs = grad_dropped if keep is None else grad_dropped * keep
+    grad_scores = probs * (grad_probs - delta[..., rows, :]) * spec.scale
+    grad_q[..., rows, :] += torch.matmul(grad_scores.to(k_j.dtype), k_j).float()
+    grad_k = torch.matmul(grad_scores.to(q.dtype).transpose(-1, -2), q_i)
+    grads[0, ..., cols, :], grads[1, ..., cols, :] = grad_k, grad_v
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: RingSpec) -> Tensor:

@@ -47,3 +47,15 @@ def causal_block(local_len: int, cp_rank: int, src: int) -> tuple[int, int]:
     if src == cp_rank:
         return 0, local_len
     return (0, half) if src < cp_rank else (half, local_len)
+
+
+def within_reach(local_len: int, cp: int, cp_rank: int, src: int, reach: int) -> bool:
+    """Whether any query of CP rank `cp_rank` lies at most `reach` positions from a key of rank
+    `src` (sliding-window attention), in the mirrored layout: chunks a and b (of local_len / 2
+    positions each) come no closer than (|a - b| - 1) x chunk + 1 positions. Host arithmetic,
+    so ring attention skips a block out of reach without reading the device."""
+    if reach <= 0 or src == cp_rank:
+        return True
+    chunk = local_len // 2
+    mine, theirs = (cp_rank, 2 * cp - 1 - cp_rank), (src, 2 * cp - 1 - src)
+    return any((abs(a - b) - 1) * chunk + 1 <= reach for a in mine for b in theirs)

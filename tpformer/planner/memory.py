@@ -141,11 +141,12 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     core's masked_fill keeps. Nothing under selective or full recomputation: the core builds
     the band inside what is recomputed (layers/attention_core.py; measured on the dry run:
     the s x s bool mask, 4,096 B at seq 64, gone from the held activations). Each local layer
-    makes its own. Nothing where flash runs the window itself (layers/attention_core.
-    flash_runs_the_window: the fused core on an accelerator, 16-bit, unpadded, no attention
-    dropout, an encoder)."""
-    if work.model.local_attention is None or c.recompute in ("selective", "full"):
-        return 0.0
+    makes its own. Nothing under context parallelism (the ring's band is built per block and
+    recomputed in backward: layers/ring_attention.py). Nothing where flash runs the window
+    itself (layers/attention_core.flash_runs_the_window: the fused core on an accelerator,
+    16-bit, unpadded, no attention dropout, an encoder)."""
+    if work.model.local_attention is None or c.recompute in ("selective", "full") or c.cp > 1:
+        return 0.0  # context parallelism: the ring builds the band per block, keeping none
     if fused and flash_runs_the_window(
         accelerator=True,  # `fused`: an accelerator's SDPA core
         sixteen_bit=work.itemsize == 2,

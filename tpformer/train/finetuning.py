@@ -22,7 +22,6 @@ import torch
 
 from tpformer.checkpoint import store
 from tpformer.config.derive import finetune_micro_batching
-from tpformer.config.rules.model import validate_model_layout
 from tpformer.config.rules.parallel import (
     context_multiple,
     validate_pipeline,
@@ -230,10 +229,8 @@ def _evaluation(
 
 def _micro_batch(config: FinetuneConfig, ctx: ParallelContext, model: ModelConfig) -> int:
     """trainer.micro_batch_size (default: this DP rank's whole batch), checked with the
-    recomputation and pipeline settings against the loaded model's depth (and its
-    architecture against the layout)."""
+    recomputation and pipeline settings against the loaded model's depth."""
     num_layers = model.num_layers
-    validate_model_layout(model, ctx.layout)
     validate_recompute_granularity(config.parallel, num_layers)
     micro, accumulation = finetune_micro_batching(config.trainer, ctx.dp.size)
     validate_pipeline(config.parallel, ctx.layout.pp, num_layers, accumulation)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tpformer.config.families import family_of
 from tpformer.config.rules.choices import check_choices
 from tpformer.config.schema import DataConfig, ModelConfig
-from tpformer.parallel.layout import Layout, divisors
+from tpformer.parallel.layout import divisors
 
 
 def validate_model(model: ModelConfig, tp: int) -> None:
@@ -81,18 +81,6 @@ def validate_model_family(model: ModelConfig, tp: int) -> None:
             f"{model.hidden_size // model.num_heads})"
         )
     family_of(model).check(model)
-
-
-def validate_model_layout(model: ModelConfig, layout: Layout) -> None:
-    """What a model's architecture cannot run under: local attention over a context-parallel
-    ring (ring attention builds no window)."""
-    if model.local_attention is not None and layout.cp > 1:
-        raise ValueError(
-            f"model.local_attention (window {model.local_attention.window}) with "
-            f"parallel.context={layout.cp}: ring attention has no sliding window; use "
-            "parallel.context=1 (sequence parallelism splits long sequences too) or "
-            "model.local_attention=null"
-        )
 
 
 def validate_pair_head(model: ModelConfig, data: DataConfig) -> None:
