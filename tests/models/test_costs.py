@@ -26,6 +26,7 @@ from torch.utils.flop_counter import (
 )
 
 from tpformer.config.presets import PRESETS
+from tpformer.config.schema import LocalAttentionConfig
 from tpformer.layers.embedding import padded_vocab_size
 from tpformer.models import build_model
 from tpformer.models.costs import executed_flops, first_layer_saving, layer_params, step_flops
@@ -80,7 +81,26 @@ def _counted(config, task: str, device: str = "meta") -> tuple[float, float, flo
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_step_flops_equal_pytorchs_count_of_every_preset(name: str) -> None:
-    config = replace(PRESETS[name], num_layers=2, dropout=0.0, attention_dropout=0.0)
+    _check_counts(replace(PRESETS[name], num_layers=2, dropout=0.0, attention_dropout=0.0))
+
+
+def test_local_layers_are_credited_with_their_band_only() -> None:
+    """A window shorter than the sequence (8 over 16 positions, layers 1 and 2 local): the MFU
+    count credits each local layer's band, the executed count every key (the dense kernels
+    compute the masked scores)."""
+    window = LocalAttentionConfig(window=8, global_every=3)
+    config = replace(
+        PRESETS["modernbert_tiny"],
+        num_layers=3,
+        local_attention=window,
+        dropout=0.0,
+        attention_dropout=0.0,
+    )
+    assert _out_of_band(config) > 0
+    _check_counts(config)
+
+
+def _check_counts(config) -> None:  # type: ignore[no-untyped-def]
     task = "pretraining" if config.arch == "bert" else "causal_lm"
     measured, labeled, gathered = _counted(config, task)
     if task == "causal_lm":
@@ -94,7 +114,19 @@ def test_step_flops_equal_pytorchs_count_of_every_preset(name: str) -> None:
     head = 2 * (h * h if task == "pretraining" else 0)
     padding = 3 * gathered * 2 * h * (padded - v) + 3 * (gathered - labeled) * (head + 2 * h * v)
     recomputed_scores = 0.5 * SAMPLES * SEQ * 4 * SEQ * h * config.num_layers
-    assert executed - needed == padding + recomputed_scores
+    assert executed - needed == padding + recomputed_scores + _out_of_band(config)
+
+
+def _out_of_band(config) -> float:  # type: ignore[no-untyped-def]
+    """What the step computes beyond what the task needs in its local layers: the scores
+    outside each window, counted pair by pair (3x a forward)."""
+    position = torch.arange(SEQ)
+    distance = (position[:, None] - position[None, :]).abs()
+    outside = 0
+    for layer in range(config.num_layers):
+        if (local := config.window_of(layer)) is not None:
+            outside += int((distance > local.window // 2).sum())
+    return 3.0 * SAMPLES * 4 * config.hidden_size * outside
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from tpformer.planner.candidate import (
 )
 from tpformer.planner.cluster import load_preset, resolve_cluster
 from tpformer.planner.memory import predict_memory
-from tpformer.planner.step_time import context_comm_time, predict_time
+from tpformer.planner.step_time import context_comm_time, local_core_share, predict_time
 
 
 def _h100():
@@ -54,3 +54,28 @@ def test_a_config_with_context_is_its_candidate() -> None:
     config = tiny_config(context=2)
     assert candidate_of(config, 1).cp == 2
     assert Candidate(1, 1, 1, 4, 1, cp=2).apply(config).parallel.context == 2
+
+
+def test_local_layers_are_priced_by_the_attention_they_run() -> None:
+    """ModernBERT-base at 8k tokens, window 128: where flash runs the window (bf16, unpadded,
+    no attention dropout) a local layer's attention GEMMs are its band's share of a global
+    one's; under CP=4 the ring's blocks out of reach are skipped (each rank computes its own
+    block and its neighbours' of 8 chunks of 1,024 positions: 2 or 3 of 4); with a band mask
+    (padded batches) every score is computed, so the local layer costs a global one's time."""
+    cluster = _h100()
+    model = preset("modernbert_base", max_position_embeddings=8192)
+    work = Workload(model, 8192, 8, "bf16", 0.3, rng="fast", padded=False)
+    one, four = Candidate(1, 1, 8, 1, 1, 1), Candidate(1, 1, 2, 1, 1, 1, cp=4)
+    band = (8192 * 129 - 64 * 65) / 8192**2
+    assert local_core_share(work, one, cluster) == band
+    assert local_core_share(replace(work, padded=True), one, cluster) == 1.0
+    assert local_core_share(work, four, cluster) == 3 / 4
+    everywhere = replace(work, model=replace(model, local_attention=None))
+    for c in (one, four):
+        assert predict_time(work, c, cluster).compute < predict_time(everywhere, c, cluster).compute
+    padded = replace(work, padded=True)
+    padded_global = replace(everywhere, padded=True)
+    assert (
+        predict_time(padded, one, cluster).compute
+        == predict_time(padded_global, one, cluster).compute
+    )

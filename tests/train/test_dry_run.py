@@ -114,7 +114,8 @@ def _config(arch: str, layers: int = 2, **parallel: object) -> Config:
 def test_a_ranks_memory_and_traffic_are_the_planners(
     arch: str, world: int, rank: int, layers: int, keys: dict
 ) -> None:
-    """ModernBERT's local layers under context parallelism: the ring builds their window."""
+    """Each rank of the grid holds and sends what the planner prices (ModernBERT's local
+    layers under context parallelism too: the ring builds their window)."""
     config = _config(arch, layers, **keys)
     p = config.parallel
     layout = resolve_layout(p.tensor, p.data, world, p.pipeline, p.context)  # type: ignore[arg-type]

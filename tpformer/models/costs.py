@@ -4,7 +4,8 @@ planner's step time and memory, the pipeline's balanced split, gpu_check and the
 check all call it.
 
 FLOPs count the matmuls (2 per multiply-add) and attention's two batched products, as
-`torch.utils.flop_counter.FlopCounterMode` does; a backward costs twice its forward, and a
+`torch.utils.flop_counter.FlopCounterMode` does (a local layer's over its band for the MFU,
+over every key for what the dense kernels execute); a backward costs twice its forward, and a
 recomputed layer adds its forward once more. Elementwise work (norms, activations, dropout,
 softmax, the loss) is not counted. `tests/models/test_costs.py` holds `step_flops` to
 FlopCounterMode on a real forward and backward of every preset's shape.
@@ -48,6 +49,32 @@ def layer_flops_per_token(config: ModelConfig, seq: int) -> int:
     return 2 * layer_matrix_elements(config) + 4 * seq * config.hidden_size
 
 
+def attended_pairs(seq: int, window: int | None) -> int:
+    """(query, key) pairs one sequence's attention needs: every key for a global layer
+    (`window` None; a causal mask does not halve it), the band |query - key| <= window / 2 for
+    a local one (r = window / 2: 2r + 1 keys per query, fewer within r of either end)."""
+    reach = seq if window is None else window // 2
+    if reach >= seq - 1:
+        return seq * seq
+    return seq * (2 * reach + 1) - reach * (reach + 1)
+
+
+def attention_flops_per_sample(config: ModelConfig, seq: int, *, banded: bool = True) -> int:
+    """Forward FLOPs of QK^T and PV over all layers for one sequence: local layers by their
+    band (`banded`, the work the task needs), or every layer over every key (what the dense
+    kernels and FlopCounterMode count: the band mask's zeros are computed)."""
+    h = config.hidden_size
+    return sum(
+        4 * h * attended_pairs(seq, _window(config, i) if banded else None)
+        for i in range(config.num_layers)
+    )
+
+
+def _window(config: ModelConfig, layer: int) -> int | None:
+    local = config.window_of(layer)
+    return None if local is None else local.window
+
+
 def head_flops_per_token(config: ModelConfig, vocab: int | None = None) -> int:
     """Forward FLOPs of the vocabulary head per token it runs on: BERT's transform and the
     projection, GPT's projection; `vocab` rows (default the real vocabulary; the executed
@@ -79,21 +106,25 @@ def step_flops(
     num_labels: int = 2,
     recomputed_layers: float = 0.0,
     vocab: int | None = None,
+    banded: bool = True,
 ) -> float:
     """FLOPs of one training step over `samples` sequences of `seq` tokens: the layers over
-    every token, the vocabulary head over `head_tokens` (BERT: the masked ones), the
-    per-sample heads, forward + backward (3x forward), plus the forward of
-    `recomputed_layers` layers again (activation recomputation; 0 for the MFU, which counts
-    the work the task needs)."""
+    every token (a local layer's attention over its band: `attention_flops_per_sample`), the
+    vocabulary head over `head_tokens` (BERT: the masked ones), the per-sample heads, forward +
+    backward (3x forward), plus the forward of `recomputed_layers` average layers again
+    (activation recomputation; 0 for the MFU, which counts the work the task needs)."""
     if task not in TASKS:
         raise ValueError(f"task={task!r}; one of {TASKS}")
-    layer = samples * seq * layer_flops_per_token(config, seq)
+    layers = samples * (
+        config.num_layers * seq * 2 * layer_matrix_elements(config)
+        + attention_flops_per_sample(config, seq, banded=banded)
+    )
     forward = (
-        config.num_layers * layer
+        layers
         + head_tokens * head_flops_per_token(config, vocab)
         + samples * pooled_flops_per_sample(config, task, num_labels)
     )
-    return 3.0 * forward + recomputed_layers * layer
+    return 3.0 * forward + recomputed_layers * (layers / config.num_layers)
 
 
 def executed_flops(
@@ -108,8 +139,10 @@ def executed_flops(
 ) -> float:
     """What the step executes, as FlopCounterMode counts it, beside the work `step_flops`
     credits: the head over the rows it gathers (`head_rows`: BERT's labeled positions padded
-    per batch) and the padded vocabulary, and the fused attention backward's recomputation of
-    QK^T (half an attention forward per layer)."""
+    per batch) and the padded vocabulary, local layers' attention over every key (the band
+    mask's zeros are computed; the counter credits flash's own window with the whole sequence
+    too), and the fused attention backward's recomputation of QK^T (half an attention forward
+    per layer)."""
     attention = samples * seq * 4 * seq * config.hidden_size
     needed = step_flops(
         config,
@@ -119,6 +152,7 @@ def executed_flops(
         task=task,
         num_labels=num_labels,
         vocab=padded_vocab,
+        banded=False,
     )
     return needed + 0.5 * attention * config.num_layers
 

@@ -97,21 +97,26 @@ def held_at_backward(
     boundary: float,
     stash: float = 0.0,
     local: float = 0.0,
+    *,
+    outputs_freed: bool = False,
 ) -> float:
     """The most stage `stage` holds when one of its backwards is called, walking its schedule's
     actions (parallel/pipeline/schedule.py): per chunk of a micro-batch in flight, its layers'
     activations (`local` more for each local-attention layer), on virtual stage 0 the
-    embedding's, on the last the head's, elsewhere the output kept for its backward; plus the
-    gradient received for the backward under way and, under PipeDream, its stashed weight
-    versions (`stash` bytes each)."""
+    embedding's, on the last the head's, elsewhere the output kept for its backward (none
+    with `outputs_freed`: on an accelerator a sent output is freed, runner.release_output);
+    plus the gradient received for the backward under way and, under PipeDream, its stashed
+    weight versions (`stash` bytes each)."""
     split = c.split(work)  # layers per virtual stage
     locals_ = local_layers(work, split)
     last = c.pp * c.chunks - 1
     if c.pp == 1:
         return split[0] * layer + locals_[0] * local + embedding + head
 
+    output = 0.0 if outputs_freed else boundary
+
     def ends(vs: int) -> float:
-        return (embedding if vs == 0 else 0) + (head if vs == last else boundary)
+        return (embedding if vs == 0 else 0) + (head if vs == last else output)
 
     # what a micro-batch in flight keeps on each virtual stage
     kept = [split[vs] * layer + locals_[vs] * local + ends(vs) for vs in range(last + 1)]
@@ -147,16 +152,22 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     16-bit, unpadded, no attention dropout, an encoder)."""
     if work.model.local_attention is None or c.recompute in ("selective", "full") or c.cp > 1:
         return 0.0  # context parallelism: the ring builds the band per block, keeping none
-    if fused and flash_runs_the_window(
-        accelerator=True,  # `fused`: an accelerator's SDPA core
+    if flash_windows(work, fused):
+        return 0.0
+    area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
+    return float(area * (work.itemsize if fused else 1))
+
+
+def flash_windows(work: Workload, fused: bool) -> bool:
+    """Whether a local layer's window is flash's own in this workload (`fused`: an
+    accelerator's SDPA core; layers/attention_core.flash_runs_the_window)."""
+    return fused and flash_runs_the_window(
+        accelerator=True,
         sixteen_bit=work.itemsize == 2,
         masked=work.padded,
         dropout_p=work.model.attention_dropout,
         causal=work.model.arch == "gpt",
-    ):
-        return 0.0
-    area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
-    return float(area * (work.itemsize if fused else 1))
+    )
 
 
 @dataclass(frozen=True)
@@ -298,6 +309,7 @@ def predict_stage_memory(
 ) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage (or of the stages `only` names, in order)."""
     fused = fused_attention(work, cluster)
+    freed = cluster.device_type != "cpu"  # sent stage outputs (runner.release_output)
     layer, embedding, head = activation_parts(
         work,
         c,
@@ -323,7 +335,18 @@ def predict_stage_memory(
             grad_bytes=work.stack.grad_bytes,
         )
         stash = work.itemsize * params.total  # a PipeDream weight version: the stage's weights
-        acts = held_at_backward(work, c, r, layer, embedding, head, boundary, stash, local)
+        acts = held_at_backward(
+            work,
+            c,
+            r,
+            layer,
+            embedding,
+            head,
+            boundary,
+            stash,
+            local,
+            outputs_freed=freed and c.schedule != "pipedream",
+        )
         layers = sum(split[r :: c.pp])
         host = 0.0
         optimizer, params_bytes = float(state.optimizer), float(state.params)

@@ -7,14 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpformer.layers.embedding import padded_vocab_size
-from tpformer.models.costs import step_flops
+from tpformer.models.costs import attended_pairs, step_flops
+from tpformer.parallel.sequence_chunks import within_reach
 from tpformer.planner.candidate import Candidate, Workload
 from tpformer.planner.cluster import Cluster
 from tpformer.planner.layer_memory import LayerShape, layer_activation_bytes
 from tpformer.planner.memory import (
     activation_parts,
     exact_attention_dropout,
+    flash_windows,
     fused_attention,
+    local_layers,
     rng_mode,
     stage_params,
 )
@@ -82,8 +85,30 @@ def fp8_cast_bytes(work: Workload, c: Candidate) -> float:
     return (i + 1) * (activations + grads) + 2 * (activations + grads) + 2 * (i + 1) * weights
 
 
-def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
-    """Forward + backward (+ recomputation) of one layer on one rank, per micro-batch."""
+def local_core_share(work: Workload, c: Candidate, cl: Cluster) -> float:
+    """The share of a global layer's attention GEMMs a local (sliding-window) layer runs: under
+    context parallelism the ring blocks within the window's reach (the busiest rank's;
+    parallel/sequence_chunks.within_reach); where flash runs the window, its band of
+    (query, key) pairs (models/costs.attended_pairs); elsewhere all of them (a band mask over
+    the dense scores)."""
+    local = work.model.local_attention
+    if local is None:
+        return 1.0
+    if c.cp > 1:
+        held = work.seq // c.cp
+        reached = (
+            sum(within_reach(held, c.cp, rank, src, local.window // 2) for src in range(c.cp))
+            for rank in range(c.cp)
+        )
+        return max(reached) / c.cp
+    if flash_windows(work, fused_attention(work, cl)):
+        return attended_pairs(work.seq, local.window) / work.seq**2
+    return 1.0
+
+
+def layer_time(work: Workload, c: Candidate, cl: Cluster, core_share: float = 1.0) -> float:
+    """Forward + backward (+ recomputation) of one layer on one rank, per micro-batch; a local
+    layer runs `core_share` of the attention GEMMs (local_core_share)."""
     gemms = layer_gemms(work, c)
     fused = fused_attention(work, cl) and c.cp == 1  # the ring's block core is explicit
     forward, backward = gemms_time(cl, gemms[:4], work.itemsize)
@@ -94,6 +119,7 @@ def layer_time(work: Workload, c: Candidate, cl: Cluster) -> float:
     core_forward, core_backward = gemms_time(cl, gemms[4:], 0 if fused else work.itemsize)
     if c.cp > 1:  # ring attention's backward recomputes each block's scores (QK^T)
         core_backward += gemms_time(cl, gemms[4:5], work.itemsize)[0]
+    core_forward, core_backward = core_share * core_forward, core_share * core_backward
     forward, backward = forward + core_forward, backward + core_backward
     shape = (
         work.seq,
@@ -326,14 +352,22 @@ def _stage_hop(work: Workload, c: Candidate, cl: Cluster) -> float:
 def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     split = c.split(work)
     per_layer = layer_time(work, c, cl)
+    share = local_core_share(work, c, cl)
+    per_local = layer_time(work, c, cl, share)
+    locals_ = local_layers(work, split) if share < 1 else [0] * len(split)
     tp_layer = tensor_comm_time(work, c, cl) + context_comm_time(work, c, cl)
     embedding, head = _ends_time(work, c, cl)
     params = [s.total for s in stage_params(work, c)]
     hop = _stage_hop(work, c, cl) if c.pp > 1 else 0.0
     stage_time, compute, comm = [], [], []
     for r in range(c.pp):
-        layers = sum(split[r :: c.pp])
-        work_r = layers * per_layer + (embedding if r == 0 else 0) + (head if r == c.pp - 1 else 0)
+        layers, local = sum(split[r :: c.pp]), sum(locals_[r :: c.pp])
+        work_r = (
+            (layers - local) * per_layer
+            + local * per_local
+            + (embedding if r == 0 else 0)
+            + (head if r == c.pp - 1 else 0)
+        )
         comm_r = layers * tp_layer + 2 * c.chunks * hop * (c.pp > 1)
         compute.append(work_r)
         comm.append(comm_r)

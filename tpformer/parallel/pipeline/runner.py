@@ -39,6 +39,18 @@ def _grad_of(x: Tensor | None) -> Tensor:
     return x.grad
 
 
+def release_output(y: Tensor) -> None:
+    """Free a sent stage output's storage while keeping it as the root of its backward (what
+    Megatron-LM's deallocate_output_tensor does): its backward needs only its shape and graph,
+    so its data becomes one element seen at every position (zero strides: the shape stays, so
+    torch.autograd.backward takes the received gradient). A view or a leaf (a stage that
+    passes its input through) keeps its data; an operator that saved the output keeps its own
+    reference to the storage, so backward is unchanged either way."""
+    if y._base is not None or y.grad_fn is None:
+        return
+    y.data = torch.empty_strided(y.shape, (0,) * y.dim(), dtype=y.dtype, device=y.device)
+
+
 def _duplicate_groups(ctx: ParallelContext) -> GroupHandle:
     """A second communicator over each pipeline (every rank creates all, in the same order)."""
     mine = GroupHandle.single()
@@ -61,8 +73,9 @@ class _StepState:
     inputs: dict[tuple[int, int], Tensor | None] = field(default_factory=dict)
     outputs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
     sent: dict[tuple[int, int], Pending] = field(default_factory=dict)
-    """Output sends by slot, waited at the slot's backward: its gradient came back, so the
-    output arrived long before, and the output's storage goes with its backward."""
+    """Output sends by slot on gloo, waited at the slot's backward: its gradient came back, so
+    the output arrived long before, and the output's storage goes with its backward. On an
+    accelerator the send is waited at once and the output freed (release_output)."""
     sends: list[Pending] = field(default_factory=list)
     """Gradient sends (and outputs in evaluation), waited at the end of the step."""
 
@@ -164,10 +177,13 @@ class PipelineRunner:
                 self.activations,
                 self._tag(0, action.micro, vs + 1, m),
             )
-            if train:
-                state.sent[(action.micro, action.chunk)] = sent
-            else:
+            if not train:
                 state.sends.append(sent)
+            elif ctx.device.type == "cpu":  # gloo: a wait blocks until the peer receives
+                state.sent[(action.micro, action.chunk)] = sent
+            else:  # NCCL: a wait orders the streams; the output is freed after its send
+                sent.wait()
+                release_output(y)
         if train:
             state.inputs[(action.micro, action.chunk)] = x
             state.outputs[(action.micro, action.chunk)] = y
@@ -184,12 +200,13 @@ class PipelineRunner:
         grad = None
         if vs < stage.stages * len(stage.chunks) - 1:
             grad = recv(
-                torch.empty_like(y),
+                torch.empty(y.shape, dtype=y.dtype, device=y.device),
                 self.next(action.micro),
                 self.gradients,
                 self._tag(1, action.micro, vs, m),
             )
-            state.sent.pop(slot).wait()
+            if (sent := state.sent.pop(slot, None)) is not None:
+                sent.wait()
         backward(y, grad, last)
         if vs > 0:
             sent = send_async(
