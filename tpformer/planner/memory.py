@@ -309,7 +309,8 @@ def predict_stage_memory(
 ) -> list[MemoryPrediction]:
     """Memory per rank of each pipeline stage (or of the stages `only` names, in order)."""
     fused = fused_attention(work, cluster)
-    freed = cluster.device_type != "cpu"  # sent stage outputs (runner.release_output)
+    # an accelerator frees sent stage outputs (runner.release_output; not PipeDream's runner)
+    freed = cluster.device_type != "cpu" and c.schedule != "pipedream"
     layer, embedding, head = activation_parts(
         work,
         c,
@@ -335,18 +336,8 @@ def predict_stage_memory(
             grad_bytes=work.stack.grad_bytes,
         )
         stash = work.itemsize * params.total  # a PipeDream weight version: the stage's weights
-        acts = held_at_backward(
-            work,
-            c,
-            r,
-            layer,
-            embedding,
-            head,
-            boundary,
-            stash,
-            local,
-            outputs_freed=freed and c.schedule != "pipedream",
-        )
+        parts = (layer, embedding, head, boundary, stash, local)
+        acts = held_at_backward(work, c, r, *parts, outputs_freed=freed)
         layers = sum(split[r :: c.pp])
         host = 0.0
         optimizer, params_bytes = float(state.optimizer), float(state.params)
@@ -362,16 +353,10 @@ def predict_stage_memory(
         buffers = (work.stack.grad_bytes * whole_grads if c.zero_stage >= 2 else 0) + (
             work.itemsize * gathered if c.zero_stage == 3 else 0
         )
+        grads = float(state.grads)
         stages.append(
             MemoryPrediction(
-                params_bytes,
-                float(state.grads),
-                optimizer,
-                acts,
-                buffers,
-                cluster.overhead,
-                host,
-                r,
+                params_bytes, grads, optimizer, acts, buffers, cluster.overhead, host, r
             )
         )
     return stages

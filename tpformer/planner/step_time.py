@@ -353,7 +353,7 @@ def predict_time(work: Workload, c: Candidate, cl: Cluster) -> TimePrediction:
     split = c.split(work)
     per_layer = layer_time(work, c, cl)
     share = local_core_share(work, c, cl)
-    per_local = layer_time(work, c, cl, share)
+    per_local = layer_time(work, c, cl, share) if share < 1 else per_layer
     locals_ = local_layers(work, split) if share < 1 else [0] * len(split)
     tp_layer = tensor_comm_time(work, c, cl) + context_comm_time(work, c, cl)
     embedding, head = _ends_time(work, c, cl)
