@@ -100,6 +100,16 @@ def test_local_layers_are_credited_with_their_band_only() -> None:
     _check_counts(config)
 
 
+def test_modernbert_base_at_8k_is_credited_with_its_windows() -> None:
+    """docs/modernbert.md's figure: ModernBERT-base at seq 8,192 (window 128 in two layers of
+    three) is credited with 0.565x the FLOPs of the same model with every layer global."""
+    model = PRESETS["modernbert_base"]
+    common = {"samples": 8, "seq": 8192, "head_tokens": 8 * 8192 * 0.3}
+    windowed = step_flops(model, **common)
+    everywhere = step_flops(replace(model, local_attention=None), **common)
+    assert round(windowed / everywhere, 3) == 0.565
+
+
 def _check_counts(config) -> None:  # type: ignore[no-untyped-def]
     task = "pretraining" if config.arch == "bert" else "causal_lm"
     measured, labeled, gathered = _counted(config, task)

@@ -151,7 +151,7 @@ def local_attention_bytes(work: Workload, c: Candidate, fused: bool) -> float:
     itself (layers/attention_core.flash_runs_the_window: the fused core on an accelerator,
     16-bit, unpadded, no attention dropout, an encoder)."""
     if work.model.local_attention is None or c.recompute in ("selective", "full") or c.cp > 1:
-        return 0.0  # context parallelism: the ring builds the band per block, keeping none
+        return 0.0
     if flash_windows(work, fused):
         return 0.0
     area = (c.micro_batch if work.padded else 1) * work.seq * work.seq
